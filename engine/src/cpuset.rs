@@ -1,0 +1,290 @@
+//! A fixed-size bit set of CPU (or NUMA node) ids with the kernel's list syntax (`0-3,8,10-11`).
+//!
+//! Fixed size so that it is `Copy` and set operations never allocate: a placement decision does
+//! many unions and differences and must stay in the microsecond range.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Largest id + 1 that a set can hold. 1024 covers every Kunpeng and x86 server in use today;
+/// a sysfs id at or above it is reported as an error, never truncated.
+pub const MAX_IDS: usize = 1024;
+const WORDS: usize = MAX_IDS / 64;
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct CpuSet {
+    bits: [u64; WORDS],
+}
+
+/// NUMA node sets use the same representation and syntax.
+pub type NodeSet = CpuSet;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("invalid cpu list {input:?}: {what}")]
+    Invalid { input: String, what: &'static str },
+    #[error("invalid cpu list {input:?}: id {id} is not below the supported maximum {MAX_IDS}")]
+    TooLarge { input: String, id: usize },
+}
+
+impl CpuSet {
+    pub const fn new() -> Self {
+        CpuSet { bits: [0; WORDS] }
+    }
+
+    /// Inserts `id`. Returns false (and leaves the set unchanged) when `id >= MAX_IDS`.
+    pub fn insert(&mut self, id: usize) -> bool {
+        if id >= MAX_IDS {
+            return false;
+        }
+        self.bits[id / 64] |= 1u64 << (id % 64);
+        true
+    }
+
+    pub fn remove(&mut self, id: usize) {
+        if id < MAX_IDS {
+            self.bits[id / 64] &= !(1u64 << (id % 64));
+        }
+    }
+
+    pub fn contains(&self, id: usize) -> bool {
+        id < MAX_IDS && self.bits[id / 64] & (1u64 << (id % 64)) != 0
+    }
+
+    pub fn len(&self) -> usize {
+        self.bits.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bits.iter().all(|w| *w == 0)
+    }
+
+    pub fn union(&self, other: &CpuSet) -> CpuSet {
+        let mut out = *self;
+        for (o, b) in out.bits.iter_mut().zip(other.bits.iter()) {
+            *o |= *b;
+        }
+        out
+    }
+
+    pub fn intersection(&self, other: &CpuSet) -> CpuSet {
+        let mut out = *self;
+        for (o, b) in out.bits.iter_mut().zip(other.bits.iter()) {
+            *o &= *b;
+        }
+        out
+    }
+
+    pub fn difference(&self, other: &CpuSet) -> CpuSet {
+        let mut out = *self;
+        for (o, b) in out.bits.iter_mut().zip(other.bits.iter()) {
+            *o &= !*b;
+        }
+        out
+    }
+
+    pub fn is_subset(&self, other: &CpuSet) -> bool {
+        self.bits
+            .iter()
+            .zip(other.bits.iter())
+            .all(|(a, b)| a & !b == 0)
+    }
+
+    pub fn intersects(&self, other: &CpuSet) -> bool {
+        self.bits
+            .iter()
+            .zip(other.bits.iter())
+            .any(|(a, b)| a & b != 0)
+    }
+
+    /// Ids in ascending order.
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.bits.iter().enumerate().flat_map(|(wi, &w)| {
+            let mut word = w;
+            std::iter::from_fn(move || {
+                if word == 0 {
+                    return None;
+                }
+                let tz = word.trailing_zeros() as usize;
+                word &= word - 1;
+                Some(wi * 64 + tz)
+            })
+        })
+    }
+
+    pub fn first(&self) -> Option<usize> {
+        self.iter().next()
+    }
+
+    /// Parses the kernel list syntax. Whitespace around the list (a trailing newline from sysfs)
+    /// is ignored; the empty string is the empty set.
+    pub fn parse(input: &str) -> Result<CpuSet, ParseError> {
+        let s = input.trim();
+        let mut set = CpuSet::new();
+        if s.is_empty() {
+            return Ok(set);
+        }
+        let invalid = |what| ParseError::Invalid {
+            input: input.to_string(),
+            what,
+        };
+        for part in s.split(',') {
+            let part = part.trim();
+            if part.is_empty() {
+                return Err(invalid("empty element"));
+            }
+            let (lo, hi) = match part.split_once('-') {
+                Some((a, b)) => (
+                    a.trim().parse::<usize>().map_err(|_| invalid("not a number"))?,
+                    b.trim().parse::<usize>().map_err(|_| invalid("not a number"))?,
+                ),
+                None => {
+                    let v = part.parse::<usize>().map_err(|_| invalid("not a number"))?;
+                    (v, v)
+                }
+            };
+            if lo > hi {
+                return Err(invalid("range end before its start"));
+            }
+            if hi >= MAX_IDS {
+                return Err(ParseError::TooLarge {
+                    input: input.to_string(),
+                    id: hi,
+                });
+            }
+            for id in lo..=hi {
+                set.insert(id);
+            }
+        }
+        Ok(set)
+    }
+
+    /// Parses the kernel's hexadecimal mask syntax (`cpumap`: `00000000,0000ffff`).
+    pub fn parse_mask(input: &str) -> Result<CpuSet, ParseError> {
+        let s: String = input.trim().chars().filter(|c| *c != ',').collect();
+        let mut set = CpuSet::new();
+        for (pos, ch) in s.chars().rev().enumerate() {
+            let nib = ch.to_digit(16).ok_or_else(|| ParseError::Invalid {
+                input: input.to_string(),
+                what: "not a hexadecimal mask",
+            })?;
+            for bit in 0..4 {
+                if nib & (1 << bit) != 0 {
+                    let id = pos * 4 + bit;
+                    if !set.insert(id) {
+                        return Err(ParseError::TooLarge {
+                            input: input.to_string(),
+                            id,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(set)
+    }
+
+    pub fn from_ids<I: IntoIterator<Item = usize>>(ids: I) -> CpuSet {
+        let mut s = CpuSet::new();
+        for id in ids {
+            s.insert(id);
+        }
+        s
+    }
+}
+
+impl FromStr for CpuSet {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        CpuSet::parse(s)
+    }
+}
+
+impl fmt::Display for CpuSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        let mut it = self.iter().peekable();
+        while let Some(lo) = it.next() {
+            let mut hi = lo;
+            while it.peek() == Some(&(hi + 1)) {
+                hi += 1;
+                it.next();
+            }
+            if !first {
+                f.write_str(",")?;
+            }
+            first = false;
+            if lo == hi {
+                write!(f, "{lo}")?;
+            } else {
+                write!(f, "{lo}-{hi}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for CpuSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CpuSet({self})")
+    }
+}
+
+impl serde::Serialize for CpuSet {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for CpuSet {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        CpuSet::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_format_round_trip() {
+        for s in ["", "0", "0-3", "0-23,48-71", "1,3,5", "0-1,3-4,1023"] {
+            assert_eq!(CpuSet::parse(s).unwrap().to_string(), s);
+        }
+        assert_eq!(CpuSet::parse(" 0-2 ,4\n").unwrap().to_string(), "0-2,4");
+        assert_eq!(CpuSet::parse("0,1,2,3").unwrap().to_string(), "0-3");
+    }
+
+    #[test]
+    fn parse_rejects_bad_input() {
+        for s in ["a", "1-", "3-1", "1,,2", "-1", "1024", "0-5000"] {
+            assert!(CpuSet::parse(s).is_err(), "{s} should be rejected");
+        }
+    }
+
+    #[test]
+    fn mask_parsing() {
+        assert_eq!(
+            CpuSet::parse_mask("00000000,0000ff0f").unwrap().to_string(),
+            "0-3,8-15"
+        );
+        assert_eq!(
+            CpuSet::parse_mask("1,00000000").unwrap().to_string(),
+            "32"
+        );
+        assert!(CpuSet::parse_mask("xyz").is_err());
+    }
+
+    #[test]
+    fn set_operations() {
+        let a = CpuSet::parse("0-7").unwrap();
+        let b = CpuSet::parse("4-11").unwrap();
+        assert_eq!(a.union(&b).to_string(), "0-11");
+        assert_eq!(a.intersection(&b).to_string(), "4-7");
+        assert_eq!(a.difference(&b).to_string(), "0-3");
+        assert!(CpuSet::parse("1-2").unwrap().is_subset(&a));
+        assert!(!b.is_subset(&a));
+        assert_eq!(a.len(), 8);
+        assert_eq!(b.first(), Some(4));
+    }
+}

@@ -1,0 +1,705 @@
+//! The allocation engine: the current grants, the load on every pool and NUMA node, and the
+//! create / update / remove / restore operations. Pure: no I/O, no clock, no randomness.
+
+use crate::cpuset::{CpuSet, NodeSet};
+use crate::grant::{Grant, GrantRecord};
+use crate::policy::{self, Choice};
+use crate::request::{ContainerRequest, PolicyKind};
+use crate::topology::{Level, PoolId, Topology};
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// Which device affinity outranks free CPU capacity when the two disagree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResourcePriority {
+    #[default]
+    CpuFirst,
+    GpuFirst,
+}
+
+impl ResourcePriority {
+    pub fn parse(s: &str) -> Option<ResourcePriority> {
+        match s.trim() {
+            "cpu-first" => Some(ResourcePriority::CpuFirst),
+            "gpu-first" => Some(ResourcePriority::GpuFirst),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub policy: PolicyKind,
+    /// Set `cpuset.mems` to the chosen CPUs' NUMA nodes and account memory limits per pool.
+    pub memory_topology: bool,
+    /// Let topology-aware place containers on cluster pools.
+    pub cluster_affinity: bool,
+    /// CPUs kept out of every grant (system daemons).
+    pub reserved: CpuSet,
+    pub priority: ResourcePriority,
+    /// Exclusive CPUs for Guaranteed integer-CPU containers (topology-aware).
+    pub exclusive_cpus: bool,
+    /// Whether Pod annotations may override the policy, level and memory binding.
+    pub annotations_allowed: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            policy: PolicyKind::TopologyAware,
+            memory_topology: false,
+            cluster_affinity: false,
+            reserved: CpuSet::new(),
+            priority: ResourcePriority::CpuFirst,
+            exclusive_cpus: true,
+            annotations_allowed: true,
+        }
+    }
+}
+
+/// Why a container was left alone (no adjustment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipReason {
+    /// The skip label/annotation or `policy: none`.
+    OptedOut,
+    /// The container is already placed (a repeated create event).
+    AlreadyPlaced,
+    /// Nothing usable to place on (every CPU reserved or isolated).
+    NoCapacity,
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SkipReason::OptedOut => "opted out by label or annotation",
+            SkipReason::AlreadyPlaced => "already placed",
+            SkipReason::NoCapacity => "no shared CPUs left to place on",
+        })
+    }
+}
+
+/// Why a placement went where it did (for logs and events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// topology-aware: the container fits this level.
+    Fits(Level),
+    /// topology-aware: exclusive CPUs taken from a pool at this level.
+    Exclusive(Level),
+    /// topology-aware: nothing fits below the root; the root is the last resort.
+    Fallback,
+    /// numa-aware: this many NUMA nodes hold the container's size.
+    NumaNodes(usize),
+    /// A `kube-system` Pod: the whole machine.
+    KubeSystem,
+    /// A forced level (annotation) that had no pool that fits: the root instead.
+    ForcedLevelUnavailable(Level),
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Fits(l) => write!(f, "fits one {l}"),
+            Reason::Exclusive(l) => write!(f, "exclusive CPUs in one {l}"),
+            Reason::Fallback => f.write_str("fits no single pool below the root; using the root"),
+            Reason::NumaNodes(1) => f.write_str("fits one NUMA node"),
+            Reason::NumaNodes(n) => write!(f, "spans the {n} nearest NUMA nodes"),
+            Reason::KubeSystem => f.write_str("kube-system Pod: all shared CPUs"),
+            Reason::ForcedLevelUnavailable(l) => {
+                write!(f, "no {l} pool fits the requested level; using the root")
+            }
+        }
+    }
+}
+
+/// A cpuset change for another container, caused by this decision (exclusive CPUs taken or
+/// returned). The runtime layer applies it (NRI update, CRI UpdateContainerResources, docker
+/// update).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpusetUpdate {
+    pub container_id: String,
+    pub cpus: CpuSet,
+    pub mems: Option<NodeSet>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub cpus: CpuSet,
+    pub mems: Option<NodeSet>,
+    pub pool: PoolId,
+    pub exclusive: bool,
+    pub reason: Reason,
+    pub updates: Vec<CpusetUpdate>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Placed(Placement),
+    Skipped(SkipReason),
+}
+
+/// Load on one pool: requests charged to it and everything below it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolLoad {
+    pub request_milli: u64,
+    pub limit_milli: u64,
+    pub memory_bytes: u64,
+    /// Containers charged to this pool itself (not its children).
+    pub containers: u32,
+    /// Shared (non-exclusive) containers charged to this pool itself.
+    pub shared_containers: u32,
+}
+
+/// Per-pool figures for status reporting.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PoolStatus {
+    pub name: String,
+    pub level: Level,
+    pub cpus: String,
+    pub capacity_milli: u64,
+    pub request_milli: u64,
+    pub limit_milli: u64,
+    pub exclusive_cpus: String,
+    pub shared_cpus: String,
+    pub containers: u32,
+}
+
+/// Per-NUMA node load (requests split evenly over the nodes a grant spans).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeLoad {
+    pub request_milli: u64,
+    pub limit_milli: u64,
+}
+
+/// Outcome of a restore: what was adopted and how.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// Grants adopted exactly from their grant record.
+    pub from_record: usize,
+    /// Grants inferred from the container's cpuset (no record, or a record that did not fit).
+    pub inferred: usize,
+    /// Containers left unmanaged (no cpuset, opted out).
+    pub unmanaged: usize,
+    /// Containers whose cpuset must change to match the restored state.
+    pub updates: Vec<CpusetUpdate>,
+}
+
+/// An existing container reported by the runtime at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Existing {
+    pub request: ContainerRequest,
+    pub cpus: Option<CpuSet>,
+    pub mems: Option<NodeSet>,
+    pub record: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Engine {
+    topo: Arc<Topology>,
+    cfg: EngineConfig,
+    /// CPUs any grant may use: online minus reserved and isolated.
+    usable: CpuSet,
+    grants: HashMap<String, Grant>,
+    pool_load: Vec<PoolLoad>,
+    node_load: Vec<NodeLoad>,
+    taken: CpuSet,
+}
+
+impl Engine {
+    pub fn new(topo: Arc<Topology>, cfg: EngineConfig) -> Engine {
+        let usable = topo.online.difference(&cfg.reserved).difference(&topo.isolated);
+        Engine {
+            pool_load: vec![PoolLoad::default(); topo.pools.len()],
+            node_load: vec![NodeLoad::default(); topo.nodes.len()],
+            topo,
+            cfg,
+            usable,
+            grants: HashMap::new(),
+            taken: CpuSet::new(),
+        }
+    }
+
+    pub fn topology(&self) -> &Arc<Topology> {
+        &self.topo
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Changes the policy settings for containers placed from now on; existing grants stay.
+    /// Reserved CPUs apply at once to the usable set.
+    pub fn set_config(&mut self, cfg: EngineConfig) {
+        self.usable = self
+            .topo
+            .online
+            .difference(&cfg.reserved)
+            .difference(&self.topo.isolated);
+        self.cfg = cfg;
+    }
+
+    pub fn grant(&self, id: &str) -> Option<&Grant> {
+        self.grants.get(id)
+    }
+
+    pub fn grants(&self) -> impl Iterator<Item = (&String, &Grant)> {
+        self.grants.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.grants.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.grants.is_empty()
+    }
+
+    pub fn pool_load(&self, id: PoolId) -> &PoolLoad {
+        &self.pool_load[id]
+    }
+
+    pub fn node_load(&self) -> &[NodeLoad] {
+        &self.node_load
+    }
+
+    /// Exclusive CPUs handed out.
+    pub fn taken(&self) -> &CpuSet {
+        &self.taken
+    }
+
+    pub fn usable(&self) -> &CpuSet {
+        &self.usable
+    }
+
+    /// CPUs a shared grant within `span` may use now.
+    pub fn shared_cpus(&self, span: &CpuSet) -> CpuSet {
+        span.intersection(&self.usable).difference(&self.taken)
+    }
+
+    /// Request capacity of a pool in milli-CPUs (its usable CPUs).
+    pub fn capacity_milli(&self, id: PoolId) -> u64 {
+        self.topo.pools[id].cpus.intersection(&self.usable).len() as u64 * 1000
+    }
+
+    /// Places a new container.
+    pub fn create(&mut self, req: &ContainerRequest) -> Outcome {
+        if self.grants.contains_key(&req.id) {
+            return Outcome::Skipped(SkipReason::AlreadyPlaced);
+        }
+        if self.cfg.annotations_allowed && req.overrides.skip {
+            return Outcome::Skipped(SkipReason::OptedOut);
+        }
+        let choice = match policy::choose(self, req) {
+            Some(c) => c,
+            None => return Outcome::Skipped(SkipReason::NoCapacity),
+        };
+        Outcome::Placed(self.commit(req, choice))
+    }
+
+    /// Re-places a container after a resize. A container still fitting its pool stays there.
+    pub fn update(&mut self, req: &ContainerRequest) -> Outcome {
+        let Some(old) = self.grants.get(&req.id).cloned() else {
+            return self.create(req);
+        };
+        let unchanged = old.request_milli == req.cpu_request_milli
+            && old.limit_milli == req.cpu_limit_milli
+            && old.exclusive.len() == req.exclusive_cpus().unwrap_or(0);
+        if unchanged {
+            return Outcome::Placed(Placement {
+                cpus: old.cpus,
+                mems: old.mems,
+                pool: old.pool,
+                exclusive: old.is_exclusive(),
+                reason: Reason::Fits(self.topo.pools[old.pool].level),
+                updates: Vec::new(),
+            });
+        }
+        let mut updates = self.release(&req.id);
+        let outcome = match policy::choose_preferring(self, req, &old) {
+            Some(c) => Outcome::Placed(self.commit(req, c)),
+            None => Outcome::Skipped(SkipReason::NoCapacity),
+        };
+        match outcome {
+            Outcome::Placed(mut p) => {
+                // Updates from the release and from the new grant; the later one wins.
+                for u in p.updates.drain(..) {
+                    updates.retain(|x| x.container_id != u.container_id);
+                    updates.push(u);
+                }
+                updates.retain(|u| u.container_id != req.id);
+                p.updates = updates;
+                Outcome::Placed(p)
+            }
+            other => other,
+        }
+    }
+
+    /// Releases a container's grant (idempotent). Returns cpuset updates for shared containers
+    /// that get returned exclusive CPUs back.
+    pub fn remove(&mut self, id: &str) -> Vec<CpusetUpdate> {
+        self.release(id)
+    }
+
+    fn release(&mut self, id: &str) -> Vec<CpusetUpdate> {
+        let Some(g) = self.grants.remove(id) else {
+            return Vec::new();
+        };
+        self.uncharge(&g);
+        if g.is_exclusive() {
+            self.taken = self.taken.difference(&g.exclusive);
+            self.refresh_shared(&g.exclusive)
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn charge(&mut self, g: &Grant) {
+        let mut first = true;
+        for a in self.topo.ancestors(g.pool).collect::<smallvec_like::Ancestors>() {
+            let l = &mut self.pool_load[a];
+            l.request_milli += g.request_milli;
+            l.limit_milli += g.limit_milli.unwrap_or(0);
+            l.memory_bytes += g.memory_bytes;
+            if first {
+                l.containers += 1;
+                if !g.is_exclusive() {
+                    l.shared_containers += 1;
+                }
+                first = false;
+            }
+        }
+        self.charge_nodes(g, true);
+    }
+
+    fn uncharge(&mut self, g: &Grant) {
+        let mut first = true;
+        for a in self.topo.ancestors(g.pool).collect::<smallvec_like::Ancestors>() {
+            let l = &mut self.pool_load[a];
+            l.request_milli -= g.request_milli;
+            l.limit_milli -= g.limit_milli.unwrap_or(0);
+            l.memory_bytes -= g.memory_bytes;
+            if first {
+                l.containers -= 1;
+                if !g.is_exclusive() {
+                    l.shared_containers -= 1;
+                }
+                first = false;
+            }
+        }
+        self.charge_nodes(g, false);
+    }
+
+    fn charge_nodes(&mut self, g: &Grant, add: bool) {
+        let n = g.nodes.len() as u64;
+        if n == 0 {
+            return;
+        }
+        let lim = g.limit_milli.unwrap_or(0);
+        for (i, node) in g.nodes.iter().enumerate() {
+            let Some(pos) = self.topo.nodes.iter().position(|x| x.id as usize == node) else {
+                continue;
+            };
+            // Even split; the first node takes the remainder so the sum is exact.
+            let extra = |v: u64| if i == 0 { v % n } else { 0 };
+            let r = g.request_milli / n + extra(g.request_milli);
+            let l = lim / n + extra(lim);
+            let load = &mut self.node_load[pos];
+            if add {
+                load.request_milli += r;
+                load.limit_milli += l;
+            } else {
+                load.request_milli -= r;
+                load.limit_milli -= l;
+            }
+        }
+    }
+
+    /// Recomputes the cpuset of every shared grant whose span meets `changed`, returning the
+    /// updates for those whose cpuset changed.
+    fn refresh_shared(&mut self, changed: &CpuSet) -> Vec<CpusetUpdate> {
+        let usable = self.usable;
+        let taken = self.taken;
+        let mut out = Vec::new();
+        for (id, g) in self.grants.iter_mut() {
+            if g.is_exclusive() || !g.span.intersects(changed) {
+                continue;
+            }
+            let cpus = g.span.intersection(&usable).difference(&taken);
+            if cpus != g.cpus && !cpus.is_empty() {
+                g.cpus = cpus;
+                out.push(CpusetUpdate {
+                    container_id: id.clone(),
+                    cpus,
+                    mems: g.mems,
+                });
+            }
+        }
+        out.sort_by(|a, b| a.container_id.cmp(&b.container_id));
+        out
+    }
+
+    fn commit(&mut self, req: &ContainerRequest, c: Choice) -> Placement {
+        let memory_bytes = if c.charge_memory {
+            req.memory_limit_bytes.unwrap_or(0)
+        } else {
+            0
+        };
+        let cpus = if c.exclusive.is_empty() {
+            self.shared_cpus(&c.span)
+        } else {
+            c.exclusive
+        };
+        let g = Grant {
+            policy: c.policy,
+            pool: c.pool,
+            nodes: c.nodes,
+            span: c.span,
+            exclusive: c.exclusive,
+            request_milli: req.cpu_request_milli,
+            limit_milli: req.cpu_limit_milli,
+            memory_bytes,
+            mems: c.mems,
+            cpus,
+        };
+        self.charge(&g);
+        let updates = if g.is_exclusive() {
+            self.taken = self.taken.union(&g.exclusive);
+            let ex = g.exclusive;
+            self.grants.insert(req.id.clone(), g);
+            self.refresh_shared(&ex)
+        } else {
+            self.grants.insert(req.id.clone(), g);
+            Vec::new()
+        };
+        Placement {
+            cpus,
+            mems: c.mems,
+            pool: c.pool,
+            exclusive: !c.exclusive.is_empty(),
+            reason: c.reason,
+            updates,
+        }
+    }
+
+    /// The grant record of a placed container (see [`Grant::record`]).
+    pub fn record(&self, id: &str) -> Option<String> {
+        self.grants.get(id).map(|g| g.record(&self.topo))
+    }
+
+    /// Rebuilds the state from the containers a runtime reports at start-up (or after a
+    /// reconnect). Exclusive grants are adopted first so shared cpusets are computed against
+    /// the final set of taken CPUs. Containers whose cpuset differs from what the restored
+    /// state gives them are returned as updates.
+    pub fn restore(&mut self, existing: &[Existing]) -> RestoreReport {
+        let mut report = RestoreReport::default();
+        let mut resolved: Vec<(&Existing, Grant, bool)> = Vec::new();
+        for e in existing {
+            if self.grants.contains_key(&e.request.id) {
+                continue;
+            }
+            let from_record = e
+                .record
+                .as_deref()
+                .and_then(GrantRecord::parse)
+                .and_then(|r| self.grant_from_record(&r, e));
+            match from_record {
+                Some(g) => resolved.push((e, g, true)),
+                None => match e.cpus.and_then(|cpus| self.infer_grant(e, cpus)) {
+                    Some(g) => resolved.push((e, g, false)),
+                    None => report.unmanaged += 1,
+                },
+            }
+        }
+        // Exclusive grants first, skipping any that would collide with one already adopted.
+        resolved.sort_by_key(|(e, g, _)| (!g.is_exclusive(), e.request.id.clone()));
+        for (e, mut g, exact) in resolved {
+            if g.is_exclusive() {
+                if g.exclusive.intersects(&self.taken) {
+                    // Two containers claim the same exclusive CPU: the later one becomes shared.
+                    g.exclusive = CpuSet::new();
+                } else {
+                    self.taken = self.taken.union(&g.exclusive);
+                }
+            }
+            g.cpus = if g.is_exclusive() {
+                g.exclusive
+            } else {
+                CpuSet::new() // filled below, once all exclusive CPUs are known
+            };
+            self.charge(&g);
+            self.grants.insert(e.request.id.clone(), g);
+            if exact {
+                report.from_record += 1;
+            } else {
+                report.inferred += 1;
+            }
+        }
+        let usable = self.usable;
+        let taken = self.taken;
+        for e in existing {
+            if let Some(g) = self.grants.get_mut(&e.request.id) {
+                if !g.is_exclusive() {
+                    g.cpus = g.span.intersection(&usable).difference(&taken);
+                }
+                if e.cpus != Some(g.cpus) && !g.cpus.is_empty() {
+                    report.updates.push(CpusetUpdate {
+                        container_id: e.request.id.clone(),
+                        cpus: g.cpus,
+                        mems: g.mems,
+                    });
+                }
+            }
+        }
+        report.updates.sort_by(|a, b| a.container_id.cmp(&b.container_id));
+        report
+    }
+
+    fn grant_from_record(&self, r: &GrantRecord, e: &Existing) -> Option<Grant> {
+        let pool = self.topo.pool_by_name(&r.pool)?;
+        if !r.exclusive.is_subset(&self.topo.online) {
+            return None;
+        }
+        let span = match r.policy {
+            PolicyKind::NumaAware => {
+                let mut s = CpuSet::new();
+                for n in r.nodes.iter() {
+                    s = s.union(&self.topo.node(n as u32)?.cpus);
+                }
+                s
+            }
+            PolicyKind::TopologyAware => pool.cpus,
+        };
+        if let Some(cpus) = e.cpus {
+            // A record that contradicts the live cpuset is stale: infer instead.
+            if !cpus.is_subset(&span) && !r.exclusive.is_empty() && cpus != r.exclusive {
+                return None;
+            }
+        }
+        Some(Grant {
+            policy: r.policy,
+            pool: pool.id,
+            nodes: r.nodes,
+            span,
+            exclusive: r.exclusive,
+            request_milli: r.request_milli,
+            limit_milli: r.limit_milli,
+            memory_bytes: r.memory_bytes,
+            mems: r.mems,
+            cpus: CpuSet::new(),
+        })
+    }
+
+    /// The grant a container most likely has, from its cpuset alone (the reference's recovery:
+    /// the deepest pool that contains it).
+    fn infer_grant(&self, e: &Existing, cpus: CpuSet) -> Option<Grant> {
+        let cpus = cpus.intersection(&self.topo.online);
+        if cpus.is_empty() {
+            return None;
+        }
+        let req = &e.request;
+        let pool = self.topo.deepest_pool_containing(&cpus);
+        let nodes = self.topo.nodes_of(&cpus);
+        let exclusive = match req.exclusive_cpus() {
+            Some(n)
+                if n == cpus.len()
+                    && self.cfg.exclusive_cpus
+                    && self.cfg.policy == PolicyKind::TopologyAware
+                    && self.topo.pools[pool].cpus != cpus =>
+            {
+                cpus
+            }
+            _ => CpuSet::new(),
+        };
+        let (policy, span) = if exclusive.is_empty() && self.topo.pools[pool].cpus != cpus {
+            // Not a pool's cpuset: a numa-aware grant over whole nodes, or a pool with
+            // exclusive CPUs carved out; the NUMA nodes' CPUs are the span either way.
+            let mut s = CpuSet::new();
+            for n in nodes.iter() {
+                if let Some(node) = self.topo.node(n as u32) {
+                    s = s.union(&node.cpus);
+                }
+            }
+            let pool_span = self.topo.pools[pool].cpus;
+            if pool_span.is_subset(&s) && s.len() > pool_span.len() {
+                (PolicyKind::NumaAware, s)
+            } else {
+                (self.cfg.policy, pool_span)
+            }
+        } else {
+            (self.cfg.policy, self.topo.pools[pool].cpus)
+        };
+        let mems = e.mems.filter(|m| !m.is_empty());
+        Some(Grant {
+            policy,
+            pool,
+            nodes,
+            span,
+            exclusive,
+            request_milli: req.cpu_request_milli,
+            limit_milli: req.cpu_limit_milli,
+            memory_bytes: if self.cfg.memory_topology && mems.is_some() {
+                req.memory_limit_bytes.unwrap_or(0)
+            } else {
+                0
+            },
+            mems,
+            cpus: CpuSet::new(),
+        })
+    }
+
+    /// Per-pool figures for status and metrics.
+    pub fn pool_status(&self) -> Vec<PoolStatus> {
+        self.topo
+            .pools
+            .iter()
+            .map(|p| {
+                let l = &self.pool_load[p.id];
+                PoolStatus {
+                    name: p.name.clone(),
+                    level: p.level,
+                    cpus: p.cpus.to_string(),
+                    capacity_milli: self.capacity_milli(p.id),
+                    request_milli: l.request_milli,
+                    limit_milli: l.limit_milli,
+                    exclusive_cpus: p.cpus.intersection(&self.taken).to_string(),
+                    shared_cpus: self.shared_cpus(&p.cpus).to_string(),
+                    containers: l.containers,
+                }
+            })
+            .collect()
+    }
+}
+
+/// A tiny fixed-capacity collection for a pool's ancestor chain, so charging does not allocate.
+mod smallvec_like {
+    use crate::topology::PoolId;
+
+    pub struct Ancestors {
+        items: [PoolId; 16],
+        len: usize,
+    }
+
+    impl FromIterator<PoolId> for Ancestors {
+        fn from_iter<I: IntoIterator<Item = PoolId>>(iter: I) -> Self {
+            let mut a = Ancestors {
+                items: [0; 16],
+                len: 0,
+            };
+            for p in iter {
+                if a.len < a.items.len() {
+                    a.items[a.len] = p;
+                    a.len += 1;
+                }
+            }
+            a
+        }
+    }
+
+    impl IntoIterator for Ancestors {
+        type Item = PoolId;
+        type IntoIter = std::iter::Take<std::array::IntoIter<PoolId, 16>>;
+        fn into_iter(self) -> Self::IntoIter {
+            self.items.into_iter().take(self.len)
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! A grant: what one container was given, and its text form (the grant record) that the agent
+//! stores in the container itself (an annotation or label) so a restarted agent reads back
+//! exactly what it decided.
+
+use crate::cpuset::{CpuSet, NodeSet};
+use crate::request::PolicyKind;
+use crate::topology::{PoolId, Topology};
+use std::fmt::Write as _;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub policy: PolicyKind,
+    /// The pool the request is charged to (and its ancestors).
+    pub pool: PoolId,
+    /// NUMA nodes the grant spans (numa-aware: the chosen nodes; topology-aware: the pool's).
+    pub nodes: NodeSet,
+    /// The CPUs the grant may use before exclusive, reserved and isolated CPUs are taken out.
+    pub span: CpuSet,
+    /// Exclusive CPUs (empty for a shared grant).
+    pub exclusive: CpuSet,
+    pub request_milli: u64,
+    pub limit_milli: Option<u64>,
+    /// Memory charged to the pool (memory topology on and a limit set), bytes.
+    pub memory_bytes: u64,
+    /// Memory nodes set on the container, if memory binding applies.
+    pub mems: Option<NodeSet>,
+    /// The cpuset the container has now.
+    pub cpus: CpuSet,
+}
+
+impl Grant {
+    pub fn is_exclusive(&self) -> bool {
+        !self.exclusive.is_empty()
+    }
+
+    /// The grant record: `v1;p=<policy>;pool=<name>;n=<nodes>;x=<exclusive>;r=<req>;l=<lim>;m=<mem>;mems=<mems>`.
+    pub fn record(&self, topo: &Topology) -> String {
+        let mut s = String::with_capacity(96);
+        let _ = write!(
+            s,
+            "v1;p={};pool={};n={};x={};r={};l={};m={}",
+            self.policy,
+            topo.pools[self.pool].name,
+            self.nodes,
+            self.exclusive,
+            self.request_milli,
+            self.limit_milli.map(|l| l.to_string()).unwrap_or_default(),
+            self.memory_bytes,
+        );
+        if let Some(m) = self.mems {
+            let _ = write!(s, ";mems={m}");
+        }
+        s
+    }
+}
+
+/// A parsed grant record; resolved against a topology by the engine's restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantRecord {
+    pub policy: PolicyKind,
+    pub pool: String,
+    pub nodes: NodeSet,
+    pub exclusive: CpuSet,
+    pub request_milli: u64,
+    pub limit_milli: Option<u64>,
+    pub memory_bytes: u64,
+    pub mems: Option<NodeSet>,
+}
+
+impl GrantRecord {
+    /// Parses a record; `None` for anything malformed (the caller then infers the grant from
+    /// the container's cpuset instead).
+    pub fn parse(s: &str) -> Option<GrantRecord> {
+        let mut parts = s.trim().split(';');
+        if parts.next()? != "v1" {
+            return None;
+        }
+        let (mut policy, mut pool, mut nodes, mut excl) = (None, None, None, None);
+        let (mut req, mut lim, mut mem, mut mems) = (None, None, None, None);
+        for part in parts {
+            let (k, v) = part.split_once('=')?;
+            match k {
+                "p" => policy = PolicyKind::parse(v),
+                "pool" => pool = Some(v.to_string()),
+                "n" => nodes = CpuSet::parse(v).ok(),
+                "x" => excl = CpuSet::parse(v).ok(),
+                "r" => req = v.parse().ok(),
+                "l" => {
+                    lim = Some(if v.is_empty() {
+                        None
+                    } else {
+                        Some(v.parse().ok()?)
+                    })
+                }
+                "m" => mem = v.parse().ok(),
+                "mems" => mems = Some(CpuSet::parse(v).ok()?),
+                _ => {}
+            }
+        }
+        Some(GrantRecord {
+            policy: policy?,
+            pool: pool?,
+            nodes: nodes?,
+            exclusive: excl?,
+            request_milli: req?,
+            limit_milli: lim?,
+            memory_bytes: mem?,
+            mems,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_parse_rejects_garbage() {
+        for s in ["", "v2;p=numa-aware", "v1;p=foo;pool=a;n=0;x=;r=1;l=;m=0", "v1;p=numa-aware"] {
+            assert!(GrantRecord::parse(s).is_none(), "{s}");
+        }
+        let r = GrantRecord::parse("v1;p=numa-aware;pool=numa1;n=1;x=;r=4000;l=8000;m=0;mems=1").unwrap();
+        assert_eq!(r.pool, "numa1");
+        assert_eq!(r.limit_milli, Some(8000));
+        assert_eq!(r.mems.unwrap().to_string(), "1");
+    }
+}

@@ -1,0 +1,340 @@
+//! What a runtime tells us about a container, normalised: QoS class, CPU request and limit,
+//! memory limit, device hints, and the per-Pod overrides read from annotations.
+
+use crate::topology::Level;
+use std::collections::HashMap;
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Qos {
+    Guaranteed,
+    Burstable,
+    BestEffort,
+}
+
+impl Qos {
+    /// QoS from a kubelet cgroup parent path (`…kubepods-besteffort…`, `…burstable…`, else
+    /// Guaranteed), as the reference implementation derives it.
+    pub fn from_cgroup_parent(path: &str) -> Qos {
+        let p = path.to_ascii_lowercase();
+        if p.contains("besteffort") {
+            Qos::BestEffort
+        } else if p.contains("burstable") {
+            Qos::Burstable
+        } else {
+            Qos::Guaranteed
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Qos::Guaranteed => "Guaranteed",
+            Qos::Burstable => "Burstable",
+            Qos::BestEffort => "BestEffort",
+        }
+    }
+}
+
+impl fmt::Display for Qos {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Milli-CPU request from cgroup v1 CPU shares as the kubelet sets them
+/// (`shares = request * 1024 / 1000`, minimum 2, which means no request).
+pub fn milli_cpu_from_shares(shares: u64) -> u64 {
+    if shares <= 2 {
+        0
+    } else {
+        // Round to the nearest milli-CPU: the kubelet floors when it converts, so a plain
+        // division can come out one short (e.g. 4000m -> 4096 shares -> 4000; 100m -> 102 -> 99).
+        (shares * 1000 + 512) / 1024
+    }
+}
+
+/// Milli-CPU limit from a CFS quota and period; `None` when there is no quota.
+pub fn milli_cpu_from_quota(quota: i64, period: u64) -> Option<u64> {
+    if quota <= 0 || period == 0 {
+        None
+    } else {
+        Some((quota as u64 * 1000).div_ceil(period))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum PolicyKind {
+    #[serde(rename = "numa-aware")]
+    NumaAware,
+    #[serde(rename = "topology-aware")]
+    TopologyAware,
+}
+
+impl PolicyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::NumaAware => "numa-aware",
+            PolicyKind::TopologyAware => "topology-aware",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<PolicyKind> {
+        match s.trim() {
+            "numa-aware" => Some(PolicyKind::NumaAware),
+            "topology-aware" => Some(PolicyKind::TopologyAware),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Label (or annotation) that opts a whole Pod out, any value; the reference's key.
+pub const SKIP_KEY: &str = "tap.kunpeng.huawei.com/skip";
+/// Annotation: `numa-aware`, `topology-aware`, or `none` (same as skip).
+pub const POLICY_KEY: &str = "tap.kunpeng.huawei.com/policy";
+/// Annotation: `machine`, `socket`, `die`, `numa`, `cluster` (topology-aware only).
+pub const LEVEL_KEY: &str = "tap.kunpeng.huawei.com/level";
+/// Annotation: `true`/`false`, bind memory (`cpuset.mems`) to the chosen CPUs' NUMA nodes.
+pub const MEMORY_BINDING_KEY: &str = "tap.kunpeng.huawei.com/memory-binding";
+/// Annotation: `true`/`false`, exclusive CPUs for Guaranteed integer-CPU containers.
+pub const EXCLUSIVE_KEY: &str = "tap.kunpeng.huawei.com/exclusive-cpus";
+/// Annotation written by the agent into the container it placed (where the runtime lets it):
+/// the grant record that restart recovery reads back.
+pub const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
+
+/// Per-Pod (or per-container) choices read from annotations.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    pub skip: bool,
+    pub policy: Option<PolicyKind>,
+    pub level: Option<Level>,
+    pub memory_binding: Option<bool>,
+    pub exclusive: Option<bool>,
+}
+
+/// A problem with an annotation: its value was ignored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnnotationWarning {
+    pub key: String,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+impl fmt::Display for AnnotationWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ignoring annotation {}={:?}: expected {}",
+            self.key, self.value, self.expected
+        )
+    }
+}
+
+impl Overrides {
+    /// Reads the overrides for container `container` of a Pod. For every key `K`, the
+    /// container-specific annotation `K.<container>` wins over `K`. The skip key is honoured as
+    /// a label or an annotation. Values that do not parse are ignored and reported.
+    pub fn from_pod(
+        labels: &HashMap<String, String>,
+        annotations: &HashMap<String, String>,
+        container: &str,
+    ) -> (Overrides, Vec<AnnotationWarning>) {
+        let mut warnings = Vec::new();
+        let lookup = |key: &str| -> Option<(String, &String)> {
+            let specific = format!("{key}.{container}");
+            if let Some(v) = annotations.get(&specific) {
+                return Some((specific, v));
+            }
+            annotations.get(key).map(|v| (key.to_string(), v))
+        };
+        let mut o = Overrides {
+            skip: labels.contains_key(SKIP_KEY) || lookup(SKIP_KEY).is_some(),
+            ..Overrides::default()
+        };
+        if let Some((k, v)) = lookup(POLICY_KEY) {
+            match v.trim() {
+                "none" | "skip" => o.skip = true,
+                other => match PolicyKind::parse(other) {
+                    Some(p) => o.policy = Some(p),
+                    None => warnings.push(AnnotationWarning {
+                        key: k,
+                        value: v.clone(),
+                        expected: "numa-aware, topology-aware or none",
+                    }),
+                },
+            }
+        }
+        if let Some((k, v)) = lookup(LEVEL_KEY) {
+            match Level::parse(v) {
+                Some(l) => o.level = Some(l),
+                None => warnings.push(AnnotationWarning {
+                    key: k,
+                    value: v.clone(),
+                    expected: "machine, socket, die, numa or cluster",
+                }),
+            }
+        }
+        for (key, slot) in [
+            (MEMORY_BINDING_KEY, &mut o.memory_binding),
+            (EXCLUSIVE_KEY, &mut o.exclusive),
+        ] {
+            if let Some((k, v)) = lookup(key) {
+                match parse_bool(v) {
+                    Some(b) => *slot = Some(b),
+                    None => warnings.push(AnnotationWarning {
+                        key: k,
+                        value: v.clone(),
+                        expected: "true or false",
+                    }),
+                }
+            }
+        }
+        (o, warnings)
+    }
+}
+
+fn parse_bool(s: &str) -> Option<bool> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "true" | "yes" | "on" | "1" => Some(true),
+        "false" | "no" | "off" | "0" => Some(false),
+        _ => None,
+    }
+}
+
+/// Everything the engine needs to place one container.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ContainerRequest {
+    /// Runtime container id; the key of the allocation.
+    pub id: String,
+    pub pod_uid: String,
+    pub pod_name: String,
+    pub namespace: String,
+    pub container_name: String,
+    pub qos: Option<Qos>,
+    pub cpu_request_milli: u64,
+    pub cpu_limit_milli: Option<u64>,
+    pub memory_limit_bytes: Option<u64>,
+    /// NUMA nodes of the PCI devices the container uses (GPUs), if any.
+    pub device_nodes: Vec<u32>,
+    pub overrides: Overrides,
+}
+
+impl ContainerRequest {
+    pub fn qos(&self) -> Qos {
+        self.qos.unwrap_or_else(|| {
+            if self.cpu_request_milli == 0 && self.cpu_limit_milli.is_none() {
+                Qos::BestEffort
+            } else if self.cpu_limit_milli == Some(self.cpu_request_milli) {
+                Qos::Guaranteed
+            } else {
+                Qos::Burstable
+            }
+        })
+    }
+
+    /// Whole CPUs a Guaranteed container asks for, when its request is an integer number of
+    /// CPUs equal to its limit (what the kubelet's static policy would pin).
+    pub fn exclusive_cpus(&self) -> Option<usize> {
+        if self.qos() != Qos::Guaranteed {
+            return None;
+        }
+        let req = self.cpu_request_milli;
+        if req == 0 || req % 1000 != 0 || self.cpu_limit_milli.is_some_and(|l| l != req) {
+            return None;
+        }
+        Some((req / 1000) as usize)
+    }
+
+    /// The size a placement must hold: the limit, or the request when there is no limit.
+    pub fn size_milli(&self) -> u64 {
+        self.cpu_limit_milli
+            .unwrap_or(self.cpu_request_milli)
+            .max(self.cpu_request_milli)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn shares_and_quota_conversions() {
+        assert_eq!(milli_cpu_from_shares(2), 0);
+        assert_eq!(milli_cpu_from_shares(1024), 1000);
+        assert_eq!(milli_cpu_from_shares(4096), 4000);
+        assert_eq!(milli_cpu_from_shares(102), 100);
+        assert_eq!(milli_cpu_from_shares(256), 250);
+        assert_eq!(milli_cpu_from_quota(800_000, 100_000), Some(8000));
+        assert_eq!(milli_cpu_from_quota(-1, 100_000), None);
+        assert_eq!(milli_cpu_from_quota(50_000, 100_000), Some(500));
+    }
+
+    #[test]
+    fn qos_from_cgroup_parent() {
+        assert_eq!(
+            Qos::from_cgroup_parent("/kubepods.slice/kubepods-besteffort.slice/x"),
+            Qos::BestEffort
+        );
+        assert_eq!(
+            Qos::from_cgroup_parent("/kubepods/burstable/pod123"),
+            Qos::Burstable
+        );
+        assert_eq!(Qos::from_cgroup_parent("/kubepods/pod123"), Qos::Guaranteed);
+    }
+
+    #[test]
+    fn overrides_container_specific_key_wins_and_bad_values_warn() {
+        let ann = map(&[
+            (POLICY_KEY, "numa-aware"),
+            ("tap.kunpeng.huawei.com/policy.sidecar", "topology-aware"),
+            (LEVEL_KEY, "galaxy"),
+            (MEMORY_BINDING_KEY, "true"),
+        ]);
+        let (o, w) = Overrides::from_pod(&HashMap::new(), &ann, "app");
+        assert_eq!(o.policy, Some(PolicyKind::NumaAware));
+        assert_eq!(o.memory_binding, Some(true));
+        assert_eq!(o.level, None);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].to_string().contains("galaxy"), "{}", w[0]);
+        let (o, _) = Overrides::from_pod(&HashMap::new(), &ann, "sidecar");
+        assert_eq!(o.policy, Some(PolicyKind::TopologyAware));
+    }
+
+    #[test]
+    fn skip_as_label_annotation_or_policy_none() {
+        let (o, _) = Overrides::from_pod(&map(&[(SKIP_KEY, "")]), &HashMap::new(), "c");
+        assert!(o.skip);
+        let (o, _) = Overrides::from_pod(&HashMap::new(), &map(&[(SKIP_KEY, "x")]), "c");
+        assert!(o.skip);
+        let (o, _) = Overrides::from_pod(&HashMap::new(), &map(&[(POLICY_KEY, "none")]), "c");
+        assert!(o.skip);
+    }
+
+    #[test]
+    fn exclusive_only_for_guaranteed_integer() {
+        let mut r = ContainerRequest {
+            cpu_request_milli: 4000,
+            cpu_limit_milli: Some(4000),
+            ..Default::default()
+        };
+        assert_eq!(r.qos(), Qos::Guaranteed);
+        assert_eq!(r.exclusive_cpus(), Some(4));
+        r.cpu_request_milli = 1500;
+        r.cpu_limit_milli = Some(1500);
+        assert_eq!(r.exclusive_cpus(), None);
+        r.cpu_limit_milli = Some(3000);
+        assert_eq!(r.qos(), Qos::Burstable);
+        assert_eq!(r.size_milli(), 3000);
+    }
+}

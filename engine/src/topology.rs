@@ -1,0 +1,731 @@
+//! The hardware topology model and the pool tree the policies place containers on.
+//!
+//! Discovery (see [`crate::sysfs`]) produces a [`RawTopology`]: flat facts per CPU and per NUMA
+//! node. [`Topology::build`] turns it into a tree of pools:
+//! machine > socket > die > NUMA node > cluster, with cores and threads below as CPU sets.
+//! A level whose CPUs equal its parent's collapses into the parent (a one-die socket has no die
+//! pool, a one-NUMA die no NUMA pool), and the machine root exists only with several sockets,
+//! as in the reference implementation. Clusters are kept only where they are strictly smaller
+//! than their NUMA node and hold more than one core.
+
+use crate::cpuset::{CpuSet, NodeSet};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// One online CPU as discovery saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawCpu {
+    pub id: usize,
+    pub package: u32,
+    pub die: u32,
+    /// Identity of the CPU's cluster: CPUs with equal values share a cluster.
+    /// `None` where the kernel reports no clusters.
+    pub cluster: Option<u64>,
+    /// Identity of the CPU's core: CPUs with equal values are hyperthreads of one core.
+    pub core: u64,
+    pub numa: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawNode {
+    pub id: u32,
+    pub cpus: CpuSet,
+    pub memory_bytes: u64,
+    /// Distances to every node, as `node<id>/distance` lists them (same order as node ids in
+    /// `RawTopology::nodes` sorted ascending).
+    pub distances: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PciDevice {
+    /// PCI address, e.g. `0000:3b:00.0`.
+    pub address: String,
+    /// Class code, e.g. 0x030000 (VGA) or 0x030200 (3D controller).
+    pub class: u32,
+    pub vendor: u32,
+    pub device: u32,
+    pub numa_node: Option<u32>,
+}
+
+impl PciDevice {
+    /// Display controllers (class 0x03xxxx): VGA, XGA and 3D controllers, i.e. GPUs and NPUs
+    /// that present as such.
+    pub fn is_gpu(&self) -> bool {
+        self.class >> 16 == 0x03
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RawTopology {
+    pub cpus: Vec<RawCpu>,
+    pub nodes: Vec<RawNode>,
+    pub devices: Vec<PciDevice>,
+    /// CPUs the kernel isolates (`isolcpus`): never put in a shared pool.
+    pub isolated: CpuSet,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Machine,
+    Socket,
+    Die,
+    Numa,
+    Cluster,
+}
+
+impl Level {
+    pub const ALL: [Level; 5] = [
+        Level::Machine,
+        Level::Socket,
+        Level::Die,
+        Level::Numa,
+        Level::Cluster,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Machine => "machine",
+            Level::Socket => "socket",
+            Level::Die => "die",
+            Level::Numa => "numa",
+            Level::Cluster => "cluster",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Level> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "machine" | "root" => Some(Level::Machine),
+            "socket" | "package" => Some(Level::Socket),
+            "die" => Some(Level::Die),
+            "numa" | "node" | "numa-node" => Some(Level::Numa),
+            "cluster" => Some(Level::Cluster),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+pub type PoolId = usize;
+
+/// A node of the pool tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pool {
+    pub id: PoolId,
+    /// Stable name, `<level><index>` (`socket1`, `numa3`, `cluster17`, `machine`): used in logs,
+    /// metrics, NodeTopology status and grant records, so it must not depend on build order.
+    pub name: String,
+    pub level: Level,
+    pub parent: Option<PoolId>,
+    pub children: Vec<PoolId>,
+    pub depth: u32,
+    pub cpus: CpuSet,
+    /// NUMA nodes whose CPUs are in this pool.
+    pub numa_nodes: NodeSet,
+    /// Memory nodes for `cpuset.mems`: `numa_nodes` plus CPU-less memory nodes attached to
+    /// their nearest node in this pool.
+    pub mems: NodeSet,
+    pub memory_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NumaNode {
+    pub id: u32,
+    pub cpus: CpuSet,
+    pub memory_bytes: u64,
+    /// (node id, distance) for every node, own node included.
+    pub distances: Vec<(u32, u32)>,
+}
+
+impl NumaNode {
+    pub fn distance_to(&self, other: u32) -> u32 {
+        self.distances
+            .iter()
+            .find(|(id, _)| *id == other)
+            .map(|(_, d)| *d)
+            .unwrap_or(if other == self.id { 10 } else { 20 })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopologyError {
+    #[error("no online CPUs")]
+    NoCpus,
+    #[error("CPU {cpu} is listed twice")]
+    DuplicateCpu { cpu: usize },
+    #[error("NUMA node {node} lists CPU {cpu}, which is not online")]
+    UnknownCpu { node: u32, cpu: usize },
+}
+
+/// The discovered machine and its pool tree. Immutable once built; shared by reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    pub online: CpuSet,
+    pub isolated: CpuSet,
+    pub nodes: Vec<NumaNode>,
+    pub devices: Vec<PciDevice>,
+    /// Pools; index = [`PoolId`]. Pool 0 is the root, parents come before children.
+    pub pools: Vec<Pool>,
+    /// Thread-sibling groups, one per core, ascending by first CPU.
+    pub cores: Vec<CpuSet>,
+    /// Cluster CPU groups (empty without cluster information).
+    pub clusters: Vec<CpuSet>,
+    pub sockets: usize,
+    pub dies: usize,
+    /// NUMA node id of every online CPU (`u32::MAX` for none).
+    cpu_node: Vec<u32>,
+    /// Core index (into `cores`) of every online CPU.
+    cpu_core: Vec<u32>,
+}
+
+impl Topology {
+    pub fn build(raw: &RawTopology) -> Result<Topology, TopologyError> {
+        if raw.cpus.is_empty() {
+            return Err(TopologyError::NoCpus);
+        }
+        let mut online = CpuSet::new();
+        for c in &raw.cpus {
+            if online.contains(c.id) {
+                return Err(TopologyError::DuplicateCpu { cpu: c.id });
+            }
+            online.insert(c.id);
+        }
+        let max_cpu = raw.cpus.iter().map(|c| c.id).max().unwrap_or(0);
+
+        // NUMA nodes: sorted by id; a CPU without a node goes to node 0 (or a synthetic node 0).
+        let mut raw_nodes = raw.nodes.clone();
+        raw_nodes.sort_by_key(|n| n.id);
+        for n in &raw_nodes {
+            if let Some(cpu) = n.cpus.difference(&online).first() {
+                // Offline CPUs in a node's cpulist are normal (the kernel keeps them there);
+                // only a CPU that was never enumerated is an error.
+                if cpu > max_cpu + 4096 {
+                    return Err(TopologyError::UnknownCpu { node: n.id, cpu });
+                }
+            }
+        }
+        let node_ids: Vec<u32> = raw_nodes.iter().map(|n| n.id).collect();
+        let mut nodes: Vec<NumaNode> = raw_nodes
+            .iter()
+            .map(|n| NumaNode {
+                id: n.id,
+                cpus: n.cpus.intersection(&online),
+                memory_bytes: n.memory_bytes,
+                distances: node_ids
+                    .iter()
+                    .copied()
+                    .zip(n.distances.iter().copied())
+                    .collect(),
+            })
+            .collect();
+        let mut cpu_node = vec![u32::MAX; max_cpu + 1];
+        for n in &nodes {
+            for cpu in n.cpus.iter() {
+                cpu_node[cpu] = n.id;
+            }
+        }
+        for c in &raw.cpus {
+            if let Some(id) = c.numa {
+                if cpu_node[c.id] == u32::MAX {
+                    cpu_node[c.id] = id;
+                    if let Some(n) = nodes.iter_mut().find(|n| n.id == id) {
+                        n.cpus.insert(c.id);
+                    }
+                }
+            }
+        }
+        if nodes.is_empty() || raw.cpus.iter().any(|c| cpu_node[c.id] == u32::MAX) {
+            // No NUMA information (or CPUs outside every node): treat unplaced CPUs as node 0.
+            if !nodes.iter().any(|n| n.id == 0) {
+                nodes.insert(
+                    0,
+                    NumaNode {
+                        id: 0,
+                        cpus: CpuSet::new(),
+                        memory_bytes: 0,
+                        distances: vec![(0, 10)],
+                    },
+                );
+            }
+            for c in &raw.cpus {
+                if cpu_node[c.id] == u32::MAX {
+                    cpu_node[c.id] = 0;
+                    if let Some(n) = nodes.iter_mut().find(|n| n.id == 0) {
+                        n.cpus.insert(c.id);
+                    }
+                }
+            }
+        }
+
+        // Cores and clusters.
+        let mut core_groups: BTreeMap<(u32, u32, u64), CpuSet> = BTreeMap::new();
+        let mut cluster_groups: BTreeMap<(u32, u32, u64), CpuSet> = BTreeMap::new();
+        for c in &raw.cpus {
+            core_groups
+                .entry((c.package, c.die, c.core))
+                .or_default()
+                .insert(c.id);
+            if let Some(cl) = c.cluster {
+                cluster_groups
+                    .entry((c.package, c.die, cl))
+                    .or_default()
+                    .insert(c.id);
+            }
+        }
+        let mut cores: Vec<CpuSet> = core_groups.into_values().collect();
+        cores.sort_by_key(|s| s.first());
+        let mut cpu_core = vec![u32::MAX; max_cpu + 1];
+        for (i, core) in cores.iter().enumerate() {
+            for cpu in core.iter() {
+                cpu_core[cpu] = i as u32;
+            }
+        }
+        let mut clusters: Vec<CpuSet> = cluster_groups.into_values().collect();
+        clusters.sort_by_key(|s| s.first());
+
+        // Sockets and dies.
+        let mut sockets: BTreeMap<u32, CpuSet> = BTreeMap::new();
+        let mut dies: BTreeMap<(u32, u32), CpuSet> = BTreeMap::new();
+        for c in &raw.cpus {
+            sockets.entry(c.package).or_default().insert(c.id);
+            dies.entry((c.package, c.die)).or_default().insert(c.id);
+        }
+
+        let mut b = TreeBuilder {
+            pools: Vec::new(),
+            nodes: &nodes,
+        };
+        // Root: the machine. It is a real pool only with several sockets; with one socket the
+        // socket is the root (named after its level), as in the reference.
+        let socket_sets: Vec<CpuSet> = sockets.values().copied().collect();
+        let root_level = if socket_sets.len() > 1 {
+            Level::Machine
+        } else {
+            Level::Socket
+        };
+        let root = b.push(root_level, 0, None, online);
+        // Socket level.
+        let socket_pools: Vec<PoolId> = if socket_sets.len() > 1 {
+            socket_sets
+                .iter()
+                .enumerate()
+                .map(|(i, s)| b.push(Level::Socket, i, Some(root), *s))
+                .collect()
+        } else {
+            vec![root]
+        };
+        // Die level, numbered machine-wide in (package, die) order. A die is a pool only where
+        // it holds several NUMA nodes and is smaller than its socket; elsewhere the NUMA node
+        // (or the socket) stands for it.
+        let mut die_pools: Vec<PoolId> = Vec::new();
+        for (i, set) in dies.values().enumerate() {
+            let nodes_inside = nodes
+                .iter()
+                .filter(|n| !n.cpus.is_empty() && n.cpus.is_subset(set))
+                .count();
+            if nodes_inside < 2 {
+                continue;
+            }
+            if let Some(parent) = b.deepest_containing(&socket_pools, set) {
+                if b.pools[parent].cpus != *set {
+                    die_pools.push(b.push(Level::Die, i, Some(parent), *set));
+                }
+            }
+        }
+        // NUMA level.
+        let mut numa_pools: Vec<PoolId> = Vec::new();
+        for n in nodes.iter().filter(|n| !n.cpus.is_empty()) {
+            let parent = b
+                .deepest_containing(&die_pools, &n.cpus)
+                .or_else(|| b.deepest_containing(&socket_pools, &n.cpus));
+            numa_pools.push(b.push_or_collapse(Level::Numa, n.id as usize, parent, n.cpus));
+        }
+        // Cluster level: only clusters with more than one core that sit inside one NUMA pool.
+        for (i, set) in clusters.iter().enumerate() {
+            let n_cores = cores.iter().filter(|c| c.is_subset(set)).count();
+            if n_cores < 2 {
+                continue;
+            }
+            if let Some(parent) = b.deepest_containing(&numa_pools, set) {
+                if b.pools[parent].cpus != *set {
+                    b.push(Level::Cluster, i, Some(parent), *set);
+                }
+            }
+        }
+        let mut pools = b.pools;
+        attach_memory(&mut pools, &nodes);
+        Ok(Topology {
+            online,
+            isolated: raw.isolated.intersection(&online),
+            nodes,
+            devices: raw.devices.clone(),
+            pools,
+            cores,
+            clusters,
+            sockets: sockets.len(),
+            dies: dies.len(),
+            cpu_node,
+            cpu_core,
+        })
+    }
+
+    pub fn root(&self) -> &Pool {
+        &self.pools[0]
+    }
+
+    pub fn pool(&self, id: PoolId) -> &Pool {
+        &self.pools[id]
+    }
+
+    pub fn pool_by_name(&self, name: &str) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+
+    /// The pool and its ancestors, the pool first.
+    pub fn ancestors(&self, id: PoolId) -> impl Iterator<Item = PoolId> + '_ {
+        let mut cur = Some(id);
+        std::iter::from_fn(move || {
+            let out = cur?;
+            cur = self.pools[out].parent;
+            Some(out)
+        })
+    }
+
+    pub fn node(&self, id: u32) -> Option<&NumaNode> {
+        self.nodes.iter().find(|n| n.id == id)
+    }
+
+    pub fn node_of_cpu(&self, cpu: usize) -> Option<u32> {
+        self.cpu_node.get(cpu).copied().filter(|n| *n != u32::MAX)
+    }
+
+    pub fn core_of_cpu(&self, cpu: usize) -> Option<usize> {
+        self.cpu_core
+            .get(cpu)
+            .copied()
+            .filter(|n| *n != u32::MAX)
+            .map(|c| c as usize)
+    }
+
+    /// The deepest pool whose CPUs contain `cpus` (the root when nothing deeper does).
+    pub fn deepest_pool_containing(&self, cpus: &CpuSet) -> PoolId {
+        let mut best = 0;
+        loop {
+            let next = self.pools[best]
+                .children
+                .iter()
+                .copied()
+                .find(|c| cpus.is_subset(&self.pools[*c].cpus));
+            match next {
+                Some(c) => best = c,
+                None => return best,
+            }
+        }
+    }
+
+    /// NUMA nodes holding CPUs.
+    pub fn cpu_nodes(&self) -> impl Iterator<Item = &NumaNode> {
+        self.nodes.iter().filter(|n| !n.cpus.is_empty())
+    }
+
+    /// Memory nodes to use with a set of CPU nodes: the nodes themselves plus the CPU-less
+    /// (memory-only) nodes whose nearest CPU node is among them.
+    pub fn mems_for_nodes(&self, cpu_nodes: &NodeSet) -> NodeSet {
+        let mut out = *cpu_nodes;
+        for n in self.nodes.iter().filter(|n| n.cpus.is_empty()) {
+            if let Some(near) = nearest_cpu_node(&self.nodes, n) {
+                if cpu_nodes.contains(near as usize) {
+                    out.insert(n.id as usize);
+                }
+            }
+        }
+        out
+    }
+
+    /// NUMA nodes of the CPUs in `cpus`.
+    pub fn nodes_of(&self, cpus: &CpuSet) -> NodeSet {
+        let mut out = NodeSet::new();
+        for cpu in cpus.iter() {
+            if let Some(n) = self.node_of_cpu(cpu) {
+                out.insert(n as usize);
+            }
+        }
+        out
+    }
+
+    /// A multi-line, human-readable rendering of the pool tree.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        fn walk(t: &Topology, id: PoolId, out: &mut String) {
+            let p = &t.pools[id];
+            let indent = "  ".repeat(p.depth as usize);
+            out.push_str(&format!(
+                "{indent}{} [{}] cpus {} ({}) mems {} mem {} GiB\n",
+                p.name,
+                p.level,
+                p.cpus,
+                p.cpus.len(),
+                p.mems,
+                p.memory_bytes >> 30
+            ));
+            for c in &p.children {
+                walk(t, *c, out);
+            }
+        }
+        walk(self, 0, &mut out);
+        out
+    }
+}
+
+fn nearest_cpu_node(nodes: &[NumaNode], from: &NumaNode) -> Option<u32> {
+    nodes
+        .iter()
+        .filter(|n| !n.cpus.is_empty())
+        .min_by_key(|n| (from.distance_to(n.id), n.id))
+        .map(|n| n.id)
+}
+
+fn attach_memory(pools: &mut [Pool], nodes: &[NumaNode]) {
+    for p in pools.iter_mut() {
+        let mut numa = NodeSet::new();
+        for n in nodes {
+            if !n.cpus.is_empty() && n.cpus.intersects(&p.cpus) {
+                numa.insert(n.id as usize);
+            }
+        }
+        p.numa_nodes = numa;
+        let mut mems = numa;
+        for n in nodes.iter().filter(|n| n.cpus.is_empty()) {
+            if let Some(near) = nearest_cpu_node(nodes, n) {
+                if numa.contains(near as usize) {
+                    mems.insert(n.id as usize);
+                }
+            }
+        }
+        p.mems = mems;
+        p.memory_bytes = nodes
+            .iter()
+            .filter(|n| mems.contains(n.id as usize))
+            .map(|n| n.memory_bytes)
+            .sum();
+    }
+}
+
+struct TreeBuilder<'a> {
+    pools: Vec<Pool>,
+    #[allow(dead_code)]
+    nodes: &'a [NumaNode],
+}
+
+impl TreeBuilder<'_> {
+    fn push(&mut self, level: Level, index: usize, parent: Option<PoolId>, cpus: CpuSet) -> PoolId {
+        let id = self.pools.len();
+        let depth = parent.map(|p| self.pools[p].depth + 1).unwrap_or(0);
+        let name = if level == Level::Machine {
+            "machine".to_string()
+        } else {
+            format!("{}{}", level.as_str(), index)
+        };
+        self.pools.push(Pool {
+            id,
+            name,
+            level,
+            parent,
+            children: Vec::new(),
+            depth,
+            cpus,
+            numa_nodes: NodeSet::new(),
+            mems: NodeSet::new(),
+            memory_bytes: 0,
+        });
+        if let Some(p) = parent {
+            self.pools[p].children.push(id);
+        }
+        id
+    }
+
+    /// Adds a pool under `parent`, unless it would have the same CPUs as its parent, in which
+    /// case the parent stands for it.
+    fn push_or_collapse(
+        &mut self,
+        level: Level,
+        index: usize,
+        parent: Option<PoolId>,
+        cpus: CpuSet,
+    ) -> PoolId {
+        match parent {
+            Some(p) if self.pools[p].cpus == cpus => p,
+            None if self.pools[0].cpus == cpus => 0,
+            _ => self.push(level, index, parent.or(Some(0)), cpus),
+        }
+    }
+
+    /// Among `candidates` and their descendants, the deepest pool that contains `cpus`.
+    fn deepest_containing(&self, candidates: &[PoolId], cpus: &CpuSet) -> Option<PoolId> {
+        let mut best: Option<PoolId> = None;
+        for &c in candidates {
+            if cpus.is_subset(&self.pools[c].cpus) {
+                let better = match best {
+                    None => true,
+                    Some(b) => self.pools[c].depth > self.pools[b].depth,
+                };
+                if better {
+                    best = Some(c);
+                }
+            }
+        }
+        best
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+
+    /// A hand-made machine: `sockets` x `dies` x `numa_per_die` x `clusters_per_numa` x
+    /// `cores_per_cluster` cores, one thread each, CPU ids linear.
+    pub fn machine(
+        sockets: u32,
+        dies: u32,
+        numa_per_die: u32,
+        clusters_per_numa: u32,
+        cores_per_cluster: u32,
+    ) -> RawTopology {
+        let mut cpus = Vec::new();
+        let mut nodes: Vec<RawNode> = Vec::new();
+        let mut id = 0usize;
+        let n_nodes = sockets * dies * numa_per_die;
+        for s in 0..sockets {
+            for d in 0..dies {
+                for n in 0..numa_per_die {
+                    let node = (s * dies + d) * numa_per_die + n;
+                    let mut set = CpuSet::new();
+                    for cl in 0..clusters_per_numa {
+                        for _ in 0..cores_per_cluster {
+                            cpus.push(RawCpu {
+                                id,
+                                package: s,
+                                die: d,
+                                cluster: Some((node * clusters_per_numa + cl) as u64),
+                                core: id as u64,
+                                numa: Some(node),
+                            });
+                            set.insert(id);
+                            id += 1;
+                        }
+                    }
+                    let distances = (0..n_nodes)
+                        .map(|o| {
+                            if o == node {
+                                10
+                            } else if o / (dies * numa_per_die) == s {
+                                12
+                            } else {
+                                20
+                            }
+                        })
+                        .collect();
+                    nodes.push(RawNode {
+                        id: node,
+                        cpus: set,
+                        memory_bytes: 64 << 30,
+                        distances,
+                    });
+                }
+            }
+        }
+        RawTopology {
+            cpus,
+            nodes,
+            devices: Vec::new(),
+            isolated: CpuSet::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::machine;
+    use super::*;
+
+    #[test]
+    fn kunpeng_920_shape_builds_the_expected_tree() {
+        // 2 sockets x 2 dies x 1 NUMA x 6 clusters x 4 cores = 96 CPUs.
+        let t = Topology::build(&machine(2, 2, 1, 6, 4)).unwrap();
+        let names: Vec<&str> = t.pools.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names[0], "machine");
+        assert_eq!(t.pools.iter().filter(|p| p.level == Level::Socket).count(), 2);
+        // One NUMA node per die: no die pools, the NUMA pools stand for the dies.
+        assert_eq!(t.pools.iter().filter(|p| p.level == Level::Die).count(), 0);
+        assert_eq!(t.pools.iter().filter(|p| p.level == Level::Numa).count(), 4);
+        assert_eq!(t.pools.iter().filter(|p| p.level == Level::Cluster).count(), 24);
+        assert_eq!(t.root().cpus.len(), 96);
+        assert_eq!(t.deepest_pool_containing(&CpuSet::parse("0-3").unwrap()), t.pool_by_name("cluster0").unwrap().id);
+        assert_eq!(t.pool(t.deepest_pool_containing(&CpuSet::parse("0-23").unwrap())).cpus.to_string(), "0-23");
+        assert_eq!(t.node_of_cpu(30), Some(1));
+    }
+
+    #[test]
+    fn single_socket_single_node_has_one_pool_without_clusters() {
+        let t = Topology::build(&machine(1, 1, 1, 1, 8)).unwrap();
+        assert_eq!(t.pools.len(), 1);
+        assert_eq!(t.root().level, Level::Socket);
+    }
+
+    #[test]
+    fn two_numa_nodes_per_die_get_die_pools() {
+        // 1 socket x 2 dies x 2 NUMA nodes each: socket > die > numa > cluster.
+        let t = Topology::build(&machine(1, 2, 2, 2, 4)).unwrap();
+        assert_eq!(t.root().level, Level::Socket);
+        assert_eq!(t.root().children.len(), 2);
+        for d in &t.root().children {
+            assert_eq!(t.pool(*d).level, Level::Die);
+            assert_eq!(t.pool(*d).children.len(), 2);
+            for n in &t.pool(*d).children {
+                assert_eq!(t.pool(*n).level, Level::Numa);
+                assert_eq!(t.pool(*n).children.len(), 2);
+            }
+        }
+    }
+
+    #[test]
+    fn two_numa_nodes_in_a_one_die_socket_hang_from_the_socket() {
+        let t = Topology::build(&machine(1, 1, 2, 2, 4)).unwrap();
+        assert_eq!(t.root().cpus.len(), 16);
+        assert_eq!(t.root().children.len(), 2);
+        for c in &t.root().children {
+            assert_eq!(t.pool(*c).level, Level::Numa);
+            assert_eq!(t.pool(*c).children.len(), 2);
+        }
+    }
+
+    #[test]
+    fn memory_only_node_joins_its_nearest_cpu_node() {
+        let mut raw = machine(2, 1, 1, 1, 4);
+        for n in raw.nodes.iter_mut() {
+            n.distances.push(17);
+        }
+        raw.nodes.push(RawNode {
+            id: 2,
+            cpus: CpuSet::new(),
+            memory_bytes: 128 << 30,
+            distances: vec![17, 28, 10],
+        });
+        let t = Topology::build(&raw).unwrap();
+        let s0 = t.pool_by_name("socket0").unwrap();
+        assert_eq!(s0.mems.to_string(), "0,2");
+        assert_eq!(s0.memory_bytes, (64 + 128) << 30);
+        assert_eq!(t.pool_by_name("socket1").unwrap().mems.to_string(), "1");
+    }
+
+    #[test]
+    fn empty_topology_is_an_error() {
+        assert_eq!(Topology::build(&RawTopology::default()), Err(TopologyError::NoCpus));
+    }
+}
