@@ -135,8 +135,12 @@ impl CpuSet {
             }
             let (lo, hi) = match part.split_once('-') {
                 Some((a, b)) => (
-                    a.trim().parse::<usize>().map_err(|_| invalid("not a number"))?,
-                    b.trim().parse::<usize>().map_err(|_| invalid("not a number"))?,
+                    a.trim()
+                        .parse::<usize>()
+                        .map_err(|_| invalid("not a number"))?,
+                    b.trim()
+                        .parse::<usize>()
+                        .map_err(|_| invalid("not a number"))?,
                 ),
                 None => {
                     let v = part.parse::<usize>().map_err(|_| invalid("not a number"))?;
@@ -268,10 +272,7 @@ mod tests {
             CpuSet::parse_mask("00000000,0000ff0f").unwrap().to_string(),
             "0-3,8-15"
         );
-        assert_eq!(
-            CpuSet::parse_mask("1,00000000").unwrap().to_string(),
-            "32"
-        );
+        assert_eq!(CpuSet::parse_mask("1,00000000").unwrap().to_string(), "32");
         assert!(CpuSet::parse_mask("xyz").is_err());
     }
 

@@ -207,7 +207,10 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(topo: Arc<Topology>, cfg: EngineConfig) -> Engine {
-        let usable = topo.online.difference(&cfg.reserved).difference(&topo.isolated);
+        let usable = topo
+            .online
+            .difference(&cfg.reserved)
+            .difference(&topo.isolated);
         Engine {
             pool_load: vec![PoolLoad::default(); topo.pools.len()],
             node_load: vec![NodeLoad::default(); topo.nodes.len()],
@@ -355,7 +358,11 @@ impl Engine {
 
     fn charge(&mut self, g: &Grant) {
         let mut first = true;
-        for a in self.topo.ancestors(g.pool).collect::<smallvec_like::Ancestors>() {
+        for a in self
+            .topo
+            .ancestors(g.pool)
+            .collect::<smallvec_like::Ancestors>()
+        {
             let l = &mut self.pool_load[a];
             l.request_milli += g.request_milli;
             l.limit_milli += g.limit_milli.unwrap_or(0);
@@ -373,7 +380,11 @@ impl Engine {
 
     fn uncharge(&mut self, g: &Grant) {
         let mut first = true;
-        for a in self.topo.ancestors(g.pool).collect::<smallvec_like::Ancestors>() {
+        for a in self
+            .topo
+            .ancestors(g.pool)
+            .collect::<smallvec_like::Ancestors>()
+        {
             let l = &mut self.pool_load[a];
             l.request_milli -= g.request_milli;
             l.limit_milli -= g.limit_milli.unwrap_or(0);
@@ -550,7 +561,9 @@ impl Engine {
                 }
             }
         }
-        report.updates.sort_by(|a, b| a.container_id.cmp(&b.container_id));
+        report
+            .updates
+            .sort_by(|a, b| a.container_id.cmp(&b.container_id));
         report
     }
 

@@ -116,10 +116,16 @@ mod tests {
 
     #[test]
     fn record_parse_rejects_garbage() {
-        for s in ["", "v2;p=numa-aware", "v1;p=foo;pool=a;n=0;x=;r=1;l=;m=0", "v1;p=numa-aware"] {
+        for s in [
+            "",
+            "v2;p=numa-aware",
+            "v1;p=foo;pool=a;n=0;x=;r=1;l=;m=0",
+            "v1;p=numa-aware",
+        ] {
             assert!(GrantRecord::parse(s).is_none(), "{s}");
         }
-        let r = GrantRecord::parse("v1;p=numa-aware;pool=numa1;n=1;x=;r=4000;l=8000;m=0;mems=1").unwrap();
+        let r = GrantRecord::parse("v1;p=numa-aware;pool=numa1;n=1;x=;r=4000;l=8000;m=0;mems=1")
+            .unwrap();
         assert_eq!(r.pool, "numa1");
         assert_eq!(r.limit_milli, Some(8000));
         assert_eq!(r.mems.unwrap().to_string(), "1");

@@ -62,7 +62,14 @@ pub fn choose(e: &Engine, req: &ContainerRequest) -> Option<Choice> {
         return None;
     }
     if req.namespace == "kube-system" {
-        return Some(pool_choice(e, req, eff, 0, CpuSet::new(), Reason::KubeSystem));
+        return Some(pool_choice(
+            e,
+            req,
+            eff,
+            0,
+            CpuSet::new(),
+            Reason::KubeSystem,
+        ));
     }
     match eff.policy {
         PolicyKind::NumaAware => numa_aware(e, req, eff, None),
@@ -216,10 +223,24 @@ fn topology_aware(
         if candidate(p) {
             if let Some(n) = excl_n {
                 if let Some(ex) = pick_exclusive(e, old, n) {
-                    return Some(pool_choice(e, req, eff, old, ex, Reason::Exclusive(p.level)));
+                    return Some(pool_choice(
+                        e,
+                        req,
+                        eff,
+                        old,
+                        ex,
+                        Reason::Exclusive(p.level),
+                    ));
                 }
             } else {
-                return Some(pool_choice(e, req, eff, old, CpuSet::new(), Reason::Fits(p.level)));
+                return Some(pool_choice(
+                    e,
+                    req,
+                    eff,
+                    old,
+                    CpuSet::new(),
+                    Reason::Fits(p.level),
+                ));
             }
         }
     }
@@ -336,7 +357,10 @@ fn pick_exclusive(e: &Engine, id: PoolId, n: usize) -> Option<CpuSet> {
     for p in &topo.pools {
         if e.pool_load(p.id).shared_containers > 0
             && p.cpus.intersects(&picked)
-            && p.cpus.intersection(e.usable()).difference(&after).is_empty()
+            && p.cpus
+                .intersection(e.usable())
+                .difference(&after)
+                .is_empty()
         {
             return None;
         }
@@ -401,10 +425,14 @@ fn numa_aware(
 
     // One node: the most free capacity among nodes that hold the size; nodes that also have
     // room for the request beat nodes that would be overcommitted.
-    let single = nodes
-        .iter()
-        .filter(|n| n.1 >= size)
-        .max_by_key(|n| (n.2 >= req_milli, n.2, std::cmp::Reverse(n.3), std::cmp::Reverse(n.0)));
+    let single = nodes.iter().filter(|n| n.1 >= size).max_by_key(|n| {
+        (
+            n.2 >= req_milli,
+            n.2,
+            std::cmp::Reverse(n.3),
+            std::cmp::Reverse(n.0),
+        )
+    });
     if let Some(n) = single {
         let mut set = NodeSet::new();
         set.insert(n.0 as usize);

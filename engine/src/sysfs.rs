@@ -166,7 +166,10 @@ pub struct DiscoveryOptions {
 }
 
 /// Discovers the topology under a sysfs root.
-pub fn discover(src: &(impl FileSource + ?Sized), opts: &DiscoveryOptions) -> Result<RawTopology, DiscoveryError> {
+pub fn discover(
+    src: &(impl FileSource + ?Sized),
+    opts: &DiscoveryOptions,
+) -> Result<RawTopology, DiscoveryError> {
     let r = Reader { src };
     // Online CPUs: the `online` list, or every cpuN directory when it is missing.
     let online_path = format!("{CPU_DIR}/online");
@@ -178,7 +181,10 @@ pub fn discover(src: &(impl FileSource + ?Sized), opts: &DiscoveryOptions) -> Re
                 path: CPU_DIR.to_string(),
                 source,
             })? {
-                if let Some(id) = name.strip_prefix("cpu").and_then(|n| n.parse::<usize>().ok()) {
+                if let Some(id) = name
+                    .strip_prefix("cpu")
+                    .and_then(|n| n.parse::<usize>().ok())
+                {
                     s.insert(id);
                 }
             }
@@ -212,9 +218,8 @@ pub fn discover(src: &(impl FileSource + ?Sized), opts: &DiscoveryOptions) -> Re
             };
             let mi_path = format!("{base}/meminfo");
             let memory_bytes = match r.read_opt(&mi_path)? {
-                Some(t) => parse_memtotal(&t).ok_or_else(|| {
-                    malformed(&mi_path, "no MemTotal line".into(), &t)
-                })?,
+                Some(t) => parse_memtotal(&t)
+                    .ok_or_else(|| malformed(&mi_path, "no MemTotal line".into(), &t))?,
                 None => 0,
             };
             let d_path = format!("{base}/distance");
@@ -239,7 +244,9 @@ pub fn discover(src: &(impl FileSource + ?Sized), opts: &DiscoveryOptions) -> Re
     let mut cpus = Vec::new();
     for id in online.iter() {
         let base = format!("{CPU_DIR}/cpu{id}/topology");
-        let package = r.int_opt(&format!("{base}/physical_package_id"))?.unwrap_or(0);
+        let package = r
+            .int_opt(&format!("{base}/physical_package_id"))?
+            .unwrap_or(0);
         let die = r.int_opt(&format!("{base}/die_id"))?.unwrap_or(0);
         let first_of = |name: &str| -> Result<Option<usize>, DiscoveryError> {
             let p = format!("{base}/{name}");
@@ -333,19 +340,31 @@ mod tests {
         let mut m = MapSource::default()
             .with("devices/system/cpu/online", "0-2,4\n")
             .with("devices/system/node/node0/cpulist", "0-1\n")
-            .with("devices/system/node/node0/meminfo", "Node 0 MemTotal:  1024 kB\n")
+            .with(
+                "devices/system/node/node0/meminfo",
+                "Node 0 MemTotal:  1024 kB\n",
+            )
             .with("devices/system/node/node0/distance", "10 20 20\n")
             .with("devices/system/node/node1/cpulist", "2-4\n")
-            .with("devices/system/node/node1/meminfo", "Node 1 MemTotal:  2048 kB\n")
+            .with(
+                "devices/system/node/node1/meminfo",
+                "Node 1 MemTotal:  2048 kB\n",
+            )
             .with("devices/system/node/node1/distance", "20 10 20\n")
             // A memory-only node.
             .with("devices/system/node/node2/cpulist", "\n")
-            .with("devices/system/node/node2/meminfo", "Node 2 MemTotal:  4096 kB\n")
+            .with(
+                "devices/system/node/node2/meminfo",
+                "Node 2 MemTotal:  4096 kB\n",
+            )
             .with("devices/system/node/node2/distance", "17 28 10\n");
         for cpu in [0, 1, 2, 4] {
             let b = format!("devices/system/cpu/cpu{cpu}/topology");
             m = m
-                .with(&format!("{b}/physical_package_id"), if cpu < 2 { "0" } else { "1" })
+                .with(
+                    &format!("{b}/physical_package_id"),
+                    if cpu < 2 { "0" } else { "1" },
+                )
                 .with(&format!("{b}/core_id"), &cpu.to_string())
                 .with(&format!("{b}/thread_siblings_list"), &cpu.to_string());
         }
@@ -369,13 +388,22 @@ mod tests {
     #[test]
     fn malformed_files_name_the_file() {
         let m = tiny().with("devices/system/node/node1/cpulist", "2-x\n");
-        let err = discover(&m, &DiscoveryOptions::default()).unwrap_err().to_string();
+        let err = discover(&m, &DiscoveryOptions::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("devices/system/node/node1/cpulist"), "{err}");
-        let m = tiny().with("devices/system/cpu/cpu1/topology/physical_package_id", "zero");
-        let err = discover(&m, &DiscoveryOptions::default()).unwrap_err().to_string();
+        let m = tiny().with(
+            "devices/system/cpu/cpu1/topology/physical_package_id",
+            "zero",
+        );
+        let err = discover(&m, &DiscoveryOptions::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("cpu1/topology/physical_package_id"), "{err}");
         let m = tiny().with("devices/system/node/node0/meminfo", "nothing here");
-        let err = discover(&m, &DiscoveryOptions::default()).unwrap_err().to_string();
+        let err = discover(&m, &DiscoveryOptions::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("node0/meminfo"), "{err}");
     }
 

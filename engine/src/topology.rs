@@ -660,14 +660,28 @@ mod tests {
         let t = Topology::build(&machine(2, 2, 1, 6, 4)).unwrap();
         let names: Vec<&str> = t.pools.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names[0], "machine");
-        assert_eq!(t.pools.iter().filter(|p| p.level == Level::Socket).count(), 2);
+        assert_eq!(
+            t.pools.iter().filter(|p| p.level == Level::Socket).count(),
+            2
+        );
         // One NUMA node per die: no die pools, the NUMA pools stand for the dies.
         assert_eq!(t.pools.iter().filter(|p| p.level == Level::Die).count(), 0);
         assert_eq!(t.pools.iter().filter(|p| p.level == Level::Numa).count(), 4);
-        assert_eq!(t.pools.iter().filter(|p| p.level == Level::Cluster).count(), 24);
+        assert_eq!(
+            t.pools.iter().filter(|p| p.level == Level::Cluster).count(),
+            24
+        );
         assert_eq!(t.root().cpus.len(), 96);
-        assert_eq!(t.deepest_pool_containing(&CpuSet::parse("0-3").unwrap()), t.pool_by_name("cluster0").unwrap().id);
-        assert_eq!(t.pool(t.deepest_pool_containing(&CpuSet::parse("0-23").unwrap())).cpus.to_string(), "0-23");
+        assert_eq!(
+            t.deepest_pool_containing(&CpuSet::parse("0-3").unwrap()),
+            t.pool_by_name("cluster0").unwrap().id
+        );
+        assert_eq!(
+            t.pool(t.deepest_pool_containing(&CpuSet::parse("0-23").unwrap()))
+                .cpus
+                .to_string(),
+            "0-23"
+        );
         assert_eq!(t.node_of_cpu(30), Some(1));
     }
 
@@ -726,6 +740,9 @@ mod tests {
 
     #[test]
     fn empty_topology_is_an_error() {
-        assert_eq!(Topology::build(&RawTopology::default()), Err(TopologyError::NoCpus));
+        assert_eq!(
+            Topology::build(&RawTopology::default()),
+            Err(TopologyError::NoCpus)
+        );
     }
 }

@@ -1,0 +1,6 @@
+//! Harness for the e2e tier: start real components on test-private sockets and clean up.
+//!
+//! The tier runs only with `TAP_E2E=1` (see the README); without it every e2e test returns at
+//! once and says so. With it, a missing component is a failure, never a skip.
+
+pub mod util;

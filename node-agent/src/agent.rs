@@ -1,0 +1,513 @@
+//! The runtime-agnostic hook layer that every mode (NRI, CRI proxy, Docker proxy) calls.
+//!
+//! A mode turns what its runtime says into a [`ContainerInfo`]; the [`Agent`] turns that into a
+//! [`tap_engine::ContainerRequest`], asks the engine, and answers with an [`Adjustment`].
+//! Every call fails open: an error or even a panic inside the engine gives an empty adjustment
+//! (the container starts unchanged), a log line and a metric, never an error to the runtime.
+
+use crate::metrics::Metrics;
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+use tap_engine::request::{milli_cpu_from_quota, milli_cpu_from_shares, GRANT_KEY};
+use tap_engine::{
+    ContainerRequest, CpuSet, CpusetUpdate, Engine, EngineConfig, Existing, NodeSet, Outcome,
+    Overrides, Qos, Topology,
+};
+
+/// What a runtime tells us about a Pod.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodInfo {
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    pub labels: HashMap<String, String>,
+    pub annotations: HashMap<String, String>,
+    /// The Pod's cgroup parent (QoS is in the path) when the runtime gives it.
+    pub cgroup_parent: Option<String>,
+}
+
+/// What a runtime tells us about a container.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerInfo {
+    pub id: String,
+    pub name: String,
+    pub pod: PodInfo,
+    /// QoS when the runtime knows it directly; else derived from the cgroup parent, else from
+    /// the resources.
+    pub qos: Option<Qos>,
+    pub cpu_shares: Option<u64>,
+    pub cpu_quota: Option<i64>,
+    pub cpu_period: Option<u64>,
+    pub memory_limit: Option<i64>,
+    /// `KEY=VALUE` environment entries (device requests such as `VA_VISIBLE_DEVICES`).
+    pub env: Vec<String>,
+    /// The container's own annotations or labels (the grant record is read from here).
+    pub annotations: HashMap<String, String>,
+    /// Current cpuset and memory nodes (for restore), kernel list syntax.
+    pub cpus: Option<String>,
+    pub mems: Option<String>,
+}
+
+/// A cpuset change for another container, in runtime terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Update {
+    pub container_id: String,
+    pub cpus: String,
+    pub mems: Option<String>,
+}
+
+/// The answer to a create or update hook. Empty means "leave the container as it is".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Adjustment {
+    pub cpus: Option<String>,
+    pub mems: Option<String>,
+    /// Grant record to store with the container (annotation or label [`GRANT_KEY`]).
+    pub record: Option<String>,
+    pub updates: Vec<Update>,
+}
+
+impl Adjustment {
+    pub fn is_empty(&self) -> bool {
+        self.cpus.is_none() && self.mems.is_none() && self.updates.is_empty()
+    }
+}
+
+/// Maps the engine's CPU and node ids onto a smaller host (`--fold-cpus-to-host`): decisions
+/// made on a fixture topology are applied to CPU `host[i % n]`. For tests on machines smaller
+/// than the fixture; off in production.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFold {
+    pub cpus: Vec<usize>,
+    pub nodes: Vec<usize>,
+}
+
+impl HostFold {
+    pub fn new(host_cpus: &CpuSet, host_nodes: &NodeSet) -> Option<HostFold> {
+        let cpus: Vec<usize> = host_cpus.iter().collect();
+        let mut nodes: Vec<usize> = host_nodes.iter().collect();
+        if nodes.is_empty() {
+            nodes.push(0);
+        }
+        (!cpus.is_empty()).then_some(HostFold { cpus, nodes })
+    }
+
+    pub fn cpus(&self, set: &CpuSet) -> CpuSet {
+        CpuSet::from_ids(set.iter().map(|c| self.cpus[c % self.cpus.len()]))
+    }
+
+    pub fn nodes(&self, set: &NodeSet) -> NodeSet {
+        NodeSet::from_ids(set.iter().map(|n| self.nodes[n % self.nodes.len()]))
+    }
+}
+
+/// Environment variables through which a container asks for accelerator devices; the value is
+/// a comma-separated list of indexes or `/dev/<name><index>` paths.
+pub const DEVICE_ENV_VARS: [&str; 3] = [
+    "VA_VISIBLE_DEVICES",
+    "VA_ALLOCATE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+];
+
+pub struct Agent {
+    engine: Mutex<Engine>,
+    topo: Arc<Topology>,
+    metrics: Arc<Metrics>,
+    fold: Option<HostFold>,
+    mode: &'static str,
+}
+
+impl Agent {
+    pub fn new(
+        engine: Engine,
+        metrics: Arc<Metrics>,
+        fold: Option<HostFold>,
+        mode: &'static str,
+    ) -> Agent {
+        let topo = engine.topology().clone();
+        let agent = Agent {
+            engine: Mutex::new(engine),
+            topo,
+            metrics,
+            fold,
+            mode,
+        };
+        agent.publish_usage();
+        agent
+    }
+
+    pub fn topology(&self) -> &Arc<Topology> {
+        &self.topo
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn mode(&self) -> &'static str {
+        self.mode
+    }
+
+    /// The engine, even if a previous holder panicked (the state is consistent between calls:
+    /// the engine mutates only after it decided).
+    fn lock(&self) -> MutexGuard<'_, Engine> {
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the engine; a panic inside becomes `None` with a log line and a metric.
+    fn guarded<T>(&self, hook: &'static str, f: impl FnOnce(&mut Engine) -> T) -> Option<T> {
+        let start = Instant::now();
+        let mut guard = self.lock();
+        let out = catch_unwind(AssertUnwindSafe(|| f(&mut guard)));
+        drop(guard);
+        self.metrics.observe_hook(hook, self.mode, start.elapsed());
+        match out {
+            Ok(v) => Some(v),
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!(hook, %msg, "placement engine failed; leaving the container unchanged");
+                self.metrics.count_error(hook, "panic");
+                None
+            }
+        }
+    }
+
+    /// Builds the engine request for a container; annotation problems are logged and counted.
+    pub fn request_of(&self, c: &ContainerInfo) -> ContainerRequest {
+        let (overrides, warnings) = Overrides::from_pod(&c.pod.labels, &c.pod.annotations, &c.name);
+        for w in &warnings {
+            tracing::warn!(pod = %c.pod.name, namespace = %c.pod.namespace, container = %c.name, "{w}");
+            self.metrics.count_error("create", "annotation");
+        }
+        let qos = c
+            .qos
+            .or_else(|| c.pod.cgroup_parent.as_deref().map(Qos::from_cgroup_parent));
+        let request = c.cpu_shares.map(milli_cpu_from_shares).unwrap_or(0);
+        let limit = match (c.cpu_quota, c.cpu_period) {
+            (Some(q), Some(p)) => milli_cpu_from_quota(q, p),
+            (Some(q), None) => milli_cpu_from_quota(q, 100_000),
+            _ => None,
+        };
+        ContainerRequest {
+            id: c.id.clone(),
+            pod_uid: c.pod.uid.clone(),
+            pod_name: c.pod.name.clone(),
+            namespace: c.pod.namespace.clone(),
+            container_name: c.name.clone(),
+            qos,
+            cpu_request_milli: request,
+            cpu_limit_milli: limit,
+            memory_limit_bytes: c.memory_limit.filter(|m| *m > 0).map(|m| m as u64),
+            device_nodes: self.device_nodes(&c.env),
+            overrides,
+        }
+    }
+
+    /// NUMA nodes of the GPUs a container asks for through its environment. Index `i` (or
+    /// `/dev/vacc<i>`, `/dev/nvidia<i>`) is the i-th display controller by PCI address.
+    fn device_nodes(&self, env: &[String]) -> Vec<u32> {
+        let gpus: Vec<&tap_engine::topology::PciDevice> =
+            self.topo.devices.iter().filter(|d| d.is_gpu()).collect();
+        let mut out = Vec::new();
+        for e in env {
+            let Some((k, v)) = e.split_once('=') else {
+                continue;
+            };
+            if !DEVICE_ENV_VARS.contains(&k) {
+                continue;
+            }
+            for item in v.split(',') {
+                let digits: String = item
+                    .trim()
+                    .chars()
+                    .rev()
+                    .take_while(|c| c.is_ascii_digit())
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                let node = if item.trim() == "all" {
+                    None
+                } else {
+                    digits
+                        .parse::<usize>()
+                        .ok()
+                        .and_then(|i| gpus.get(i))
+                        .and_then(|d| d.numa_node)
+                };
+                if let Some(n) = node {
+                    if !out.contains(&n) {
+                        out.push(n);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn fold_cpus(&self, s: &CpuSet) -> String {
+        match &self.fold {
+            Some(f) => f.cpus(s).to_string(),
+            None => s.to_string(),
+        }
+    }
+
+    fn fold_nodes(&self, s: &NodeSet) -> String {
+        match &self.fold {
+            Some(f) => f.nodes(s).to_string(),
+            None => s.to_string(),
+        }
+    }
+
+    fn to_updates(&self, ups: Vec<CpusetUpdate>) -> Vec<Update> {
+        ups.into_iter()
+            .map(|u| Update {
+                container_id: u.container_id,
+                cpus: self.fold_cpus(&u.cpus),
+                mems: u.mems.as_ref().map(|m| self.fold_nodes(m)),
+            })
+            .collect()
+    }
+
+    fn adjustment(
+        &self,
+        hook: &'static str,
+        c: &ContainerInfo,
+        out: Option<(Outcome, Option<String>)>,
+    ) -> Adjustment {
+        match out {
+            Some((Outcome::Placed(p), record)) => {
+                tracing::info!(
+                    hook,
+                    container = %c.id,
+                    name = %c.name,
+                    pod = %c.pod.name,
+                    namespace = %c.pod.namespace,
+                    cpus = %p.cpus,
+                    mems = ?p.mems.map(|m| m.to_string()),
+                    pool = %self.topo.pools[p.pool].name,
+                    exclusive = p.exclusive,
+                    reason = %p.reason,
+                    updates = p.updates.len(),
+                    "placed"
+                );
+                self.metrics
+                    .count_placement(self.topo.pools[p.pool].level.as_str(), p.exclusive);
+                self.publish_usage();
+                Adjustment {
+                    cpus: Some(self.fold_cpus(&p.cpus)),
+                    mems: p.mems.as_ref().map(|m| self.fold_nodes(m)),
+                    record,
+                    updates: self.to_updates(p.updates),
+                }
+            }
+            Some((Outcome::Skipped(why), _)) => {
+                tracing::info!(hook, container = %c.id, name = %c.name, pod = %c.pod.name, "not adjusted: {why}");
+                Adjustment::default()
+            }
+            None => Adjustment::default(),
+        }
+    }
+
+    /// A container is being created.
+    pub fn create(&self, c: &ContainerInfo) -> Adjustment {
+        let req = self.request_of(c);
+        let out = self.guarded("create", |e| {
+            let o = e.create(&req);
+            let rec = e.record(&req.id);
+            (o, rec)
+        });
+        self.adjustment("create", c, out)
+    }
+
+    /// A container's resources changed.
+    pub fn update(&self, c: &ContainerInfo) -> Adjustment {
+        let req = self.request_of(c);
+        let out = self.guarded("update", |e| {
+            if req.overrides.skip && e.grant(&req.id).is_none() {
+                return (Outcome::Skipped(tap_engine::SkipReason::OptedOut), None);
+            }
+            let o = e.update(&req);
+            let rec = e.record(&req.id);
+            (o, rec)
+        });
+        self.adjustment("update", c, out)
+    }
+
+    /// A container stopped or was removed (idempotent).
+    pub fn remove(&self, id: &str) -> Vec<Update> {
+        let ups = self.guarded("remove", |e| e.remove(id)).unwrap_or_default();
+        self.publish_usage();
+        self.to_updates(ups)
+    }
+
+    /// Rebuilds the state from what the runtime reports. Returns updates for containers whose
+    /// cpuset should change. Containers already known keep their grant.
+    pub fn restore(&self, containers: &[ContainerInfo]) -> Vec<Update> {
+        let existing: Vec<Existing> = containers
+            .iter()
+            .map(|c| Existing {
+                request: self.request_of(c),
+                cpus: c
+                    .cpus
+                    .as_deref()
+                    .and_then(|s| CpuSet::parse(s).ok())
+                    .filter(|s| !s.is_empty()),
+                mems: c.mems.as_deref().and_then(|s| CpuSet::parse(s).ok()),
+                record: c.annotations.get(GRANT_KEY).cloned(),
+            })
+            .collect();
+        let report = self.guarded("sync", |e| e.restore(&existing));
+        self.publish_usage();
+        match report {
+            Some(r) => {
+                tracing::info!(
+                    from_record = r.from_record,
+                    inferred = r.inferred,
+                    unmanaged = r.unmanaged,
+                    updates = r.updates.len(),
+                    "state restored from the runtime"
+                );
+                // With a host fold the runtime's cpusets are folded: comparing them with the
+                // engine's would flag every container, so only record-less ones are corrected.
+                if self.fold.is_some() {
+                    Vec::new()
+                } else {
+                    self.to_updates(r.updates)
+                }
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Applies a new policy configuration to containers created from now on.
+    pub fn set_config(&self, cfg: EngineConfig) {
+        let mut e = self.lock();
+        if *e.config() != cfg {
+            tracing::info!(policy = %cfg.policy, memory = cfg.memory_topology, clusters = cfg.cluster_affinity, "policy configuration changed");
+            e.set_config(cfg);
+        }
+    }
+
+    pub fn config(&self) -> EngineConfig {
+        self.lock().config().clone()
+    }
+
+    /// A copy of the engine for status reporting and tests.
+    pub fn snapshot(&self) -> Engine {
+        self.lock().clone()
+    }
+
+    /// Pushes per-pool capacity and usage to the metrics.
+    fn publish_usage(&self) {
+        let status = self.lock().pool_status();
+        self.metrics.set_usage(&status);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tap_engine::sysfs::discover_dir;
+
+    fn fixture(name: &str) -> Arc<Topology> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/fixtures/sysfs")
+            .join(name);
+        Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap())
+    }
+
+    fn agent(name: &str) -> Agent {
+        let topo = fixture(name);
+        Agent::new(
+            Engine::new(topo, EngineConfig::default()),
+            Arc::new(Metrics::new()),
+            None,
+            "test",
+        )
+    }
+
+    fn burstable(id: &str, req_cpus: u64, lim_cpus: u64) -> ContainerInfo {
+        ContainerInfo {
+            id: id.into(),
+            name: "app".into(),
+            pod: PodInfo {
+                uid: format!("uid-{id}"),
+                name: format!("pod-{id}"),
+                namespace: "default".into(),
+                cgroup_parent: Some("/kubepods/burstable/pod1".into()),
+                ..Default::default()
+            },
+            cpu_shares: Some(req_cpus * 1024),
+            cpu_quota: Some((lim_cpus * 100_000) as i64),
+            cpu_period: Some(100_000),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn burstable_4_8_gets_one_numa_node() {
+        let a = agent("synthetic-2s-4numa-96c-gpu");
+        let adj = a.create(&burstable("c1", 4, 8));
+        assert_eq!(adj.cpus.as_deref(), Some("0-23"));
+        assert!(adj.record.is_some());
+    }
+
+    #[test]
+    fn bad_annotation_still_places_and_skip_label_is_honoured() {
+        let a = agent("synthetic-2s-4numa-96c-gpu");
+        let mut c = burstable("c1", 4, 8);
+        c.pod
+            .annotations
+            .insert("tap.kunpeng.huawei.com/level".into(), "nowhere".into());
+        assert!(a.create(&c).cpus.is_some());
+        let mut c = burstable("c2", 4, 8);
+        c.pod
+            .labels
+            .insert("tap.kunpeng.huawei.com/skip".into(), "true".into());
+        assert!(a.create(&c).is_empty());
+    }
+
+    #[test]
+    fn gpu_request_prefers_the_gpu_node() {
+        let a = agent("synthetic-2s-4numa-96c-gpu");
+        let mut c = burstable("c1", 4, 8);
+        c.env.push("VA_VISIBLE_DEVICES=/dev/vacc0".into());
+        // The fixture's GPU is on NUMA node 1 (CPUs 24-47).
+        assert_eq!(a.create(&c).cpus.as_deref(), Some("24-47"));
+    }
+
+    #[test]
+    fn fold_maps_onto_host_cpus() {
+        let f = HostFold::new(
+            &CpuSet::parse("0-1").unwrap(),
+            &NodeSet::parse("0").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(f.cpus(&CpuSet::parse("24-47").unwrap()).to_string(), "0-1");
+        assert_eq!(f.cpus(&CpuSet::parse("3").unwrap()).to_string(), "1");
+        assert_eq!(f.nodes(&NodeSet::parse("1-3").unwrap()).to_string(), "0");
+    }
+
+    #[test]
+    fn restore_after_restart_gives_the_same_state() {
+        let a = agent("synthetic-2s-4numa-96c-gpu");
+        let mut infos = Vec::new();
+        for i in 0..6 {
+            let mut c = burstable(&format!("c{i}"), 4, 8);
+            let adj = a.create(&c);
+            c.cpus = adj.cpus.clone();
+            c.annotations.insert(GRANT_KEY.into(), adj.record.unwrap());
+            infos.push(c);
+        }
+        let before = a.snapshot();
+        let b = agent("synthetic-2s-4numa-96c-gpu");
+        assert!(b.restore(&infos).is_empty());
+        assert_eq!(b.snapshot(), before);
+    }
+}

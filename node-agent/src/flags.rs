@@ -1,0 +1,271 @@
+//! Command-line flags. The reference guide's flags keep their names, defaults and meaning so
+//! its systemd units and DaemonSet args work unchanged; ours are added after them.
+
+use clap::Parser;
+use std::path::PathBuf;
+use std::time::Duration;
+use tap_engine::{CpuSet, EngineConfig, PolicyKind, ResourcePriority};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeMode {
+    Docker,
+    Containerd,
+    Nri,
+}
+
+impl RuntimeMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuntimeMode::Docker => "Docker",
+            RuntimeMode::Containerd => "Containerd",
+            RuntimeMode::Nri => "NRI",
+        }
+    }
+}
+
+fn parse_mode(s: &str) -> Result<RuntimeMode, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "docker" => Ok(RuntimeMode::Docker),
+        "containerd" => Ok(RuntimeMode::Containerd),
+        "nri" => Ok(RuntimeMode::Nri),
+        _ => Err(format!(
+            "unknown container runtime mode {s:?}: use Docker, Containerd or NRI"
+        )),
+    }
+}
+
+fn parse_policy(s: &str) -> Result<PolicyKind, String> {
+    PolicyKind::parse(s)
+        .ok_or_else(|| format!("unknown resource policy {s:?}: use topology-aware or numa-aware"))
+}
+
+fn parse_priority(s: &str) -> Result<ResourcePriority, String> {
+    ResourcePriority::parse(s)
+        .ok_or_else(|| format!("unknown resource priority {s:?}: use cpu-first or gpu-first"))
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
+}
+
+fn parse_cpuset(s: &str) -> Result<CpuSet, String> {
+    CpuSet::parse(s).map_err(|e| e.to_string())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// kunpeng-tap node agent: NUMA/socket/die/cluster-aware CPU and memory placement for
+/// Kubernetes containers.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "kunpeng-tap", version, about)]
+pub struct Flags {
+    /// Socket the proxy serves (Docker and Containerd modes); a stale socket is removed.
+    #[arg(long, default_value = "/var/run/kunpeng/tap-runtime-proxy.sock")]
+    pub runtime_proxy_endpoint: PathBuf,
+
+    /// The runtime's own socket the proxy forwards to (a path, `unix://` optional).
+    #[arg(long, default_value = "/var/run/docker.sock")]
+    pub container_runtime_service_endpoint: String,
+
+    /// How the agent meets the runtime: Docker (Docker API proxy), Containerd (CRI proxy) or
+    /// NRI (containerd >= 1.7 NRI plugin).
+    #[arg(long, default_value = "Docker", value_parser = parse_mode)]
+    pub container_runtime_mode: RuntimeMode,
+
+    /// The NRI socket (NRI mode).
+    #[arg(long, default_value = "/var/run/nri/nri.sock")]
+    pub nri_socket_path: PathBuf,
+
+    /// Placement policy: topology-aware or numa-aware.
+    #[arg(long, default_value = "topology-aware", value_parser = parse_policy)]
+    pub resource_policy: PolicyKind,
+
+    /// Which affinity wins when they disagree: cpu-first or gpu-first.
+    #[arg(long, default_value = "cpu-first", value_parser = parse_priority)]
+    pub resource_priority: ResourcePriority,
+
+    /// Also set cpuset.mems to the chosen CPUs' NUMA nodes, and account memory limits.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub enable_memory_topology: bool,
+
+    /// Let topology-aware place containers on CPU clusters (Kunpeng 950).
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub topology_cluster_affinity: bool,
+
+    /// How long shutdown waits for requests in flight.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub graceful_timeout: Duration,
+
+    /// Address for /metrics, /healthz and /readyz (e.g. `:9091`); empty = off.
+    #[arg(long, default_value = "")]
+    pub metrics_bind_address: String,
+
+    /// Log verbosity, 2 (info) to 5 (trace); 0-1 warnings only.
+    #[arg(short = 'v', long = "verbose", default_value_t = 2)]
+    pub verbose: u8,
+
+    // ---- kunpeng-tap additions ----
+    /// Root of the sysfs tree to discover the topology from.
+    #[arg(long, default_value = "/sys", env = "TAP_SYSFS_ROOT")]
+    pub sysfs_root: PathBuf,
+
+    /// Print the discovered topology tree and sample decisions, then exit.
+    #[arg(long)]
+    pub explain: bool,
+
+    /// CPUs never handed to containers (system daemons), e.g. `0-1`.
+    #[arg(long, default_value = "", value_parser = parse_cpuset)]
+    pub reserved_cpus: CpuSet,
+
+    /// Give Guaranteed integer-CPU containers exclusive CPUs (topology-aware).
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub exclusive_cpus: bool,
+
+    /// Map decisions onto this host's CPUs (`cpu % host CPUs`): for testing a fixture topology
+    /// on a smaller machine. Never in production.
+    #[arg(long)]
+    pub fold_cpus_to_host: bool,
+
+    /// NRI plugin name and index (registered as `<index>-<name>`).
+    #[arg(long, default_value = "kunpeng-tap")]
+    pub nri_plugin_name: String,
+    #[arg(long, default_value = "10")]
+    pub nri_plugin_index: String,
+
+    /// This node's name (NodeTopology object); defaults to the hostname.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// Watch this node's NodeTopology for its policy and report status to it.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub enable_node_topology: bool,
+
+    /// Where the agent keeps its cached policy.
+    #[arg(long, default_value = "/var/lib/kunpeng-tap")]
+    pub state_dir: PathBuf,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+impl Flags {
+    /// The engine configuration these flags ask for.
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            policy: self.resource_policy,
+            memory_topology: self.enable_memory_topology,
+            cluster_affinity: self.topology_cluster_affinity,
+            reserved: self.reserved_cpus,
+            priority: self.resource_priority,
+            exclusive_cpus: self.exclusive_cpus,
+            annotations_allowed: true,
+        }
+    }
+
+    /// The runtime endpoint as a filesystem path (`unix://` stripped).
+    pub fn runtime_endpoint_path(&self) -> PathBuf {
+        PathBuf::from(
+            self.container_runtime_service_endpoint
+                .strip_prefix("unix://")
+                .unwrap_or(&self.container_runtime_service_endpoint),
+        )
+    }
+
+    /// Checks flag combinations; the message says what to change.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.explain {
+            return Ok(());
+        }
+        match self.container_runtime_mode {
+            RuntimeMode::Docker | RuntimeMode::Containerd => {
+                if self.container_runtime_service_endpoint.trim().is_empty() {
+                    return Err(format!(
+                        "--container-runtime-mode={} needs --container-runtime-service-endpoint (the runtime's socket)",
+                        self.container_runtime_mode.as_str()
+                    ));
+                }
+                if self.runtime_proxy_endpoint.as_os_str().is_empty() {
+                    return Err("--runtime-proxy-endpoint must not be empty".into());
+                }
+                if self.runtime_endpoint_path() == self.runtime_proxy_endpoint {
+                    return Err("--runtime-proxy-endpoint and --container-runtime-service-endpoint are the same socket".into());
+                }
+            }
+            RuntimeMode::Nri => {
+                if self.nri_socket_path.as_os_str().is_empty() {
+                    return Err("--container-runtime-mode=NRI needs --nri-socket-path".into());
+                }
+                let idx = &self.nri_plugin_index;
+                if idx.len() != 2 || !idx.chars().all(|c| c.is_ascii_digit()) {
+                    return Err(format!(
+                        "--nri-plugin-index must be two digits (00-99), got {idx:?}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_flags_parse() {
+        let f = Flags::try_parse_from([
+            "kunpeng-tap",
+            "--runtime-proxy-endpoint=/var/run/kunpeng/tap-runtime-proxy.sock",
+            "--container-runtime-service-endpoint=/var/run/containerd/containerd.sock",
+            "--container-runtime-mode=Containerd",
+            "--resource-policy=numa-aware",
+            "--enable-memory-topology=true",
+            "--topology-cluster-affinity",
+            "-v",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(f.container_runtime_mode, RuntimeMode::Containerd);
+        assert_eq!(f.resource_policy, PolicyKind::NumaAware);
+        assert!(f.enable_memory_topology && f.topology_cluster_affinity);
+        assert_eq!(f.verbose, 3);
+        assert!(f.validate().is_ok());
+        let f = Flags::try_parse_from([
+            "kunpeng-tap",
+            "--container-runtime-mode=NRI",
+            "--nri-socket-path=/x.sock",
+        ])
+        .unwrap();
+        assert_eq!(f.container_runtime_mode, RuntimeMode::Nri);
+    }
+
+    #[test]
+    fn bad_values_are_rejected_with_a_clear_message() {
+        let e =
+            Flags::try_parse_from(["kunpeng-tap", "--container-runtime-mode=crio"]).unwrap_err();
+        assert!(
+            e.to_string().contains("use Docker, Containerd or NRI"),
+            "{e}"
+        );
+        let e = Flags::try_parse_from(["kunpeng-tap", "--resource-policy=best"]).unwrap_err();
+        assert!(
+            e.to_string().contains("topology-aware or numa-aware"),
+            "{e}"
+        );
+        let f = Flags::try_parse_from([
+            "kunpeng-tap",
+            "--container-runtime-mode=Docker",
+            "--container-runtime-service-endpoint=",
+        ])
+        .unwrap();
+        assert!(f
+            .validate()
+            .unwrap_err()
+            .contains("needs --container-runtime-service-endpoint"));
+    }
+}

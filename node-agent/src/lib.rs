@@ -1,0 +1,13 @@
+//! kunpeng-tap node agent: the runtime edges (NRI plugin, CRI proxy, Docker proxy), the link to
+//! the API server, metrics, and the shared hook layer over the placement engine.
+
+pub mod agent;
+pub mod cri_proxy;
+pub mod docker_proxy;
+pub mod explain;
+pub mod flags;
+pub mod kube_link;
+pub mod metrics;
+pub mod nri;
+
+pub use agent::{Adjustment, Agent, ContainerInfo, PodInfo, Update};

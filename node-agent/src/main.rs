@@ -1,0 +1,163 @@
+use anyhow::Context;
+use clap::Parser;
+use node_agent::agent::{Agent, HostFold};
+use node_agent::flags::{Flags, LogFormat, RuntimeMode};
+use node_agent::metrics::Metrics;
+use node_agent::{cri_proxy, docker_proxy, explain, kube_link, nri};
+use std::sync::Arc;
+use tap_engine::sysfs::discover_dir;
+use tap_engine::{CpuSet, Engine, NodeSet, Topology};
+use tokio_util::sync::CancellationToken;
+
+fn init_logging(flags: &Flags) {
+    // -v 2 = info (the reference's default), 3 = debug, 4+ = trace, 0-1 = warn.
+    let level = match flags.verbose {
+        0 | 1 => "warn",
+        2 => "info",
+        3 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TAP_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match flags.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+/// The real host's CPUs and NUMA nodes, for `--fold-cpus-to-host`.
+fn host_fold() -> anyhow::Result<HostFold> {
+    let raw = discover_dir(std::path::Path::new("/sys"))
+        .context("reading this host's /sys for --fold-cpus-to-host")?;
+    let cpus = CpuSet::from_ids(raw.cpus.iter().map(|c| c.id));
+    let nodes = NodeSet::from_ids(
+        raw.nodes
+            .iter()
+            .filter(|n| !n.cpus.is_empty())
+            .map(|n| n.id as usize),
+    );
+    HostFold::new(&cpus, &nodes).context("this host reports no online CPUs")
+}
+
+fn main() -> std::process::ExitCode {
+    let flags = Flags::parse();
+    init_logging(&flags);
+    if let Err(msg) = flags.validate() {
+        eprintln!("kunpeng-tap: {msg}");
+        return std::process::ExitCode::from(2);
+    }
+    match run(flags) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("kunpeng-tap: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(flags: Flags) -> anyhow::Result<()> {
+    let raw = discover_dir(&flags.sysfs_root).with_context(|| {
+        format!(
+            "discovering the topology under {}",
+            flags.sysfs_root.display()
+        )
+    })?;
+    let topo = Arc::new(Topology::build(&raw).context("building the topology model")?);
+    let fold = if flags.fold_cpus_to_host {
+        Some(host_fold()?)
+    } else {
+        None
+    };
+    let metrics = Arc::new(Metrics::new());
+    let engine = Engine::new(topo.clone(), flags.engine_config());
+    let agent = Arc::new(Agent::new(
+        engine,
+        metrics.clone(),
+        fold,
+        flags.container_runtime_mode.as_str(),
+    ));
+
+    if flags.explain {
+        print!("{}", explain::explain(&agent));
+        return Ok(());
+    }
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        mode = flags.container_runtime_mode.as_str(),
+        policy = %flags.resource_policy,
+        cpus = topo.online.len(),
+        numa_nodes = topo.nodes.len(),
+        pools = topo.pools.len(),
+        "kunpeng-tap starting"
+    );
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let shutdown = CancellationToken::new();
+        {
+            let s = shutdown.clone();
+            tokio::spawn(async move {
+                let mut term =
+                    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    {
+                        Ok(t) => t,
+                        Err(e) => {
+                            tracing::warn!("cannot watch SIGTERM: {e}");
+                            return;
+                        }
+                    };
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {},
+                    _ = term.recv() => {},
+                }
+                tracing::info!("shutting down");
+                s.cancel();
+            });
+        }
+        if !flags.metrics_bind_address.is_empty() {
+            let addr = parse_bind(&flags.metrics_bind_address)?;
+            let m = metrics.clone();
+            tokio::spawn(async move {
+                if let Err(e) = node_agent::metrics::serve(addr, m).await {
+                    tracing::error!("metrics endpoint failed: {e:#}");
+                }
+            });
+        }
+        if flags.enable_node_topology {
+            let (f, a, s) = (flags.clone(), agent.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                if let Err(e) = kube_link::run(&f, a, s).await {
+                    tracing::error!("NodeTopology link stopped: {e:#}");
+                }
+            });
+        }
+        let result = match flags.container_runtime_mode {
+            RuntimeMode::Nri => nri::run(&flags, agent.clone(), shutdown.clone()).await,
+            RuntimeMode::Containerd => {
+                cri_proxy::run(&flags, agent.clone(), shutdown.clone()).await
+            }
+            RuntimeMode::Docker => docker_proxy::run(&flags, agent.clone(), shutdown.clone()).await,
+        };
+        shutdown.cancel();
+        result
+    })
+}
+
+/// `:9091`, `0.0.0.0:9091` or `127.0.0.1:9091`.
+fn parse_bind(s: &str) -> anyhow::Result<std::net::SocketAddr> {
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_string()
+    };
+    full.parse()
+        .with_context(|| format!("invalid --metrics-bind-address {s:?}"))
+}

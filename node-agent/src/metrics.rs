@@ -1,0 +1,284 @@
+//! Prometheus metrics of the agent (the reference's names kept) and the HTTP endpoint that
+//! serves them with `/healthz` and `/readyz`.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tap_engine::engine::PoolStatus;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HookLabels {
+    pub hook: String,
+    pub mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    pub method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ZoneLabels {
+    pub zone: String,
+    pub level: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub hook: String,
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PlacementLabels {
+    pub level: String,
+    pub exclusive: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 µs .. ~16 s
+    Histogram::new(exponential_buckets(1e-6, 4.0, 13))
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub proxy_up: Gauge,
+    pub proxy_request_duration: Family<MethodLabels, Histogram>,
+    pub hook_request_duration: Family<HookLabels, Histogram>,
+    pub node_capacity: Family<ZoneLabels, Gauge<f64, AtomicU64>>,
+    pub node_usage: Family<ZoneLabels, Gauge<f64, AtomicU64>>,
+    pub node_container_count: Family<ZoneLabels, Gauge>,
+    pub errors: Family<ErrorLabels, Counter>,
+    pub placements: Family<PlacementLabels, Counter>,
+    pub runtime_connected: Gauge,
+    ready: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let proxy_up = Gauge::default();
+        let proxy_request_duration = Family::<MethodLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        let hook_request_duration = Family::<HookLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        let node_capacity = Family::<ZoneLabels, Gauge<f64, AtomicU64>>::default();
+        let node_usage = Family::<ZoneLabels, Gauge<f64, AtomicU64>>::default();
+        let node_container_count = Family::<ZoneLabels, Gauge>::default();
+        let errors = Family::<ErrorLabels, Counter>::default();
+        let placements = Family::<PlacementLabels, Counter>::default();
+        let runtime_connected = Gauge::default();
+        registry.register(
+            "tap_proxy_up",
+            "Whether the runtime proxy is serving (1) or not (0)",
+            proxy_up.clone(),
+        );
+        registry.register(
+            "tap_proxy_request_duration_seconds",
+            "Time to serve a proxied runtime request, by method",
+            proxy_request_duration.clone(),
+        );
+        registry.register(
+            "tap_hook_request_duration_seconds",
+            "Time the placement engine took for a hook, by hook and mode",
+            hook_request_duration.clone(),
+        );
+        registry.register(
+            "tap_topology_node_capacity",
+            "CPUs a topology zone (pool) can share out",
+            node_capacity.clone(),
+        );
+        registry.register(
+            "tap_topology_node_usage",
+            "CPUs requested by containers placed in a topology zone (pool) and below",
+            node_usage.clone(),
+        );
+        registry.register(
+            "tap_topology_node_container_count",
+            "Containers placed on a topology zone (pool) itself",
+            node_container_count.clone(),
+        );
+        registry.register(
+            "tap_errors",
+            "Problems that were failed open (the container started unchanged), by hook and kind",
+            errors.clone(),
+        );
+        registry.register(
+            "tap_placements",
+            "Containers placed, by pool level and exclusivity",
+            placements.clone(),
+        );
+        registry.register(
+            "tap_runtime_connected",
+            "Whether the agent is connected to its runtime (NRI) or can reach it (proxies)",
+            runtime_connected.clone(),
+        );
+        Metrics {
+            registry,
+            proxy_up,
+            proxy_request_duration,
+            hook_request_duration,
+            node_capacity,
+            node_usage,
+            node_container_count,
+            errors,
+            placements,
+            runtime_connected,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    pub fn observe_hook(&self, hook: &str, mode: &str, d: Duration) {
+        self.hook_request_duration
+            .get_or_create(&HookLabels {
+                hook: hook.to_string(),
+                mode: mode.to_string(),
+            })
+            .observe(d.as_secs_f64());
+    }
+
+    pub fn observe_proxy(&self, method: &str, d: Duration) {
+        self.proxy_request_duration
+            .get_or_create(&MethodLabels {
+                method: method.to_string(),
+            })
+            .observe(d.as_secs_f64());
+    }
+
+    pub fn count_error(&self, hook: &str, kind: &str) {
+        self.errors
+            .get_or_create(&ErrorLabels {
+                hook: hook.to_string(),
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn count_placement(&self, level: &str, exclusive: bool) {
+        self.placements
+            .get_or_create(&PlacementLabels {
+                level: level.to_string(),
+                exclusive: exclusive.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn set_usage(&self, pools: &[PoolStatus]) {
+        for p in pools {
+            let l = ZoneLabels {
+                zone: p.name.clone(),
+                level: p.level.as_str().to_string(),
+            };
+            self.node_capacity
+                .get_or_create(&l)
+                .set(p.capacity_milli as f64 / 1000.0);
+            self.node_usage
+                .get_or_create(&l)
+                .set(p.request_milli as f64 / 1000.0);
+            self.node_container_count
+                .get_or_create(&l)
+                .set(p.containers as i64);
+        }
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    /// The OpenMetrics text of all metrics.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until the process ends.
+pub async fn serve(addr: std::net::SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<()> {
+    use axum::{http::StatusCode, routing::get, Router};
+    let m1 = metrics.clone();
+    let m2 = metrics.clone();
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = m1.clone();
+                async move {
+                    (
+                        [(
+                            "content-type",
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        m.render(),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let m = m2.clone();
+                async move {
+                    if m.is_ready() {
+                        (StatusCode::OK, "ready")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                    }
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_metric_names_are_exported() {
+        let m = Metrics::new();
+        m.observe_hook("create", "NRI", Duration::from_micros(5));
+        m.observe_proxy(
+            "/runtime.v1.RuntimeService/Version",
+            Duration::from_micros(50),
+        );
+        m.count_error("create", "annotation");
+        let text = m.render();
+        for name in [
+            "tap_proxy_up",
+            "tap_proxy_request_duration_seconds",
+            "tap_hook_request_duration_seconds",
+            "tap_topology_node_capacity",
+            "tap_topology_node_usage",
+            "tap_topology_node_container_count",
+            "tap_errors_total",
+        ] {
+            assert!(text.contains(name), "{name} missing from\n{text}");
+        }
+    }
+}
