@@ -169,6 +169,8 @@ pub struct PoolStatus {
 pub struct NodeLoad {
     pub request_milli: u64,
     pub limit_milli: u64,
+    /// Shared (non-exclusive) grants spanning this node.
+    pub shared: u32,
 }
 
 /// Outcome of a restore: what was adopted and how.
@@ -414,13 +416,16 @@ impl Engine {
             let extra = |v: u64| if i == 0 { v % n } else { 0 };
             let r = g.request_milli / n + extra(g.request_milli);
             let l = lim / n + extra(lim);
+            let shared = u32::from(!g.is_exclusive());
             let load = &mut self.node_load[pos];
             if add {
                 load.request_milli += r;
                 load.limit_milli += l;
+                load.shared += shared;
             } else {
                 load.request_milli -= r;
                 load.limit_milli -= l;
+                load.shared -= shared;
             }
         }
     }

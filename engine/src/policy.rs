@@ -352,16 +352,20 @@ fn pick_exclusive(e: &Engine, id: PoolId, n: usize) -> Option<CpuSet> {
     if picked.len() != n {
         return None;
     }
-    // Every pool with shared containers must keep a CPU.
+    // Every pool and every NUMA node with shared containers must keep a CPU (topology-aware
+    // spans are pools, numa-aware spans are unions of nodes).
     let after = e.taken().union(&picked);
+    let keeps_a_cpu = |cpus: &CpuSet| !cpus.intersection(e.usable()).difference(&after).is_empty();
     for p in &topo.pools {
         if e.pool_load(p.id).shared_containers > 0
             && p.cpus.intersects(&picked)
-            && p.cpus
-                .intersection(e.usable())
-                .difference(&after)
-                .is_empty()
+            && !keeps_a_cpu(&p.cpus)
         {
+            return None;
+        }
+    }
+    for (n, load) in topo.nodes.iter().zip(e.node_load()) {
+        if load.shared > 0 && n.cpus.intersects(&picked) && !keeps_a_cpu(&n.cpus) {
             return None;
         }
     }

@@ -1,0 +1,113 @@
+//! Discovery and tree building on every sysfs fixture: the real-machine dumps are checked
+//! against their `expected.json` (computed from the files independently) and against the pool
+//! counts containers/nri-plugins' own tests expect from the same dumps.
+
+use std::path::PathBuf;
+use tap_engine::sysfs::discover_dir;
+use tap_engine::{CpuSet, Level, Topology};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/sysfs")
+}
+
+fn load(name: &str) -> Topology {
+    let raw = discover_dir(&fixtures().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    Topology::build(&raw).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+const REAL: [&str; 5] = [
+    "4socket-4numa-144cpu-smt2",
+    "2socket-snc2-4numa-2pmem-112cpu-smt2",
+    "2socket-snc2-4numa-80cpu-smt2",
+    "desktop-1socket-1numa-20cpu-smt2",
+    "hybrid-1socket-1numa-16cpu-4p8e",
+];
+
+#[test]
+fn real_dumps_match_expected_json() {
+    for name in REAL {
+        let t = load(name);
+        let text = std::fs::read_to_string(fixtures().join(name).join("expected.json")).unwrap();
+        let exp: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let set = |v: &serde_json::Value| CpuSet::parse(v.as_str().unwrap()).unwrap();
+        assert_eq!(t.online, set(&exp["cpus_online"]), "{name}: online");
+        assert_eq!(t.isolated, set(&exp["cpus_isolated"]), "{name}: isolated");
+        let packages = exp["packages"].as_object().unwrap();
+        assert_eq!(t.sockets, packages.len(), "{name}: sockets");
+        assert_eq!(t.dies, exp["dies"].as_object().unwrap().len(), "{name}: dies");
+        assert_eq!(t.cores.len() as u64, exp["core_count"].as_u64().unwrap(), "{name}: cores");
+        for (id, node) in exp["numa_nodes"].as_object().unwrap() {
+            let id: u32 = id.parse().unwrap();
+            let n = t.node(id).unwrap_or_else(|| panic!("{name}: node {id} missing"));
+            assert_eq!(n.cpus, set(&node["cpus"]), "{name}: node {id} cpus");
+            let kib = node["mem_total_kib"].as_u64().unwrap();
+            assert_eq!(n.memory_bytes, kib * 1024, "{name}: node {id} memory");
+            let dist: Vec<u32> = node["distance"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap() as u32)
+                .collect();
+            let ours: Vec<u32> = n.distances.iter().map(|(_, d)| *d).collect();
+            assert_eq!(ours, dist, "{name}: node {id} distances");
+        }
+        // Every socket pool (or the root for one socket) holds exactly its package's CPUs.
+        for cpus in packages.values() {
+            let s = set(cpus);
+            assert!(t.pools.iter().any(|p| p.cpus == s), "{name}: no pool for package {s}");
+        }
+    }
+}
+
+#[test]
+fn pool_counts_match_what_nri_plugins_expects_of_the_same_dumps() {
+    // desktop: 1 pool (the socket is the root, 20 CPUs).
+    let t = load("desktop-1socket-1numa-20cpu-smt2");
+    assert_eq!(t.pools.len(), 1);
+    assert_eq!(t.root().cpus.len(), 20);
+    // server: root + 2 sockets + 4 NUMA nodes of 28 CPUs; PMEM nodes join the nearest DRAM node.
+    let t = load("2socket-snc2-4numa-2pmem-112cpu-smt2");
+    assert_eq!(t.pools.len(), 7);
+    let numa: Vec<_> = t.pools.iter().filter(|p| p.level == Level::Numa).collect();
+    assert_eq!(numa.len(), 4);
+    assert!(numa.iter().all(|p| p.cpus.len() == 28));
+    assert_eq!(t.pool_by_name("numa0").unwrap().mems.to_string(), "0,4");
+    assert_eq!(t.pool_by_name("numa2").unwrap().mems.to_string(), "2,5");
+    // 4-socket: root + 4 sockets of 36 CPUs; single-NUMA sockets get no NUMA child.
+    let t = load("4socket-4numa-144cpu-smt2");
+    assert_eq!(t.pools.len(), 5);
+    assert!(t.pools[1..].iter().all(|p| p.level == Level::Socket && p.cpus.len() == 36));
+}
+
+#[test]
+fn hybrid_e_core_clusters_become_cluster_pools() {
+    let t = load("hybrid-1socket-1numa-16cpu-4p8e");
+    let clusters: Vec<String> = t
+        .pools
+        .iter()
+        .filter(|p| p.level == Level::Cluster)
+        .map(|p| p.cpus.to_string())
+        .collect();
+    assert_eq!(clusters, vec!["8-11", "12-15"]);
+}
+
+#[test]
+fn synthetic_shapes() {
+    let t = load("synthetic-1s-2numa-per-die-offline");
+    assert_eq!(t.online.len(), 30);
+    assert!(!t.online.contains(5) && !t.online.contains(17));
+    assert_eq!(t.pools.iter().filter(|p| p.level == Level::Numa).count(), 2);
+
+    let t = load("synthetic-4s-8numa-smt-384t");
+    assert_eq!(t.online.len(), 384);
+    assert_eq!(t.sockets, 4);
+    assert_eq!(t.pools.iter().filter(|p| p.level == Level::Numa).count(), 8);
+    assert_eq!(t.cores.len(), 192);
+    assert!(t.cores.iter().all(|c| c.len() == 2));
+    let gpus: Vec<_> = t.devices.iter().filter(|d| d.is_gpu()).map(|d| d.numa_node).collect();
+    assert_eq!(gpus, vec![Some(0), Some(5)]);
+
+    let t = load("synthetic-2s-2numa-smt-96t");
+    // Sibling of CPU 0 is CPU 48.
+    assert_eq!(t.cores[0].to_string(), "0,48");
+}
