@@ -508,6 +508,13 @@ impl Engine {
     /// state gives them are returned as updates.
     pub fn restore(&mut self, existing: &[Existing]) -> RestoreReport {
         let mut report = RestoreReport::default();
+        // How many containers use each CPU: a CPU used by two containers is not exclusive.
+        let mut users = vec![0u16; crate::cpuset::MAX_IDS];
+        for e in existing {
+            for cpu in e.cpus.iter().flat_map(|c| c.iter()) {
+                users[cpu] = users[cpu].saturating_add(1);
+            }
+        }
         let mut resolved: Vec<(&Existing, Grant, bool)> = Vec::new();
         for e in existing {
             if self.grants.contains_key(&e.request.id) {
@@ -520,7 +527,10 @@ impl Engine {
                 .and_then(|r| self.grant_from_record(&r, e));
             match from_record {
                 Some(g) => resolved.push((e, g, true)),
-                None => match e.cpus.and_then(|cpus| self.infer_grant(e, cpus)) {
+                None => match e
+                    .cpus
+                    .and_then(|cpus| self.infer_grant(e, cpus, cpus.iter().all(|c| users[c] == 1)))
+                {
                     Some(g) => resolved.push((e, g, false)),
                     None => report.unmanaged += 1,
                 },
@@ -548,6 +558,31 @@ impl Engine {
                 report.from_record += 1;
             } else {
                 report.inferred += 1;
+            }
+        }
+        // Safety net for inferred grants: an exclusive grant that would leave a shared one
+        // with no CPU becomes shared itself.
+        loop {
+            let starving = self.grants.values().find_map(|g| {
+                let cpus = self.shared_cpus(&g.span);
+                (!g.is_exclusive() && cpus.is_empty()).then_some(g.span)
+            });
+            let Some(span) = starving else { break };
+            let Some(id) = self
+                .grants
+                .iter()
+                .filter(|(_, g)| g.exclusive.intersects(&span))
+                .map(|(id, _)| id.clone())
+                .min()
+            else {
+                break;
+            };
+            if let Some(mut g) = self.grants.remove(&id) {
+                self.uncharge(&g);
+                self.taken = self.taken.difference(&g.exclusive);
+                g.exclusive = CpuSet::new();
+                self.charge(&g);
+                self.grants.insert(id, g);
             }
         }
         let usable = self.usable;
@@ -609,7 +644,7 @@ impl Engine {
 
     /// The grant a container most likely has, from its cpuset alone (the reference's recovery:
     /// the deepest pool that contains it).
-    fn infer_grant(&self, e: &Existing, cpus: CpuSet) -> Option<Grant> {
+    fn infer_grant(&self, e: &Existing, cpus: CpuSet, sole_user: bool) -> Option<Grant> {
         let cpus = cpus.intersection(&self.topo.online);
         if cpus.is_empty() {
             return None;
@@ -620,6 +655,7 @@ impl Engine {
         let exclusive = match req.exclusive_cpus() {
             Some(n)
                 if n == cpus.len()
+                    && sole_user
                     && self.cfg.exclusive_cpus
                     && self.cfg.policy == PolicyKind::TopologyAware
                     && self.topo.pools[pool].cpus != cpus =>

@@ -34,11 +34,21 @@ fn real_dumps_match_expected_json() {
         assert_eq!(t.isolated, set(&exp["cpus_isolated"]), "{name}: isolated");
         let packages = exp["packages"].as_object().unwrap();
         assert_eq!(t.sockets, packages.len(), "{name}: sockets");
-        assert_eq!(t.dies, exp["dies"].as_object().unwrap().len(), "{name}: dies");
-        assert_eq!(t.cores.len() as u64, exp["core_count"].as_u64().unwrap(), "{name}: cores");
+        assert_eq!(
+            t.dies,
+            exp["dies"].as_object().unwrap().len(),
+            "{name}: dies"
+        );
+        assert_eq!(
+            t.cores.len() as u64,
+            exp["core_count"].as_u64().unwrap(),
+            "{name}: cores"
+        );
         for (id, node) in exp["numa_nodes"].as_object().unwrap() {
             let id: u32 = id.parse().unwrap();
-            let n = t.node(id).unwrap_or_else(|| panic!("{name}: node {id} missing"));
+            let n = t
+                .node(id)
+                .unwrap_or_else(|| panic!("{name}: node {id} missing"));
             assert_eq!(n.cpus, set(&node["cpus"]), "{name}: node {id} cpus");
             let kib = node["mem_total_kib"].as_u64().unwrap();
             assert_eq!(n.memory_bytes, kib * 1024, "{name}: node {id} memory");
@@ -54,7 +64,10 @@ fn real_dumps_match_expected_json() {
         // Every socket pool (or the root for one socket) holds exactly its package's CPUs.
         for cpus in packages.values() {
             let s = set(cpus);
-            assert!(t.pools.iter().any(|p| p.cpus == s), "{name}: no pool for package {s}");
+            assert!(
+                t.pools.iter().any(|p| p.cpus == s),
+                "{name}: no pool for package {s}"
+            );
         }
     }
 }
@@ -76,7 +89,9 @@ fn pool_counts_match_what_nri_plugins_expects_of_the_same_dumps() {
     // 4-socket: root + 4 sockets of 36 CPUs; single-NUMA sockets get no NUMA child.
     let t = load("4socket-4numa-144cpu-smt2");
     assert_eq!(t.pools.len(), 5);
-    assert!(t.pools[1..].iter().all(|p| p.level == Level::Socket && p.cpus.len() == 36));
+    assert!(t.pools[1..]
+        .iter()
+        .all(|p| p.level == Level::Socket && p.cpus.len() == 36));
 }
 
 #[test]
@@ -104,7 +119,12 @@ fn synthetic_shapes() {
     assert_eq!(t.pools.iter().filter(|p| p.level == Level::Numa).count(), 8);
     assert_eq!(t.cores.len(), 192);
     assert!(t.cores.iter().all(|c| c.len() == 2));
-    let gpus: Vec<_> = t.devices.iter().filter(|d| d.is_gpu()).map(|d| d.numa_node).collect();
+    let gpus: Vec<_> = t
+        .devices
+        .iter()
+        .filter(|d| d.is_gpu())
+        .map(|d| d.numa_node)
+        .collect();
     assert_eq!(gpus, vec![Some(0), Some(5)]);
 
     let t = load("synthetic-2s-2numa-smt-96t");

@@ -1,0 +1,346 @@
+//! Policy behaviour on fixture topologies: the reference implementation's own expectations,
+//! and what we do beyond it (exclusive CPUs, memory binding, clusters, overrides, resize).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use tap_engine::request::Overrides;
+use tap_engine::sysfs::discover_dir;
+use tap_engine::{
+    ContainerRequest, CpuSet, Engine, EngineConfig, Level, Outcome, Placement, PolicyKind, Qos,
+    Reason, SkipReason, Topology,
+};
+
+fn topo(name: &str) -> Arc<Topology> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/fixtures/sysfs")
+        .join(name);
+    Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap())
+}
+
+const KP920: &str = "synthetic-2s-4numa-96c-gpu";
+
+fn engine(name: &str, cfg: EngineConfig) -> Engine {
+    Engine::new(topo(name), cfg)
+}
+
+fn numa_cfg() -> EngineConfig {
+    EngineConfig {
+        policy: PolicyKind::NumaAware,
+        ..Default::default()
+    }
+}
+
+/// A container with request/limit in CPUs (limit 0 = none).
+fn c(id: &str, req: f64, lim: f64) -> ContainerRequest {
+    ContainerRequest {
+        id: id.into(),
+        pod_name: format!("pod-{id}"),
+        namespace: "default".into(),
+        container_name: "app".into(),
+        cpu_request_milli: (req * 1000.0) as u64,
+        cpu_limit_milli: (lim > 0.0).then_some((lim * 1000.0) as u64),
+        ..Default::default()
+    }
+}
+
+fn placed(o: Outcome) -> Placement {
+    match o {
+        Outcome::Placed(p) => p,
+        Outcome::Skipped(s) => panic!("expected a placement, got skipped: {s}"),
+    }
+}
+
+fn level_of(e: &Engine, p: &Placement) -> Level {
+    e.topology().pools[p.pool].level
+}
+
+#[test]
+fn reference_expectations_topology_aware() {
+    // 2 sockets, 4 NUMA nodes, 96 CPUs: 4/8 lands on one NUMA node, four of them on four
+    // different nodes; 25/35 on a socket; 50/60 on the root.
+    let mut e = engine(KP920, EngineConfig::default());
+    let mut nodes = Vec::new();
+    for i in 0..4 {
+        let p = placed(e.create(&c(&format!("a{i}"), 4.0, 8.0)));
+        assert_eq!(level_of(&e, &p), Level::Numa);
+        assert_eq!(p.cpus.len(), 24);
+        nodes.push(p.cpus.to_string());
+    }
+    nodes.sort();
+    nodes.dedup();
+    assert_eq!(
+        nodes.len(),
+        4,
+        "four containers on four NUMA nodes: {nodes:?}"
+    );
+    let p = placed(e.create(&c("b", 25.0, 35.0)));
+    assert_eq!(level_of(&e, &p), Level::Socket);
+    assert_eq!(p.cpus.len(), 48);
+    let p = placed(e.create(&c("r", 50.0, 60.0)));
+    assert_eq!(level_of(&e, &p), Level::Machine);
+    assert_eq!(p.cpus.len(), 96);
+}
+
+#[test]
+fn numa_aware_one_node_most_free_then_nearest_nodes() {
+    let mut e = engine(KP920, numa_cfg());
+    let mut seen = Vec::new();
+    for i in 0..4 {
+        let p = placed(e.create(&c(&format!("a{i}"), 4.0, 8.0)));
+        assert_eq!(p.reason, Reason::NumaNodes(1));
+        seen.push(p.cpus.to_string());
+    }
+    seen.sort();
+    assert_eq!(seen, vec!["0-23", "24-47", "48-71", "72-95"]);
+    // A limit of 30 CPUs needs two nodes: the nearest pair (same socket, distance 12).
+    let p = placed(e.create(&c("big", 10.0, 30.0)));
+    assert_eq!(p.reason, Reason::NumaNodes(2));
+    let s = p.cpus.to_string();
+    assert!(s == "0-47" || s == "48-95", "{s}");
+    // Requests are accounted per node; BestEffort still gets a node.
+    let p = placed(e.create(&c("be", 0.0, 0.0)));
+    assert_eq!(p.cpus.len(), 24);
+}
+
+#[test]
+fn numa_aware_uses_real_node_cpu_lists_not_ranges() {
+    // Sub-NUMA clustering with scattered CPU lists: the container gets the node's exact list.
+    let t = topo("2socket-snc2-4numa-80cpu-smt2");
+    let mut e = Engine::new(t.clone(), numa_cfg());
+    let p = placed(e.create(&c("a", 2.0, 4.0)));
+    let node = t
+        .nodes
+        .iter()
+        .find(|n| n.cpus == p.cpus)
+        .expect("a whole node");
+    assert_eq!(node.cpus.len(), 20);
+    assert!(
+        node.cpus.to_string().contains(','),
+        "scattered list expected"
+    );
+}
+
+#[test]
+fn exclusive_cpus_for_guaranteed_integer_containers() {
+    // SMT fixture: siblings n and n+48.
+    let mut e = engine("synthetic-2s-2numa-smt-96t", EngineConfig::default());
+    let shared = placed(e.create(&c("shared", 2.0, 4.0)));
+    assert_eq!(shared.cpus.len(), 48);
+    let mut g = c("g", 4.0, 4.0);
+    g.qos = Some(Qos::Guaranteed);
+    let p = placed(e.create(&g));
+    assert!(p.exclusive);
+    assert_eq!(p.cpus.len(), 4);
+    // Whole cores: every CPU's sibling is in the set.
+    for cpu in p.cpus.iter() {
+        let sib = if cpu < 48 { cpu + 48 } else { cpu - 48 };
+        assert!(p.cpus.contains(sib), "{} splits a core", p.cpus);
+    }
+    // The shared container in the same node loses those CPUs.
+    if shared.cpus.is_superset_of(&p.cpus) {
+        assert_eq!(p.updates.len(), 1);
+        assert_eq!(p.updates[0].container_id, "shared");
+        assert!(!p.updates[0].cpus.intersects(&p.cpus));
+    }
+    // A second Guaranteed container never gets the same CPUs.
+    let mut g2 = c("g2", 4.0, 4.0);
+    g2.qos = Some(Qos::Guaranteed);
+    let p2 = placed(e.create(&g2));
+    assert!(!p2.cpus.intersects(&p.cpus));
+    // Release gives them back to the shared container.
+    let ups = e.remove("g");
+    assert!(ups.iter().all(|u| u.cpus.intersects(&p.cpus)));
+    assert!(!e.taken().intersects(&p.cpus));
+    // Opting out of exclusivity by annotation gives a shared placement.
+    let mut g3 = c("g3", 2.0, 2.0);
+    g3.qos = Some(Qos::Guaranteed);
+    g3.overrides.exclusive = Some(false);
+    assert!(!placed(e.create(&g3)).exclusive);
+}
+
+trait Superset {
+    fn is_superset_of(&self, o: &CpuSet) -> bool;
+}
+impl Superset for CpuSet {
+    fn is_superset_of(&self, o: &CpuSet) -> bool {
+        o.is_subset(self)
+    }
+}
+
+#[test]
+fn exclusive_never_empties_a_pool_with_shared_containers() {
+    // One 8-CPU node: a shared container there keeps at least one CPU.
+    let mut e = engine("desktop-1socket-1numa-20cpu-smt2", EngineConfig::default());
+    placed(e.create(&c("s", 1.0, 2.0)));
+    let mut g = c("g", 20.0, 20.0);
+    g.qos = Some(Qos::Guaranteed);
+    let p = placed(e.create(&g));
+    assert!(
+        !p.exclusive,
+        "all 20 CPUs exclusive would leave the shared container nothing"
+    );
+    let mut g = c("g2", 19.0, 19.0);
+    g.qos = Some(Qos::Guaranteed);
+    // 19 of 20 fit in request capacity? 1 + 20 + 19 > 20: no pool fits; falls back to root.
+    let p = placed(e.create(&g));
+    assert!(!p.exclusive);
+}
+
+#[test]
+fn memory_binding_includes_attached_memory_only_nodes() {
+    let mut e = engine(
+        "2socket-snc2-4numa-2pmem-112cpu-smt2",
+        EngineConfig {
+            memory_topology: true,
+            ..Default::default()
+        },
+    );
+    let p = placed(e.create(&c("a", 2.0, 4.0)));
+    let mems = p.mems.expect("mems with memory topology").to_string();
+    assert!(["0,4", "1", "2,5", "3"].contains(&mems.as_str()), "{mems}");
+    // Isolated CPUs (4-7,60-63) are never handed out.
+    assert!(!p.cpus.intersects(&CpuSet::parse("4-7,60-63").unwrap()));
+    // Without memory topology: no mems.
+    let mut e = engine(KP920, EngineConfig::default());
+    assert!(placed(e.create(&c("a", 2.0, 4.0))).mems.is_none());
+}
+
+#[test]
+fn memory_limits_are_accounted_with_memory_topology() {
+    let mut e = engine(
+        KP920,
+        EngineConfig {
+            memory_topology: true,
+            ..Default::default()
+        },
+    );
+    // Each NUMA node has 128 GiB: a 100 GiB container fills one; the next goes elsewhere.
+    let mut a = c("a", 1.0, 2.0);
+    a.memory_limit_bytes = Some(100 << 30);
+    let mut b = c("b", 1.0, 2.0);
+    b.memory_limit_bytes = Some(100 << 30);
+    let pa = placed(e.create(&a));
+    let pb = placed(e.create(&b));
+    assert_eq!(level_of(&e, &pa), Level::Numa);
+    assert_ne!(pa.mems, pb.mems);
+}
+
+#[test]
+fn cluster_affinity_places_small_containers_on_clusters() {
+    let mut e = engine(
+        KP920,
+        EngineConfig {
+            cluster_affinity: true,
+            ..Default::default()
+        },
+    );
+    let p = placed(e.create(&c("a", 1.0, 2.0)));
+    assert_eq!(level_of(&e, &p), Level::Cluster);
+    assert_eq!(p.cpus.len(), 4);
+    // Bigger than a cluster's limit: NUMA.
+    let p = placed(e.create(&c("b", 2.0, 8.0)));
+    assert_eq!(level_of(&e, &p), Level::Numa);
+    // Without the flag no cluster pools are used.
+    let mut e = engine(KP920, EngineConfig::default());
+    assert_eq!(
+        level_of(&e.clone(), &placed(e.create(&c("a", 1.0, 2.0)))),
+        Level::Numa
+    );
+}
+
+#[test]
+fn annotations_override_policy_level_and_memory() {
+    let mut e = engine(KP920, EngineConfig::default());
+    let mut a = c("a", 1.0, 2.0);
+    a.overrides = Overrides {
+        level: Some(Level::Socket),
+        memory_binding: Some(true),
+        ..Default::default()
+    };
+    let p = placed(e.create(&a));
+    assert_eq!(level_of(&e, &p), Level::Socket);
+    assert_eq!(p.mems.unwrap().len(), 2);
+    let mut b = c("b", 30.0, 30.0);
+    b.overrides.policy = Some(PolicyKind::NumaAware);
+    let p = placed(e.create(&b));
+    assert_eq!(p.reason, Reason::NumaNodes(2));
+    let mut s = c("s", 1.0, 1.0);
+    s.overrides.skip = true;
+    assert_eq!(e.create(&s), Outcome::Skipped(SkipReason::OptedOut));
+    // Overrides are ignored when the policy does not allow annotations.
+    let mut e = engine(
+        KP920,
+        EngineConfig {
+            annotations_allowed: false,
+            ..Default::default()
+        },
+    );
+    let p = placed(e.create(&a));
+    assert_eq!(level_of(&e, &p), Level::Numa);
+    assert!(placed(e.create(&s)).cpus.len() > 0);
+}
+
+#[test]
+fn reserved_cpus_are_never_handed_out() {
+    let reserved = CpuSet::parse("0-1,48-49").unwrap();
+    let mut e = engine(
+        KP920,
+        EngineConfig {
+            reserved,
+            ..Default::default()
+        },
+    );
+    for i in 0..8 {
+        let p = placed(e.create(&c(&format!("a{i}"), 2.0, 4.0)));
+        assert!(!p.cpus.intersects(&reserved), "{}", p.cpus);
+    }
+    let mut g = c("g", 8.0, 8.0);
+    g.qos = Some(Qos::Guaranteed);
+    assert!(!placed(e.create(&g)).cpus.intersects(&reserved));
+}
+
+#[test]
+fn kube_system_pods_get_all_shared_cpus() {
+    let mut e = engine(KP920, EngineConfig::default());
+    let mut k = c("coredns", 0.1, 0.0);
+    k.namespace = "kube-system".into();
+    let p = placed(e.create(&k));
+    assert_eq!(p.reason, Reason::KubeSystem);
+    assert_eq!(p.cpus.len(), 96);
+}
+
+#[test]
+fn resize_keeps_the_pool_when_it_still_fits_and_moves_when_not() {
+    let mut e = engine(KP920, EngineConfig::default());
+    let p = placed(e.create(&c("a", 4.0, 8.0)));
+    let p2 = placed(e.update(&c("a", 6.0, 10.0)));
+    assert_eq!(p2.pool, p.pool);
+    let p3 = placed(e.update(&c("a", 30.0, 40.0)));
+    assert_eq!(level_of(&e, &p3), Level::Socket);
+    assert_eq!(e.pool_load(0).request_milli, 30_000);
+    e.remove("a");
+    e.remove("a");
+    assert_eq!(e.pool_load(0).request_milli, 0);
+    assert!(e.is_empty());
+}
+
+#[test]
+fn gpu_container_goes_to_the_gpu_node() {
+    let mut e = engine("synthetic-4s-8numa-smt-384t", EngineConfig::default());
+    let mut g = c("gpu", 4.0, 8.0);
+    g.device_nodes = vec![5];
+    let p = placed(e.create(&g));
+    assert_eq!(e.topology().nodes_of(&p.cpus).to_string(), "5");
+}
+
+#[test]
+fn full_machine_falls_back_to_the_root() {
+    let mut e = engine(KP920, EngineConfig::default());
+    for i in 0..4 {
+        let p = placed(e.create(&c(&format!("f{i}"), 24.0, 0.0)));
+        assert_eq!(level_of(&e, &p), Level::Numa);
+    }
+    let p = placed(e.create(&c("late", 1.0, 2.0)));
+    assert_eq!(p.reason, Reason::Fallback);
+    assert_eq!(p.pool, 0);
+}
