@@ -246,12 +246,13 @@ fn topology_aware(
     }
 
     if let Some(n) = excl_n {
-        let mut ranked: Vec<(Key, PoolId)> = topo
-            .pools
-            .iter()
-            .filter(|p| candidate(p))
-            .map(|p| (rank(e, p, limit, &device_nodes, prio), p.id))
-            .collect();
+        let mut ranked: Vec<(Key, PoolId)> = Vec::with_capacity(topo.pools.len());
+        ranked.extend(
+            topo.pools
+                .iter()
+                .filter(|p| candidate(p))
+                .map(|p| (rank(e, p, limit, &device_nodes, prio), p.id)),
+        );
         ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0));
         for (_, id) in ranked {
             if let Some(ex) = pick_exclusive(e, id, n) {
@@ -316,15 +317,11 @@ fn pick_exclusive(e: &Engine, id: PoolId, n: usize) -> Option<CpuSet> {
         g.intersection(&avail).len()
     };
     // (whole core free, free CPUs in its group, first cpu) for every core with a free CPU.
-    let mut cores: Vec<(bool, usize, usize, CpuSet)> = topo
-        .cores
-        .iter()
-        .filter(|c| c.intersects(&avail))
-        .map(|c| {
-            let free = c.intersection(&avail);
-            (free == *c, group_free(c), c.first().unwrap_or(0), free)
-        })
-        .collect();
+    let mut cores: Vec<(bool, usize, usize, CpuSet)> = Vec::with_capacity(topo.cores.len());
+    cores.extend(topo.cores.iter().filter(|c| c.intersects(&avail)).map(|c| {
+        let free = c.intersection(&avail);
+        (free == *c, group_free(c), c.first().unwrap_or(0), free)
+    }));
     let mut picked = CpuSet::new();
     // Whole cores, packed.
     cores.sort_unstable_by_key(|(whole, gfree, first, _)| (!*whole, *gfree, *first));
@@ -382,15 +379,11 @@ fn numa_aware(
     let usable = e.usable();
     let loads = e.node_load();
     // (node id, capacity, free, limit load) for nodes with usable CPUs.
-    let nodes: Vec<(u32, i64, i64, u64)> = topo
-        .nodes
-        .iter()
-        .zip(loads.iter())
-        .filter_map(|(n, l)| {
-            let cap = n.cpus.intersection(usable).len() as i64 * 1000;
-            (cap > 0).then_some((n.id, cap, cap - l.request_milli as i64, l.limit_milli))
-        })
-        .collect();
+    let mut nodes: Vec<(u32, i64, i64, u64)> = Vec::with_capacity(topo.nodes.len());
+    nodes.extend(topo.nodes.iter().zip(loads.iter()).filter_map(|(n, l)| {
+        let cap = n.cpus.intersection(usable).len() as i64 * 1000;
+        (cap > 0).then_some((n.id, cap, cap - l.request_milli as i64, l.limit_milli))
+    }));
     if nodes.is_empty() {
         return None;
     }

@@ -1,0 +1,80 @@
+//! A placement decision must not copy the tree or the state: count heap allocations made by
+//! one decision on the largest fixture with 1,000 containers placed.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tap_engine::{ContainerRequest, Engine, EngineConfig, PolicyKind, Qos, Topology};
+
+struct Counting;
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::SeqCst);
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations<T>(f: impl FnOnce() -> T) -> usize {
+    let before = ALLOCS.load(Ordering::SeqCst);
+    std::hint::black_box(f());
+    ALLOCS.load(Ordering::SeqCst) - before
+}
+
+#[test]
+fn decisions_allocate_almost_nothing() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/fixtures/sysfs/synthetic-4s-8numa-smt-384t");
+    let topo = Arc::new(Topology::build(&tap_engine::sysfs::discover_dir(&root).unwrap()).unwrap());
+    for policy in [PolicyKind::TopologyAware, PolicyKind::NumaAware] {
+        let mut e = Engine::new(
+            topo.clone(),
+            EngineConfig {
+                policy,
+                ..Default::default()
+            },
+        );
+        for i in 0..1000u64 {
+            let r = ContainerRequest {
+                id: format!("c{i}"),
+                namespace: "default".into(),
+                cpu_request_milli: 100 + i % 300,
+                cpu_limit_milli: Some(600),
+                ..Default::default()
+            };
+            let _ = e.create(&r);
+        }
+        let burstable = ContainerRequest {
+            id: "new".into(),
+            namespace: "default".into(),
+            cpu_request_milli: 4000,
+            cpu_limit_milli: Some(8000),
+            ..Default::default()
+        };
+        let n = allocations(|| tap_engine::policy::choose(&e, &burstable));
+        // topology-aware: none; numa-aware: one small vector of per-node figures.
+        assert!(n <= 1, "{policy}: a shared decision made {n} allocations");
+        let g = ContainerRequest {
+            id: "g".into(),
+            namespace: "default".into(),
+            qos: Some(Qos::Guaranteed),
+            cpu_request_milli: 4000,
+            cpu_limit_milli: Some(4000),
+            ..Default::default()
+        };
+        let n = allocations(|| tap_engine::policy::choose(&e, &g));
+        // Exclusive: a ranked candidate list and a core list, whatever the number of containers.
+        assert!(
+            n <= 4,
+            "{policy}: an exclusive decision made {n} allocations"
+        );
+    }
+}
