@@ -297,30 +297,36 @@ fn pick_exclusive(e: &Engine, id: PoolId, n: usize) -> Option<CpuSet> {
     if n == 0 || avail.len() < n {
         return None;
     }
-    let groups: &[CpuSet] = if topo.clusters.is_empty() {
-        &[]
-    } else {
-        &topo.clusters
-    };
-    let group_free = |core: &CpuSet| -> usize {
-        let g = groups
+    // Free CPUs per packing group: the core's cluster, else its NUMA node. Counted once per
+    // group (clusters and nodes that meet the pool), looked up per core.
+    let mut group_free: Vec<u16> = Vec::with_capacity(topo.clusters.len() + topo.nodes.len());
+    group_free.extend(topo.clusters.iter().map(|g| {
+        if g.intersects(&pool.cpus) {
+            g.intersection(&avail).len() as u16
+        } else {
+            0
+        }
+    }));
+    group_free.extend(
+        topo.nodes
             .iter()
-            .find(|g| core.is_subset(g))
-            .copied()
-            .or_else(|| {
-                core.first()
-                    .and_then(|c| topo.node_of_cpu(c))
-                    .and_then(|nid| topo.node(nid))
-                    .map(|nd| nd.cpus)
-            })
-            .unwrap_or(pool.cpus);
-        g.intersection(&avail).len()
+            .map(|n| n.cpus.intersection(&avail).len() as u16),
+    );
+    let n_clusters = topo.clusters.len();
+    let group_of = |core: &CpuSet| -> usize {
+        let Some(cpu) = core.first() else { return 0 };
+        match topo.cluster_of_cpu(cpu) {
+            Some(cl) if topo.clusters[cl].len() > core.len() => group_free[cl] as usize,
+            _ => topo
+                .node_index_of_cpu(cpu)
+                .map(|i| group_free[n_clusters + i] as usize)
+                .unwrap_or(0),
+        }
     };
-    // (whole core free, free CPUs in its group, first cpu) for every core with a free CPU.
     let mut cores: Vec<(bool, usize, usize, CpuSet)> = Vec::with_capacity(topo.cores.len());
     cores.extend(topo.cores.iter().filter(|c| c.intersects(&avail)).map(|c| {
         let free = c.intersection(&avail);
-        (free == *c, group_free(c), c.first().unwrap_or(0), free)
+        (free == *c, group_of(c), c.first().unwrap_or(0), free)
     }));
     let mut picked = CpuSet::new();
     // Whole cores, packed.

@@ -182,6 +182,8 @@ pub struct Topology {
     cpu_node: Vec<u32>,
     /// Core index (into `cores`) of every online CPU.
     cpu_core: Vec<u32>,
+    /// Cluster index (into `clusters`) of every online CPU (`u32::MAX` for none).
+    cpu_cluster: Vec<u32>,
 }
 
 impl Topology {
@@ -288,6 +290,12 @@ impl Topology {
         }
         let mut clusters: Vec<CpuSet> = cluster_groups.into_values().collect();
         clusters.sort_by_key(|s| s.first());
+        let mut cpu_cluster = vec![u32::MAX; max_cpu + 1];
+        for (i, cl) in clusters.iter().enumerate() {
+            for cpu in cl.iter() {
+                cpu_cluster[cpu] = i as u32;
+            }
+        }
 
         // Sockets and dies.
         let mut sockets: BTreeMap<u32, CpuSet> = BTreeMap::new();
@@ -372,6 +380,7 @@ impl Topology {
             dies: dies.len(),
             cpu_node,
             cpu_core,
+            cpu_cluster,
         })
     }
 
@@ -411,6 +420,20 @@ impl Topology {
             .copied()
             .filter(|n| *n != u32::MAX)
             .map(|c| c as usize)
+    }
+
+    pub fn cluster_of_cpu(&self, cpu: usize) -> Option<usize> {
+        self.cpu_cluster
+            .get(cpu)
+            .copied()
+            .filter(|n| *n != u32::MAX)
+            .map(|c| c as usize)
+    }
+
+    /// Position in `nodes` of the NUMA node of `cpu`.
+    pub fn node_index_of_cpu(&self, cpu: usize) -> Option<usize> {
+        let id = self.node_of_cpu(cpu)?;
+        self.nodes.iter().position(|n| n.id == id)
     }
 
     /// The deepest pool whose CPUs contain `cpus` (the root when nothing deeper does).
