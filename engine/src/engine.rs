@@ -132,6 +132,8 @@ pub struct Placement {
     pub updates: Vec<CpusetUpdate>,
 }
 
+// Returned by value on the container start path: boxing the placement would allocate.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Placed(Placement),

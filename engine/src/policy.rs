@@ -253,7 +253,7 @@ fn topology_aware(
                 .filter(|p| candidate(p))
                 .map(|p| (rank(e, p, limit, &device_nodes, prio), p.id)),
         );
-        ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        ranked.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
         for (_, id) in ranked {
             if let Some(ex) = pick_exclusive(e, id, n) {
                 let level = topo.pools[id].level;
@@ -375,6 +375,9 @@ fn pick_exclusive(e: &Engine, id: PoolId, n: usize) -> Option<CpuSet> {
     Some(picked)
 }
 
+/// Ranking key of a multi-node set: has room for the request, free capacity, lower start id.
+type SetKey = (bool, i64, std::cmp::Reverse<u32>);
+
 fn numa_aware(
     e: &Engine,
     req: &ContainerRequest,
@@ -444,7 +447,7 @@ fn numa_aware(
     // Several nodes: for k = 2.., the k nearest nodes from each start node; the smallest k
     // whose capacity holds the size, then the most free capacity.
     for k in 2..=nodes.len() {
-        let mut best: Option<((bool, i64, std::cmp::Reverse<u32>), NodeSet)> = None;
+        let mut best: Option<(SetKey, NodeSet)> = None;
         for start in &nodes {
             let Some(sn) = topo.node(start.0) else {
                 continue;

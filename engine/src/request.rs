@@ -244,7 +244,7 @@ impl ContainerRequest {
             return None;
         }
         let req = self.cpu_request_milli;
-        if req == 0 || req % 1000 != 0 || self.cpu_limit_milli.is_some_and(|l| l != req) {
+        if req == 0 || !req.is_multiple_of(1000) || self.cpu_limit_milli.is_some_and(|l| l != req) {
             return None;
         }
         Some((req / 1000) as usize)

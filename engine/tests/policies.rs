@@ -277,7 +277,7 @@ fn annotations_override_policy_level_and_memory() {
     );
     let p = placed(e.create(&a));
     assert_eq!(level_of(&e, &p), Level::Numa);
-    assert!(placed(e.create(&s)).cpus.len() > 0);
+    assert!(!placed(e.create(&s)).cpus.is_empty());
 }
 
 #[test]

@@ -122,7 +122,11 @@ fn request(slot: u8, qos: u8, req: u16, extra: u16, mem_gib: u8) -> ContainerReq
         cpu_limit_milli: limit,
         memory_limit_bytes: (mem_gib > 0).then(|| u64::from(mem_gib) << 30),
         // Some containers use the GPU of a fixture that has one.
-        device_nodes: if slot % 5 == 0 { vec![1] } else { Vec::new() },
+        device_nodes: if slot.is_multiple_of(5) {
+            vec![1]
+        } else {
+            Vec::new()
+        },
         ..Default::default()
     }
 }
