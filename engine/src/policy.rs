@@ -325,6 +325,17 @@ fn pick_exclusive(e: &Engine, id: PoolId, n: usize) -> Option<CpuSet> {
             (free == *c, group_free(c), c.first().unwrap_or(0), free)
         })
         .collect();
+    // Pools with shared containers must keep a CPU: CPUs whose taking would leave such a pool
+    // with none are passed over (so packing into the fullest cluster cannot starve it and fail
+    // the whole pool while other cores are free). Whenever the plain packed pick keeps every
+    // such pool a CPU, this picks exactly the same CPUs.
+    let guarded: Vec<CpuSet> = topo
+        .pools
+        .iter()
+        .filter(|p| e.pool_load(p.id).shared_containers > 0 && p.cpus.intersects(&avail))
+        .map(|p| e.shared_cpus(&p.cpus))
+        .collect();
+    let keeps = |set: &CpuSet| guarded.iter().all(|g| !g.difference(set).is_empty());
     let mut picked = CpuSet::new();
     // Whole cores, packed.
     cores.sort_unstable_by_key(|(whole, gfree, first, _)| (!*whole, *gfree, *first));
@@ -334,7 +345,10 @@ fn pick_exclusive(e: &Engine, id: PoolId, n: usize) -> Option<CpuSet> {
             break;
         }
         if *whole && free.len() <= need {
-            picked = picked.union(free);
+            let next = picked.union(free);
+            if keeps(&next) {
+                picked = next;
+            }
         }
     }
     // Remainder: split cores first, then whole ones.
@@ -345,7 +359,11 @@ fn pick_exclusive(e: &Engine, id: PoolId, n: usize) -> Option<CpuSet> {
                 if picked.len() == n {
                     break;
                 }
-                picked.insert(cpu);
+                let mut next = picked;
+                next.insert(cpu);
+                if keeps(&next) {
+                    picked = next;
+                }
             }
         }
     }
@@ -473,4 +491,48 @@ fn numa_aware(
         all.insert(n.0 as usize);
     }
     Some(choice_for(all))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::engine::{Engine, EngineConfig, Outcome};
+    use crate::request::ContainerRequest;
+    use crate::topology::{fixtures::machine, Topology};
+    use std::sync::Arc;
+
+    fn req(id: &str, request: u64, limit: u64) -> ContainerRequest {
+        ContainerRequest {
+            id: id.into(),
+            cpu_request_milli: request,
+            cpu_limit_milli: Some(limit),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn exclusive_cpus_pass_over_cores_that_would_starve_a_shared_cluster() {
+        // One socket, one NUMA node, clusters 0-3 and 4-7 (single-thread cores).
+        let topo = Arc::new(Topology::build(&machine(1, 1, 1, 2, 4)).unwrap());
+        let cfg = EngineConfig {
+            cluster_affinity: true,
+            ..EngineConfig::default()
+        };
+        let mut e = Engine::new(topo, cfg);
+        for id in ["a", "b"] {
+            match e.create(&req(id, 500, 1000)) {
+                Outcome::Placed(p) => assert_eq!(p.cpus.len(), 4, "{id} on a cluster"),
+                other => panic!("{other:?}"),
+            }
+        }
+        // A Guaranteed 4-CPU container fits neither cluster (3.5 CPUs free each); the socket
+        // can give 4 CPUs only by leaving each cluster one.
+        let Outcome::Placed(g) = e.create(&req("g", 4000, 4000)) else {
+            panic!("not placed");
+        };
+        assert!(g.exclusive, "{g:?}");
+        assert_eq!(g.cpus.len(), 4);
+        for id in ["a", "b"] {
+            assert!(!e.grant(id).unwrap().cpus.is_empty(), "{id} kept no CPU");
+        }
+    }
 }
