@@ -300,7 +300,11 @@ pub fn generate(p: &GenParams) -> Trace {
             warmup = Some(round_ms(t));
         }
         // Advance to the next departure.
-        let Some(next) = live.iter().map(|l| l.departure).min_by(|a, b| a.total_cmp(b)) else {
+        let Some(next) = live
+            .iter()
+            .map(|l| l.departure)
+            .min_by(|a, b| a.total_cmp(b))
+        else {
             break;
         };
         t = t.max(next) + 0.001;
@@ -359,7 +363,11 @@ mod tests {
             // Replay: requests never exceed the machine; limits reach the target.
             let mut events: Vec<(f64, i64, i64)> = Vec::new();
             for p in &t.pods {
-                let r: i64 = p.containers.iter().map(|c| c.effective_request() as i64).sum();
+                let r: i64 = p
+                    .containers
+                    .iter()
+                    .map(|c| c.effective_request() as i64)
+                    .sum();
                 let s: i64 = p.containers.iter().map(|c| size_milli(c) as i64).sum();
                 events.push((p.arrival_s, r, s));
                 events.push((p.departure_s.unwrap(), -r, -s));
@@ -373,7 +381,10 @@ mod tests {
                 peak = peak.max(s);
             }
             let target = (oc * 384_000.0) as i64;
-            assert!(peak >= target * 9 / 10, "oc {oc}: peak {peak} target {target}");
+            assert!(
+                peak >= target * 9 / 10,
+                "oc {oc}: peak {peak} target {target}"
+            );
         }
     }
 
@@ -381,8 +392,18 @@ mod tests {
     fn mix_is_roughly_as_asked() {
         let t = generate(&params(3, 2.0));
         let n = t.pods.len() as f64;
-        let be = t.pods.iter().filter(|p| p.qos == QosName::BestEffort).count() as f64 / n;
-        let g = t.pods.iter().filter(|p| p.qos == QosName::Guaranteed).count() as f64 / n;
+        let be = t
+            .pods
+            .iter()
+            .filter(|p| p.qos == QosName::BestEffort)
+            .count() as f64
+            / n;
+        let g = t
+            .pods
+            .iter()
+            .filter(|p| p.qos == QosName::Guaranteed)
+            .count() as f64
+            / n;
         assert!((0.12..0.30).contains(&be), "BestEffort share {be}");
         assert!((0.04..0.16).contains(&g), "Guaranteed share {g}");
     }

@@ -47,26 +47,26 @@ impl KubeletStatic {
     }
 
     /// Places a container: `(cpus, exclusive, cpuset updates of running containers)`, or
-    /// `Err` when admission would fail.
-    pub fn create(&mut self, req: &ContainerRequest) -> Result<(CpuSet, bool, usize), ()> {
+    /// `None` when admission would fail (the container is then counted on the shared pool).
+    pub fn create(&mut self, req: &ContainerRequest) -> Option<(CpuSet, bool, usize)> {
         let Some(n) = req.exclusive_cpus() else {
             self.shared += 1;
-            return Ok((self.shared_pool(), false, 0));
+            return Some((self.shared_pool(), false, 0));
         };
         let avail = self.shared_pool();
         // The shared pool must keep at least one CPU.
         if avail.len() <= n {
             self.shared += 1;
-            return Err(());
+            return None;
         }
         let Some(set) = self.take(avail, n) else {
             self.shared += 1;
-            return Err(());
+            return None;
         };
         self.taken = self.taken.union(&set);
         self.exclusive.insert(req.id.clone(), set);
         // The kubelet rewrites the cpuset of every container on the shared pool.
-        Ok((set, true, self.shared))
+        Some((set, true, self.shared))
     }
 
     /// Releases a container; returns the cpuset updates it causes.

@@ -11,7 +11,11 @@ use tap_sim::sim::{simulate_with, standard_policies, Machine, Outcomes};
 use tap_sim::trace::Trace;
 
 #[derive(Parser, Debug)]
-#[command(name = "tap-sim", version, about = "Replay a workload trace against a fixture topology and compare placement policies")]
+#[command(
+    name = "tap-sim",
+    version,
+    about = "Replay a workload trace against a fixture topology and compare placement policies"
+)]
 struct Args {
     /// sysfs root of the machine (a folder under shared/fixtures/sysfs).
     #[arg(long)]
@@ -147,7 +151,10 @@ fn main() -> Result<()> {
             })
             .collect();
         println!();
-        println!("sweep (seed {}): share within one NUMA node where one fits", args.seed);
+        println!(
+            "sweep (seed {}): share within one NUMA node where one fits",
+            args.seed
+        );
         let mut header = String::from("| policy |");
         let mut rows: Vec<String> = series.iter().map(|s| format!("| {} |", s.label)).collect();
         for oc in levels {
@@ -170,7 +177,10 @@ fn main() -> Result<()> {
         }
         plot(
             path,
-            &format!("tap-sim: locality vs overcommit on {} (seed {})", m.name, args.seed),
+            &format!(
+                "tap-sim: locality vs overcommit on {} (seed {})",
+                m.name, args.seed
+            ),
             &series,
         )?;
         println!();

@@ -18,7 +18,11 @@ pub fn plot(path: &std::path::Path, title: &str, series: &[Series]) -> anyhow::R
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.0))
         .fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
-    let (x0, x1) = if x0 <= x1 { (x0 - 0.1, x1 + 0.1) } else { (0.0, 3.5) };
+    let (x0, x1) = if x0 <= x1 {
+        (x0 - 0.1, x1 + 0.1)
+    } else {
+        (0.0, 3.5)
+    };
     let captions = [
         "containers within one NUMA node (%)",
         "within one NUMA node where one fit (%)",

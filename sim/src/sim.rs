@@ -83,7 +83,9 @@ impl Machine {
     }
 
     pub fn sockets_of(&self, cpus: &CpuSet) -> usize {
-        self.count(cpus, |c| self.cpu_socket.get(c).copied().unwrap_or(u32::MAX))
+        self.count(cpus, |c| {
+            self.cpu_socket.get(c).copied().unwrap_or(u32::MAX)
+        })
     }
 
     pub fn dies_of(&self, cpus: &CpuSet) -> usize {
@@ -197,6 +199,10 @@ pub struct Outcomes {
     pub imbalance: f64,
     /// Time-weighted mean overcommit (limits, or requests without limits, over CPUs).
     pub overcommit: f64,
+    /// Time-weighted mean of the live containers' CPU requests over the machine's CPUs.
+    pub request_util: f64,
+    /// Time-weighted mean of the fullest NUMA node's requests over its CPUs.
+    pub max_node_util: f64,
     /// Highest number of CPUs held exclusively at once.
     pub exclusive_peak: usize,
     /// Cpuset changes of other, running containers caused by decisions.
@@ -258,7 +264,10 @@ impl Outcomes {
             one_numa: share(self.placed.iter().filter(|p| p.numa_nodes == 1).count(), n),
             one_die: share(self.placed.iter().filter(|p| p.dies == 1).count(), n),
             one_socket: share(self.placed.iter().filter(|p| p.sockets == 1).count(), n),
-            one_numa_where_fits: share(fits.iter().filter(|p| p.numa_nodes == 1).count(), fits.len()),
+            one_numa_where_fits: share(
+                fits.iter().filter(|p| p.numa_nodes == 1).count(),
+                fits.len(),
+            ),
             spans_although_fits: share(fits.iter().filter(|p| p.numa_nodes > 1).count(), n),
             imbalance: self.imbalance,
             overcommit: self.overcommit,
@@ -362,7 +371,7 @@ impl Ledger {
 
 enum State {
     None,
-    Kubelet(KubeletStatic),
+    Kubelet(Box<KubeletStatic>),
     Engine(Box<Engine>),
 }
 
@@ -390,7 +399,7 @@ pub fn simulate_with(
     let all = topo.online;
     let mut state = match &run.policy {
         Policy::NoPinning => State::None,
-        Policy::KubeletStatic => State::Kubelet(KubeletStatic::new(topo.clone())),
+        Policy::KubeletStatic => State::Kubelet(Box::new(KubeletStatic::new(topo.clone()))),
         Policy::Engine(cfg) => State::Engine(Box::new(Engine::new(topo.clone(), cfg.clone()))),
     };
     let mut events: Vec<Event> = Vec::with_capacity(trace.pods.len() * 2);
@@ -423,6 +432,7 @@ pub fn simulate_with(
     let mut gpu_held: HashMap<String, Vec<usize>> = HashMap::new();
     let (w0, w1) = (trace.warmup_s, trace.last_arrival());
     let (mut imb_area, mut oc_area, mut span) = (0.0f64, 0.0f64, 0.0f64);
+    let (mut util_area, mut max_util_area) = (0.0f64, 0.0f64);
     let mut last_t = 0.0f64;
     let mut size_live: u64 = 0;
     let mut sizes: HashMap<String, u64> = HashMap::new();
@@ -439,6 +449,12 @@ pub fn simulate_with(
                 imb_area += i * dt;
             }
             oc_area += size_live as f64 / (machine.cpus() as f64 * 1000.0) * dt;
+            let total: u64 = ledger.req.iter().sum();
+            util_area += total as f64 / (machine.cpus() as f64 * 1000.0) * dt;
+            let max_util = (0..ledger.cap.len())
+                .map(|i| ledger.req[i] as f64 / (ledger.cap[i].max(1) * 1000) as f64)
+                .fold(0.0, f64::max);
+            max_util_area += max_util * dt;
             span += dt;
         }
         last_t = ev.time;
@@ -503,12 +519,12 @@ pub fn simulate_with(
             match &mut state {
                 State::None => {}
                 State::Kubelet(k) => match k.create(&req) {
-                    Ok((set, excl, n_updates)) => {
+                    Some((set, excl, n_updates)) => {
                         cpus = set;
                         exclusive = if excl { set.len() } else { 0 };
                         updates += n_updates;
                     }
-                    Err(()) => refused = true,
+                    None => refused = true,
                 },
                 State::Engine(e) => {
                     let mut best = u64::MAX;
@@ -572,6 +588,12 @@ pub fn simulate_with(
         placed,
         imbalance: if span > 0.0 { imb_area / span } else { 0.0 },
         overcommit: if span > 0.0 { oc_area / span } else { 0.0 },
+        request_util: if span > 0.0 { util_area / span } else { 0.0 },
+        max_node_util: if span > 0.0 {
+            max_util_area / span
+        } else {
+            0.0
+        },
         exclusive_peak: excl_peak,
         updates,
     }
@@ -605,7 +627,11 @@ mod tests {
                 id: node,
                 cpus: set,
                 memory_bytes: 8 << 30,
-                distances: if node == 0 { vec![10, 20] } else { vec![20, 10] },
+                distances: if node == 0 {
+                    vec![10, 20]
+                } else {
+                    vec![20, 10]
+                },
             });
         }
         let raw = RawTopology {
@@ -649,7 +675,10 @@ mod tests {
         // Each Pod charges 1 CPU of request to each node. The first three find a node with 2
         // CPUs of request free (4, 3, 2 free); the fourth finds 1 free on each: no single node.
         assert_eq!(
-            o.placed.iter().map(|p| p.single_possible).collect::<Vec<_>>(),
+            o.placed
+                .iter()
+                .map(|p| p.single_possible)
+                .collect::<Vec<_>>(),
             vec![true, true, true, false]
         );
         assert_eq!(s.one_numa_where_fits, 0.0);
@@ -678,7 +707,10 @@ mod tests {
         );
         // Ledger before d: c charged 1 CPU to each node -> 3 and 3 of 4: no single node.
         assert_eq!(
-            o.placed.iter().map(|p| p.single_possible).collect::<Vec<_>>(),
+            o.placed
+                .iter()
+                .map(|p| p.single_possible)
+                .collect::<Vec<_>>(),
             vec![true, true, true, false]
         );
         assert_eq!(s.one_numa, 0.75);

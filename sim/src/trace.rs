@@ -190,14 +190,15 @@ impl Trace {
 /// The QoS class Kubernetes gives a Pod with these containers (CPU and memory limits only;
 /// memory requests are not modelled and taken equal to the limit).
 pub fn implied_qos(containers: &[ContainerSpec]) -> QosName {
-    let none = containers
-        .iter()
-        .all(|c| c.cpu_request.unwrap_or(0) == 0 && c.cpu_limit.is_none() && c.memory_limit.is_none());
+    let none = containers.iter().all(|c| {
+        c.cpu_request.unwrap_or(0) == 0 && c.cpu_limit.is_none() && c.memory_limit.is_none()
+    });
     if none {
         return QosName::BestEffort;
     }
     let guaranteed = containers.iter().all(|c| {
-        c.cpu_limit.is_some_and(|l| l > 0 && c.cpu_request.is_none_or(|r| r == l))
+        c.cpu_limit
+            .is_some_and(|l| l > 0 && c.cpu_request.is_none_or(|r| r == l))
             && c.memory_limit.is_some()
     });
     if guaranteed {
@@ -264,7 +265,7 @@ pub fn parse_memory(s: &str) -> Option<u64> {
 
 /// Formats milli-CPU the way Kubernetes prints it (`"500m"`, `"2"`).
 pub fn format_cpu(milli: u64) -> String {
-    if milli % 1000 == 0 {
+    if milli.is_multiple_of(1000) {
         (milli / 1000).to_string()
     } else {
         format!("{milli}m")
@@ -274,7 +275,7 @@ pub fn format_cpu(milli: u64) -> String {
 /// Formats bytes with the largest binary suffix that divides them.
 pub fn format_memory(bytes: u64) -> String {
     for (suffix, shift) in [("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)] {
-        if bytes >= 1 << shift && bytes % (1u64 << shift) == 0 {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1u64 << shift) {
             return format!("{}{suffix}", bytes >> shift);
         }
     }
@@ -406,7 +407,10 @@ mod tests {
 
     #[test]
     fn rejects_inconsistent_or_malformed_traces() {
-        let bad_qos = SAMPLE.replace(r#""name": "g", "qos": "Guaranteed""#, r#""name": "g", "qos": "Burstable""#);
+        let bad_qos = SAMPLE.replace(
+            r#""name": "g", "qos": "Guaranteed""#,
+            r#""name": "g", "qos": "Burstable""#,
+        );
         let e = Trace::parse(&bad_qos).unwrap_err();
         assert!(e.to_string().contains("does not match"), "{e}");
 
@@ -422,6 +426,16 @@ mod tests {
 
         let unknown = SAMPLE.replace(r#""warmup_s": 5"#, r#""warmup": 5"#);
         assert!(matches!(Trace::parse(&unknown), Err(TraceError::Json(_))));
+    }
+
+    #[test]
+    fn shipped_example_trace_parses() {
+        let t = Trace::parse(include_str!("../traces/example.json")).unwrap();
+        assert_eq!(t.pods.len(), 4);
+        assert_eq!(t.pods[1].containers.len(), 2);
+        assert_eq!(t.pods[2].containers[0].gpus, 1);
+        assert_eq!(t.pods[2].departure_s, None);
+        assert_eq!(t.pods[3].namespace, "default");
     }
 
     #[test]
