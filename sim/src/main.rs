@@ -126,8 +126,9 @@ fn main() -> Result<()> {
     let results = run_all(&m, &trace, args.latency_repeats);
     if let Some(r) = results.first() {
         println!(
-            "measured overcommit in the window: {:.2}x (time-weighted)",
-            r.overcommit
+            "measured in the window (time-weighted): overcommit {:.2}x, CPU requests at {:.1}% of the machine",
+            r.overcommit,
+            r.request_util * 100.0
         );
     }
     println!(
@@ -157,22 +158,38 @@ fn main() -> Result<()> {
         );
         let mut header = String::from("| policy |");
         let mut rows: Vec<String> = series.iter().map(|s| format!("| {} |", s.label)).collect();
+        let mut imb_rows: Vec<String> = rows.clone();
         for oc in levels {
             let t = generate(&params(&args, &m, oc)?);
             let res = run_all(&m, &t, 1);
             let measured = res.first().map(|r| r.overcommit).unwrap_or(oc);
-            header.push_str(&format!(" {oc}x (measured {measured:.2}x) |"));
+            let util = res.first().map(|r| r.request_util).unwrap_or(0.0);
+            header.push_str(&format!(
+                " {oc}x (measured {measured:.2}x, requests {:.0}%) |",
+                util * 100.0
+            ));
             for (i, r) in res.iter().enumerate() {
                 let s = r.summary();
                 series[i]
                     .points
                     .push((measured, s.one_numa, s.one_numa_where_fits));
                 rows[i].push_str(&format!(" {:.1}% |", s.one_numa_where_fits * 100.0));
+                imb_rows[i].push_str(&format!(" {:.3} |", s.imbalance));
             }
         }
         println!("{header}");
         println!("|---|{}", "---:|".repeat(series[0].points.len()));
         for r in rows {
+            println!("{r}");
+        }
+        println!();
+        println!(
+            "sweep (seed {}): NUMA imbalance (max/mean of requested CPUs)",
+            args.seed
+        );
+        println!("{header}");
+        println!("|---|{}", "---:|".repeat(series[0].points.len()));
+        for r in imb_rows {
             println!("{r}");
         }
         plot(
