@@ -56,7 +56,7 @@ pub fn plot(path: &std::path::Path, title: &str, series: &[Series]) -> anyhow::R
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::LowerLeft)
+            .position(SeriesLabelPosition::MiddleMiddle)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()?;
