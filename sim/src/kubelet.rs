@@ -42,7 +42,8 @@ impl KubeletStatic {
         }
     }
 
-    fn shared_pool(&self) -> CpuSet {
+    /// The shared pool: every CPU not held exclusively.
+    pub fn shared_pool(&self) -> CpuSet {
         self.topo.online.difference(&self.taken)
     }
 

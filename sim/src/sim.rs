@@ -298,6 +298,8 @@ struct Ledger {
     excl: Vec<u64>,
     /// Per container: (node index, milli-CPU charged, exclusive CPUs on that node).
     charges: HashMap<String, Vec<(usize, u64, u64)>>,
+    /// Per container: its request and whether its CPUs are exclusive.
+    meta: HashMap<String, (u64, bool)>,
 }
 
 impl Ledger {
@@ -308,6 +310,7 @@ impl Ledger {
             excl: vec![0; cap.len()],
             cap,
             charges: HashMap::new(),
+            meta: HashMap::new(),
         }
     }
 
@@ -347,9 +350,20 @@ impl Ledger {
             out.push((*idx, r, ex));
         }
         self.charges.insert(id.to_string(), out);
+        self.meta.insert(id.to_string(), (request, exclusive));
+    }
+
+    /// A running container's cpuset changed (exclusive CPUs taken from or returned to its
+    /// pool): its request now spreads over the new cpuset.
+    fn recharge(&mut self, m: &Machine, id: &str, cpus: &CpuSet) {
+        if let Some((request, exclusive)) = self.meta.get(id).copied() {
+            self.uncharge(id);
+            self.charge(m, id, cpus, request, exclusive);
+        }
     }
 
     fn uncharge(&mut self, id: &str) {
+        self.meta.remove(id);
         if let Some(v) = self.charges.remove(id) {
             for (idx, r, ex) in v {
                 self.req[idx] -= r;
@@ -439,6 +453,7 @@ pub fn simulate_with(
     let mut excl_now = 0usize;
     let mut excl_peak = 0usize;
     let mut excl_of: HashMap<String, usize> = HashMap::new();
+    let mut kubelet_shared: std::collections::HashSet<String> = Default::default();
 
     for ev in &events {
         // Time-weighted figures over [w0, w1].
@@ -472,8 +487,24 @@ pub fn simulate_with(
                 }
                 match &mut state {
                     State::None => {}
-                    State::Kubelet(k) => updates += k.remove(&id),
-                    State::Engine(e) => updates += e.remove(&id).len(),
+                    State::Kubelet(k) => {
+                        kubelet_shared.remove(&id);
+                        let n = k.remove(&id);
+                        if n > 0 {
+                            updates += n;
+                            let pool = k.shared_pool();
+                            for s in &kubelet_shared {
+                                ledger.recharge(machine, s, &pool);
+                            }
+                        }
+                    }
+                    State::Engine(e) => {
+                        let ups = e.remove(&id);
+                        updates += ups.len();
+                        for u in &ups {
+                            ledger.recharge(machine, &u.container_id, &u.cpus);
+                        }
+                    }
                 }
                 continue;
             }
@@ -523,6 +554,12 @@ pub fn simulate_with(
                         cpus = set;
                         exclusive = if excl { set.len() } else { 0 };
                         updates += n_updates;
+                        if excl {
+                            let pool = k.shared_pool();
+                            for s in &kubelet_shared {
+                                ledger.recharge(machine, s, &pool);
+                            }
+                        }
                     }
                     None => refused = true,
                 },
@@ -548,6 +585,9 @@ pub fn simulate_with(
                                 Reason::Fallback | Reason::ForcedLevelUnavailable(_)
                             );
                             updates += p.updates.len();
+                            for u in &p.updates {
+                                ledger.recharge(machine, &u.container_id, &u.cpus);
+                            }
                         }
                         // Fail open: the container runs unadjusted, on all CPUs.
                         Outcome::Skipped(_) => refused = true,
@@ -555,6 +595,9 @@ pub fn simulate_with(
                 }
             }
             ledger.charge(machine, &id, &cpus, request, exclusive > 0);
+            if matches!(state, State::Kubelet(_)) && exclusive == 0 {
+                kubelet_shared.insert(id.clone());
+            }
             size_live += size;
             sizes.insert(id.clone(), size);
             if exclusive > 0 {
@@ -754,6 +797,36 @@ mod tests {
         assert!(o.placed[3].refused);
         assert_eq!(s.refused, 1);
         assert_eq!(s.exclusive_peak, 2);
+    }
+
+    #[test]
+    fn ledger_follows_cpuset_changes_of_running_containers() {
+        // b (1 CPU, shared) spreads over all 8 CPUs; g then takes CPUs 0-1 exclusively, so b
+        // runs on 2-7: 2/6 of its request on node 0, 4/6 on node 1. Window [2, 3]:
+        // node 0 = 2000 + 333, node 1 = 667 -> max/mean = 2333 / 1500.
+        let m = tiny_machine();
+        let t = Trace::parse(
+            r#"{"name": "k", "warmup_s": 2, "pods": [
+          {"name": "b", "qos": "Burstable", "arrival_s": 0, "containers": [{"name": "c", "cpu_request": "1"}]},
+          {"name": "g", "qos": "Guaranteed", "arrival_s": 1, "containers": [{"name": "c", "cpu_limit": "2", "memory_limit": "1Gi"}]},
+          {"name": "e", "qos": "BestEffort", "arrival_s": 3, "containers": [{"name": "c"}]}
+        ]}"#,
+        )
+        .unwrap();
+        let o = simulate(
+            &m,
+            &t,
+            &PolicyRun {
+                label: "k".into(),
+                policy: Policy::KubeletStatic,
+            },
+        );
+        assert!(
+            (o.imbalance - 2333.0 / 1500.0).abs() < 1e-9,
+            "{}",
+            o.imbalance
+        );
+        assert_eq!(o.updates, 1);
     }
 
     #[test]
