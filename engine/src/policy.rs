@@ -323,11 +323,32 @@ fn pick_exclusive(e: &Engine, id: PoolId, n: usize) -> Option<CpuSet> {
                 .unwrap_or(0),
         }
     };
+    // (whole core free, free CPUs in its group, first cpu) for every core with a free CPU.
     let mut cores: Vec<(bool, usize, usize, CpuSet)> = Vec::with_capacity(topo.cores.len());
     cores.extend(topo.cores.iter().filter(|c| c.intersects(&avail)).map(|c| {
         let free = c.intersection(&avail);
         (free == *c, group_of(c), c.first().unwrap_or(0), free)
     }));
+    // Pools and NUMA nodes with shared containers must keep a CPU (topology-aware spans are
+    // pools, numa-aware spans are unions of nodes): CPUs whose taking would leave one with none
+    // are passed over, so packing into the fullest cluster cannot starve it and fail the whole
+    // pool while other cores are free. Whenever the plain packed pick keeps every such set a
+    // CPU, this picks exactly the same CPUs.
+    let mut guarded: Vec<CpuSet> = Vec::with_capacity(topo.pools.len() + topo.nodes.len());
+    guarded.extend(
+        topo.pools
+            .iter()
+            .filter(|p| e.pool_load(p.id).shared_containers > 0 && p.cpus.intersects(&avail))
+            .map(|p| e.shared_cpus(&p.cpus)),
+    );
+    guarded.extend(
+        topo.nodes
+            .iter()
+            .zip(e.node_load())
+            .filter(|(n, l)| l.shared > 0 && n.cpus.intersects(&avail))
+            .map(|(n, _)| e.shared_cpus(&n.cpus)),
+    );
+    let keeps = |set: &CpuSet| guarded.iter().all(|g| !g.difference(set).is_empty());
     let mut picked = CpuSet::new();
     // Whole cores, packed.
     cores.sort_unstable_by_key(|(whole, gfree, first, _)| (!*whole, *gfree, *first));
@@ -337,7 +358,10 @@ fn pick_exclusive(e: &Engine, id: PoolId, n: usize) -> Option<CpuSet> {
             break;
         }
         if *whole && free.len() <= need {
-            picked = picked.union(free);
+            let next = picked.union(free);
+            if keeps(&next) {
+                picked = next;
+            }
         }
     }
     // Remainder: split cores first, then whole ones.
@@ -348,29 +372,16 @@ fn pick_exclusive(e: &Engine, id: PoolId, n: usize) -> Option<CpuSet> {
                 if picked.len() == n {
                     break;
                 }
-                picked.insert(cpu);
+                let mut next = picked;
+                next.insert(cpu);
+                if keeps(&next) {
+                    picked = next;
+                }
             }
         }
     }
     if picked.len() != n {
         return None;
-    }
-    // Every pool and every NUMA node with shared containers must keep a CPU (topology-aware
-    // spans are pools, numa-aware spans are unions of nodes).
-    let after = e.taken().union(&picked);
-    let keeps_a_cpu = |cpus: &CpuSet| !cpus.intersection(e.usable()).difference(&after).is_empty();
-    for p in &topo.pools {
-        if e.pool_load(p.id).shared_containers > 0
-            && p.cpus.intersects(&picked)
-            && !keeps_a_cpu(&p.cpus)
-        {
-            return None;
-        }
-    }
-    for (n, load) in topo.nodes.iter().zip(e.node_load()) {
-        if load.shared > 0 && n.cpus.intersects(&picked) && !keeps_a_cpu(&n.cpus) {
-            return None;
-        }
     }
     Some(picked)
 }
@@ -479,4 +490,48 @@ fn numa_aware(
         all.insert(n.0 as usize);
     }
     Some(choice_for(all))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::engine::{Engine, EngineConfig, Outcome};
+    use crate::request::ContainerRequest;
+    use crate::topology::{fixtures::machine, Topology};
+    use std::sync::Arc;
+
+    fn req(id: &str, request: u64, limit: u64) -> ContainerRequest {
+        ContainerRequest {
+            id: id.into(),
+            cpu_request_milli: request,
+            cpu_limit_milli: Some(limit),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn exclusive_cpus_pass_over_cores_that_would_starve_a_shared_cluster() {
+        // One socket, one NUMA node, clusters 0-3 and 4-7 (single-thread cores).
+        let topo = Arc::new(Topology::build(&machine(1, 1, 1, 2, 4)).unwrap());
+        let cfg = EngineConfig {
+            cluster_affinity: true,
+            ..EngineConfig::default()
+        };
+        let mut e = Engine::new(topo, cfg);
+        for id in ["a", "b"] {
+            match e.create(&req(id, 500, 1000)) {
+                Outcome::Placed(p) => assert_eq!(p.cpus.len(), 4, "{id} on a cluster"),
+                other => panic!("{other:?}"),
+            }
+        }
+        // A Guaranteed 4-CPU container fits neither cluster (3.5 CPUs free each); the socket
+        // can give 4 CPUs only by leaving each cluster one.
+        let Outcome::Placed(g) = e.create(&req("g", 4000, 4000)) else {
+            panic!("not placed");
+        };
+        assert!(g.exclusive, "{g:?}");
+        assert_eq!(g.cpus.len(), 4);
+        for id in ["a", "b"] {
+            assert!(!e.grant(id).unwrap().cpus.is_empty(), "{id} kept no CPU");
+        }
+    }
 }

@@ -1,0 +1,10 @@
+//! `tap-sim`: replays a workload trace against a fixture topology and compares placement
+//! quality of no pinning, the kubelet's static CPU manager, and the kunpeng-tap policies.
+//! See `docs/sim.md` for the trace format, the metrics and the measured results.
+
+pub mod gen;
+pub mod kubelet;
+pub mod plot;
+pub mod report;
+pub mod sim;
+pub mod trace;

@@ -1,0 +1,207 @@
+//! `tap-sim`: placement quality of no pinning, the kubelet's static CPU manager and the
+//! kunpeng-tap policies on a workload trace. See docs/sim.md.
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use std::path::PathBuf;
+use tap_sim::gen::{generate, GenParams};
+use tap_sim::plot::{plot, Series};
+use tap_sim::report::table;
+use tap_sim::sim::{simulate_with, standard_policies, Machine, Outcomes};
+use tap_sim::trace::Trace;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tap-sim",
+    version,
+    about = "Replay a workload trace against a fixture topology and compare placement policies"
+)]
+struct Args {
+    /// sysfs root of the machine (a folder under shared/fixtures/sysfs).
+    #[arg(long)]
+    sysfs: PathBuf,
+    /// Trace file (JSON, see docs/sim.md). Without it a trace is generated.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Generator seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Generator target overcommit (sum of CPU limits of live containers / CPUs).
+    #[arg(long, default_value_t = 2.0)]
+    overcommit: f64,
+    /// Generator: Pod arrivals.
+    #[arg(long, default_value_t = 3000)]
+    pods: usize,
+    /// Generator: percent Burstable,BestEffort,Guaranteed.
+    #[arg(long, default_value = "70,20,10")]
+    mix: String,
+    /// Write the trace used (generated or read) to this file.
+    #[arg(long)]
+    write_trace: Option<PathBuf>,
+    /// Write an SVG plot of locality against overcommit (runs the --sweep).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Time each engine decision this many times (extra runs on a copy of the state) and keep
+    /// the fastest, to take scheduler noise out of the latency figures; 1 = single shot.
+    #[arg(long, default_value_t = 1)]
+    latency_repeats: usize,
+    /// Overcommit targets of the sweep for --plot.
+    #[arg(long, default_value = "1,1.5,2,2.5,3")]
+    sweep: String,
+}
+
+fn parse_list<T: std::str::FromStr>(s: &str, what: &str) -> Result<Vec<T>> {
+    s.split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<T>()
+                .map_err(|_| anyhow::anyhow!("bad {what} value {x:?}"))
+        })
+        .collect()
+}
+
+fn params(args: &Args, m: &Machine, overcommit: f64) -> Result<GenParams> {
+    let mix: Vec<u32> = parse_list(&args.mix, "--mix")?;
+    if mix.len() != 3 || mix.iter().sum::<u32>() == 0 {
+        bail!("--mix needs three percentages: Burstable,BestEffort,Guaranteed");
+    }
+    let mut p = GenParams::new(args.seed, m.cpus() as u64, m.memory_bytes(), overcommit);
+    p.pods = args.pods;
+    p.mix = [mix[0], mix[1], mix[2]];
+    p.gpus = m.gpus.len() as u32;
+    Ok(p)
+}
+
+fn run_all(m: &Machine, t: &Trace, repeats: usize) -> Vec<Outcomes> {
+    standard_policies()
+        .iter()
+        .map(|p| simulate_with(m, t, p, repeats.max(1)))
+        .collect()
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let raw = tap_engine::sysfs::discover_dir(&args.sysfs)
+        .with_context(|| format!("discovering topology under {}", args.sysfs.display()))?;
+    let name = args
+        .sysfs
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let m = Machine::new(&name, &raw)?;
+    let trace = match &args.trace {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            Trace::parse(&text).with_context(|| format!("parsing {}", path.display()))?
+        }
+        None => generate(&params(&args, &m, args.overcommit)?),
+    };
+    if let Some(path) = &args.write_trace {
+        std::fs::write(path, trace.to_json())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let containers: usize = trace.pods.iter().map(|p| p.containers.len()).sum();
+    println!(
+        "machine: {} ({} CPUs, {} sockets, {} dies, {} NUMA nodes, {} clusters, {} GPUs)",
+        m.name,
+        m.cpus(),
+        m.topo.sockets,
+        m.topo.dies,
+        m.topo.cpu_nodes().count(),
+        m.topo.clusters.len(),
+        m.gpus.len()
+    );
+    println!(
+        "trace: {} ({} pods, {} containers; window {:.1}-{:.1} s)",
+        trace.name,
+        trace.pods.len(),
+        containers,
+        trace.warmup_s,
+        trace.last_arrival()
+    );
+    if !trace.description.is_empty() {
+        println!("  {}", trace.description);
+    }
+    let results = run_all(&m, &trace, args.latency_repeats);
+    if let Some(r) = results.first() {
+        println!(
+            "measured in the window (time-weighted): overcommit {:.2}x, CPU requests at {:.1}% of the machine",
+            r.overcommit,
+            r.request_util * 100.0
+        );
+    }
+    println!(
+        "decision latency: {}",
+        if args.latency_repeats > 1 {
+            format!("fastest of {} timings per decision", args.latency_repeats)
+        } else {
+            "one timing per decision".to_string()
+        }
+    );
+    println!();
+    print!("{}", table(&results));
+
+    if let Some(path) = &args.plot {
+        let levels: Vec<f64> = parse_list(&args.sweep, "--sweep")?;
+        let mut series: Vec<Series> = standard_policies()
+            .iter()
+            .map(|p| Series {
+                label: p.label.clone(),
+                points: Vec::new(),
+            })
+            .collect();
+        println!();
+        println!(
+            "sweep (seed {}): share within one NUMA node where one fits",
+            args.seed
+        );
+        let mut header = String::from("| policy |");
+        let mut rows: Vec<String> = series.iter().map(|s| format!("| {} |", s.label)).collect();
+        let mut imb_rows: Vec<String> = rows.clone();
+        for oc in levels {
+            let t = generate(&params(&args, &m, oc)?);
+            let res = run_all(&m, &t, 1);
+            let measured = res.first().map(|r| r.overcommit).unwrap_or(oc);
+            let util = res.first().map(|r| r.request_util).unwrap_or(0.0);
+            header.push_str(&format!(
+                " {oc}x (measured {measured:.2}x, requests {:.0}%) |",
+                util * 100.0
+            ));
+            for (i, r) in res.iter().enumerate() {
+                let s = r.summary();
+                series[i]
+                    .points
+                    .push((measured, s.one_numa, s.one_numa_where_fits));
+                rows[i].push_str(&format!(" {:.1}% |", s.one_numa_where_fits * 100.0));
+                imb_rows[i].push_str(&format!(" {:.3} |", s.imbalance));
+            }
+        }
+        println!("{header}");
+        println!("|---|{}", "---:|".repeat(series[0].points.len()));
+        for r in rows {
+            println!("{r}");
+        }
+        println!();
+        println!(
+            "sweep (seed {}): NUMA imbalance (max/mean of requested CPUs)",
+            args.seed
+        );
+        println!("{header}");
+        println!("|---|{}", "---:|".repeat(series[0].points.len()));
+        for r in imb_rows {
+            println!("{r}");
+        }
+        plot(
+            path,
+            &format!(
+                "tap-sim: locality vs overcommit on {} (seed {})",
+                m.name, args.seed
+            ),
+            &series,
+        )?;
+        println!();
+        println!("plot written to {}", path.display());
+    }
+    Ok(())
+}
