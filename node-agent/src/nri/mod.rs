@@ -1,5 +1,7 @@
 //! NRI plugin mode.
 
+mod proto;
+
 use crate::agent::Agent;
 use crate::flags::Flags;
 use std::sync::Arc;
