@@ -225,7 +225,10 @@ mod tests {
         assert_eq!(info.memory_limit, Some(1 << 30));
         assert_eq!(info.cpus.as_deref(), Some("0-3"));
         assert_eq!(info.env, vec!["VA_VISIBLE_DEVICES=0".to_string()]);
-        assert_eq!(info.annotations.get(GRANT_KEY).map(String::as_str), Some("rec"));
+        assert_eq!(
+            info.annotations.get(GRANT_KEY).map(String::as_str),
+            Some("rec")
+        );
     }
 
     #[test]
@@ -257,7 +260,10 @@ mod tests {
         assert_eq!(cpu.mems, "0");
         assert!(cpu.shares.is_none() && cpu.quota.is_none());
         assert!(out.linux.resources.memory.is_none());
-        assert_eq!(out.annotations.get(GRANT_KEY).map(String::as_str), Some("r1"));
+        assert_eq!(
+            out.annotations.get(GRANT_KEY).map(String::as_str),
+            Some("r1")
+        );
         let u = container_update(&Update {
             container_id: "o".into(),
             cpus: "24-47".into(),

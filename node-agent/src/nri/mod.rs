@@ -20,6 +20,7 @@ pub mod proto;
 use crate::agent::{Agent, ContainerInfo};
 use crate::flags::Flags;
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use proto::{
     ConfigureRequest, ConfigureResponse, CreateContainerRequest, CreateContainerResponse, Empty,
     Event, RegisterPluginRequest, RuntimeClient, StateChangeEvent, StopContainerRequest,
@@ -27,7 +28,6 @@ use proto::{
     UpdateContainerResponse, UpdateContainersRequest,
 };
 use std::collections::HashMap;
-use futures_util::StreamExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -101,7 +101,10 @@ impl NriPlugin {
         match tokio::time::timeout(self.budget(), &mut task).await {
             Ok(Ok(v)) => Some(v),
             Ok(Err(e)) => {
-                tracing::error!(hook, "NRI hook failed: {e}; leaving the container unchanged");
+                tracing::error!(
+                    hook,
+                    "NRI hook failed: {e}; leaving the container unchanged"
+                );
                 self.agent.metrics().count_error(hook, "internal");
                 None
             }
@@ -128,7 +131,12 @@ impl NriPlugin {
         if ups.is_empty() {
             return;
         }
-        let Some(client) = self.runtime.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
+        let Some(client) = self
+            .runtime
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        else {
             tracing::warn!(
                 updates = ups.len(),
                 "no runtime connection for unsolicited updates"
@@ -280,14 +288,14 @@ impl proto::Plugin for NriPlugin {
             .unwrap_or_default();
         let mut resp = UpdateContainerResponse::new();
         if let Some(cpus) = adj.cpus.clone() {
-            resp.update.push(convert::container_update(&crate::agent::Update {
-                container_id: id,
-                cpus,
-                mems: adj.mems.clone(),
-            }));
+            resp.update
+                .push(convert::container_update(&crate::agent::Update {
+                    container_id: id,
+                    cpus,
+                    mems: adj.mems.clone(),
+                }));
         }
-        resp.update
-            .extend(convert::container_updates(&adj.updates));
+        resp.update.extend(convert::container_updates(&adj.updates));
         Ok(resp)
     }
 
@@ -330,7 +338,11 @@ enum SessionEnd {
 }
 
 /// Runs until `shutdown` is cancelled: connect, register, serve; reconnect with backoff.
-pub async fn run(flags: &Flags, agent: Arc<Agent>, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    flags: &Flags,
+    agent: Arc<Agent>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let socket = flags.nri_socket_path.clone();
     let name = flags.nri_plugin_name.clone();
     let idx = flags.nri_plugin_index.clone();
@@ -449,10 +461,7 @@ mod tests {
     #[test]
     fn hook_budget_is_below_the_request_timeout() {
         assert_eq!(hook_budget(Duration::ZERO), Duration::from_millis(1500));
-        assert_eq!(
-            hook_budget(Duration::from_secs(4)),
-            Duration::from_secs(3)
-        );
+        assert_eq!(hook_budget(Duration::from_secs(4)), Duration::from_secs(3));
         assert!(hook_budget(DEFAULT_REQUEST_TIMEOUT) < DEFAULT_REQUEST_TIMEOUT);
     }
 }
