@@ -370,9 +370,9 @@ async fn nri_places_containers_through_containerd() {
     // whatever it decided, the container gets exactly that and no capacity is used.
     let usage_before = agent.numa_usage().unwrap();
     let p = placement(&mut cri, &id).await.unwrap();
-    if p.record.is_some() {
+    if let Some(rec) = &p.record {
         assert_placed_on_node(&p, "besteffort");
-        assert_eq!(p.record.as_ref().unwrap()["r"], "0", "{p:?}");
+        assert_eq!(rec["r"], "0", "{p:?}");
     } else {
         assert_untouched(&p, "besteffort");
     }
