@@ -172,13 +172,19 @@ impl Agent {
         }
     }
 
-    /// `tap_topology_node_usage` per NUMA zone, from /metrics.
-    fn numa_usage(&self) -> Result<HashMap<String, f64>> {
+    /// The agent's /metrics text.
+    fn metrics_text(&self) -> Result<String> {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port))?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
         let mut body = String::new();
         s.read_to_string(&mut body)?;
+        Ok(body)
+    }
+
+    /// `tap_topology_node_usage` per NUMA zone, from /metrics.
+    fn numa_usage(&self) -> Result<HashMap<String, f64>> {
+        let body = self.metrics_text()?;
         let mut out = HashMap::new();
         for line in body.lines() {
             if !line.starts_with("tap_topology_node_usage{") || !line.contains("level=\"numa\"") {
@@ -412,6 +418,23 @@ async fn nri_places_containers_through_containerd() {
     let p = placement(&mut cri, &id).await.unwrap();
     assert_placed_on_node(&p, "malformed annotation");
     assert!(agent.log_text().contains("ignoring annotation"));
+    let m = agent.metrics_text().unwrap();
+    assert!(
+        m.lines().any(|l| l.starts_with("tap_errors_total{")
+            && l.contains("kind=\"annotation\"")
+            && !l.ends_with(" 0")),
+        "the bad annotation is counted:\n{m}"
+    );
+
+    // UpdateContainer: new resources re-place the container (8/8 now), the usage follows.
+    let before: f64 = agent.numa_usage().unwrap().values().sum();
+    let mut spec = ContainerSpec::cpus("app", 8000, Some(8000));
+    spec.memory_limit_bytes = None;
+    cri.update_resources(&id, spec.resources()).await.unwrap();
+    let after: f64 = agent.numa_usage().unwrap().values().sum();
+    assert_eq!(after - before, 4.0, "update re-charged 8 instead of 4 CPUs");
+    let p = placement(&mut cri, &id).await.unwrap();
+    assert!(!p.spec_cpus.is_empty() && p.cgroup_cpus == p.spec_cpus, "{p:?}");
 
     cri.remove_all_pods().await.unwrap();
     let usage = agent.numa_usage().unwrap();

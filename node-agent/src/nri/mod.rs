@@ -250,6 +250,12 @@ impl proto::Plugin for NriPlugin {
         req: CreateContainerRequest,
     ) -> ttrpc::Result<CreateContainerResponse> {
         let info = convert::container_info(req.pod.as_ref(), req.container.get_or_default());
+        let mut resp = CreateContainerResponse::new();
+        if info.id.is_empty() {
+            tracing::warn!("CreateContainer without a container id; leaving it unchanged");
+            self.agent.metrics().count_error("create", "input");
+            return Ok(resp);
+        }
         let id = info.id.clone();
         let adj = self
             .run_hook(
@@ -264,7 +270,6 @@ impl proto::Plugin for NriPlugin {
             )
             .await
             .unwrap_or_default();
-        let mut resp = CreateContainerResponse::new();
         if let Some(a) = convert::adjustment(&adj) {
             resp.adjust = Some(a).into();
         }
@@ -282,6 +287,9 @@ impl proto::Plugin for NriPlugin {
             convert::apply_resources(&mut info, r);
         }
         let id = info.id.clone();
+        if id.is_empty() {
+            return Ok(UpdateContainerResponse::new());
+        }
         let adj = self
             .run_hook("update", move |a| a.update(&info), |_, _| {})
             .await
