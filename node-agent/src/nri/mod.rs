@@ -395,12 +395,18 @@ async fn session(
         Ok(s) => s,
         Err(e) => return SessionEnd::Lost(format!("connecting to {}: {e}", socket.display())),
     };
-    let trunk = mux::Mux::new(stream);
+    // Both logical connections exist before the first frame is read.
+    let (trunk, mut conns) = mux::Mux::with_conns(
+        stream,
+        &[mux::PLUGIN_SERVICE_CONN, mux::RUNTIME_SERVICE_CONN],
+    );
+    let (Some(conn2), Some(conn1)) = (conns.pop(), conns.pop()) else {
+        return SessionEnd::Lost("internal: mux connections".into());
+    };
     let plugin = Arc::new(NriPlugin::new(agent.clone()));
 
     // Serve the Plugin service on connection 1 before registering: the runtime calls
     // Configure as soon as it has our registration.
-    let conn1 = trunk.open(mux::PLUGIN_SERVICE_CONN);
     let listener = Listener::new(
         futures_util::stream::once(async move { Ok::<_, std::io::Error>(conn1) })
             .chain(futures_util::stream::pending()),
@@ -413,9 +419,7 @@ async fn session(
         trunk.close();
         return SessionEnd::Lost(format!("starting the ttrpc server: {e}"));
     }
-    let client = RuntimeClient::new(Client::new(Socket::new(
-        trunk.open(mux::RUNTIME_SERVICE_CONN),
-    )));
+    let client = RuntimeClient::new(Client::new(Socket::new(conn2)));
     *plugin.runtime.lock().unwrap_or_else(|p| p.into_inner()) = Some(client.clone());
 
     let mut reg = RegisterPluginRequest::new();
@@ -452,6 +456,210 @@ async fn session(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Metrics;
+    use proto::nri_ttrpc::{create_runtime, PluginClient, Runtime};
+    use tap_engine::sysfs::discover_dir;
+    use tap_engine::{Engine, EngineConfig, Topology};
+
+    fn test_agent() -> Arc<Agent> {
+        let base = std::env::var_os("TAP_FIXTURES")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/sysfs")
+            });
+        let raw = discover_dir(&base.join("synthetic-2s-4numa-96c-gpu")).unwrap();
+        let topo = Arc::new(Topology::build(&raw).unwrap());
+        Arc::new(Agent::new(
+            Engine::new(topo, EngineConfig::default()),
+            Arc::new(Metrics::new()),
+            None,
+            "NRI",
+        ))
+    }
+
+    /// The runtime side of the handshake: records RegisterPlugin.
+    struct FakeRuntime {
+        registered: tokio::sync::mpsc::UnboundedSender<(String, String)>,
+    }
+
+    #[async_trait]
+    impl Runtime for FakeRuntime {
+        async fn register_plugin(
+            &self,
+            _ctx: &TtrpcContext,
+            req: RegisterPluginRequest,
+        ) -> ttrpc::Result<Empty> {
+            let _ = self.registered.send((req.plugin_name, req.plugin_idx));
+            Ok(Empty::new())
+        }
+    }
+
+    fn burstable(id: &str, annotations: usize) -> proto::Container {
+        let mut shares = proto::OptionalUInt64::new();
+        shares.value = 4096;
+        let mut quota = proto::OptionalInt64::new();
+        quota.value = 800_000;
+        let mut period = proto::OptionalUInt64::new();
+        period.value = 100_000;
+        let mut cpu = proto::LinuxCPU::new();
+        cpu.shares = Some(shares).into();
+        cpu.quota = Some(quota).into();
+        cpu.period = Some(period).into();
+        let mut res = proto::LinuxResources::new();
+        res.cpu = Some(cpu).into();
+        let mut linux = proto::LinuxContainer::new();
+        linux.resources = Some(res).into();
+        let mut c = proto::Container::new();
+        c.id = id.into();
+        c.name = "app".into();
+        c.pod_sandbox_id = "sb".into();
+        c.linux = Some(linux).into();
+        for i in 0..annotations {
+            c.annotations.insert(format!("k{i}"), "v".repeat(64));
+        }
+        c
+    }
+
+    fn pod() -> proto::PodSandbox {
+        let mut p = proto::PodSandbox::new();
+        p.id = "sb".into();
+        p.name = "web".into();
+        p.uid = "u1".into();
+        p.namespace = "default".into();
+        let mut l = proto::LinuxPodSandbox::new();
+        l.cgroup_parent = "/kubepods/burstable/podu1".into();
+        p.linux = Some(l).into();
+        p
+    }
+
+    /// A whole session over a real Unix socket with the NRI mux on both ends: register,
+    /// Configure, a large Synchronize (many frames), CreateContainer, then the runtime goes
+    /// away and the session ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn session_registers_configures_syncs_and_places() {
+        let dir = std::env::temp_dir().join(format!("tap-nri-unit-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let sock = dir.join("nri.sock");
+        let _ = std::fs::remove_file(&sock);
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let agent = test_agent();
+        let stop = CancellationToken::new();
+        let plugin_side = {
+            let (sock, agent, stop) = (sock.clone(), agent.clone(), stop.clone());
+            tokio::spawn(async move { session(&sock, "kunpeng-tap", "10", agent, stop).await })
+        };
+
+        let (stream, _) = listener.accept().await.unwrap();
+        // The runtime serves conn 2 and calls the plugin on conn 1.
+        let (trunk, mut conns) = mux::Mux::with_conns(
+            stream,
+            &[mux::RUNTIME_SERVICE_CONN, mux::PLUGIN_SERVICE_CONN],
+        );
+        let conn1 = conns.pop().unwrap();
+        let conn2 = conns.pop().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut server = Server::new()
+            .register_service(create_runtime(Arc::new(FakeRuntime { registered: tx })))
+            .add_listener(Listener::new(
+                futures_util::stream::once(async move { Ok::<_, std::io::Error>(conn2) })
+                    .chain(futures_util::stream::pending()),
+            ));
+        server.start().await.unwrap();
+        let plugin = PluginClient::new(Client::new(Socket::new(conn1)));
+        let (name, idx) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((name.as_str(), idx.as_str()), ("kunpeng-tap", "10"));
+
+        let ctx = || ttrpc::context::with_timeout(2_000_000_000);
+        let mut cfg = ConfigureRequest::new();
+        cfg.runtime_name = "fake".into();
+        let r = plugin.configure(ctx(), &cfg).await.unwrap();
+        assert_eq!(r.events, 0x688);
+
+        // Five running containers on NUMA node 0 with bulky annotations: a request of ~70 KiB,
+        // many frames.
+        let mut sync = SynchronizeRequest::new();
+        sync.pods.push(pod());
+        for i in 0..5 {
+            let mut c = burstable(&format!("old{i}"), 200);
+            c.linux
+                .mut_or_insert_default()
+                .resources
+                .mut_or_insert_default()
+                .cpu
+                .mut_or_insert_default()
+                .cpus = "0-23".into();
+            sync.containers.push(c);
+        }
+        assert!(protobuf::Message::compute_size(&sync) > 60_000);
+        let r = plugin.synchronize(ctx(), &sync).await.unwrap();
+        assert!(!r.more);
+        let snap = agent.snapshot();
+        for i in 0..5 {
+            assert!(snap.grant(&format!("old{i}")).is_some(), "old{i} restored");
+        }
+
+        let mut create = CreateContainerRequest::new();
+        create.pod = Some(pod()).into();
+        create.container = Some(burstable("new", 0)).into();
+        let r = plugin.create_container(ctx(), &create).await.unwrap();
+        let adj = r.adjust.into_option().expect("an adjustment");
+        let cpus = adj.linux.resources.cpu.cpus.clone();
+        assert!(!cpus.is_empty());
+        assert!(adj.annotations.contains_key(tap_engine::request::GRANT_KEY));
+
+        // A container without an id is answered, unchanged.
+        let r = plugin
+            .create_container(ctx(), &CreateContainerRequest::new())
+            .await
+            .unwrap();
+        assert!(r.adjust.is_none());
+
+        let mut stop_req = StopContainerRequest::new();
+        stop_req.container = Some(burstable("new", 0)).into();
+        plugin.stop_container(ctx(), &stop_req).await.unwrap();
+        assert!(agent.snapshot().grant("new").is_none());
+
+        // The runtime goes away: the session reports it lost.
+        trunk.close();
+        let end = tokio::time::timeout(Duration::from_secs(10), plugin_side)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(end, SessionEnd::Lost(_)), "{end:?}");
+        let _ = server.shutdown().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_missed_deadline_answers_empty_and_releases_the_late_grant() {
+        let plugin = NriPlugin::new(test_agent());
+        plugin.budget_ms.store(50, Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let out = plugin
+            .run_hook(
+                "create",
+                |_| {
+                    std::thread::sleep(Duration::from_millis(300));
+                    7
+                },
+                move |_, v| {
+                    let _ = tx.send(v);
+                },
+            )
+            .await;
+        assert_eq!(out, None);
+        let late = tokio::time::timeout(Duration::from_secs(5), rx).await;
+        assert_eq!(late.unwrap().unwrap(), 7);
+        let m = plugin.agent.metrics().render();
+        assert!(
+            m.lines()
+                .any(|l| l.contains("kind=\"timeout\"") && l.ends_with(" 1")),
+            "{m}"
+        );
+    }
 
     #[test]
     fn backoff_doubles_and_is_capped() {

@@ -63,10 +63,33 @@ impl Mux {
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
+        Mux::with_conns(stream, &[]).0
+    }
+
+    /// Like [`Mux::new`], with logical connections `ids` opened before the first frame is
+    /// read (so nothing the peer sends early is dropped). Returned in the order of `ids`.
+    pub fn with_conns<S>(stream: S, ids: &[u32]) -> (Mux, Vec<MuxConn>)
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
         let (mut rd, mut wr) = tokio::io::split(stream);
         let routes: Routes = Arc::new(Mutex::new(HashMap::new()));
-        let closed = CancellationToken::new();
         let (out, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let conns: Vec<MuxConn> = ids
+            .iter()
+            .map(|&id| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                lock(&routes).insert(id, tx);
+                MuxConn {
+                    id,
+                    rx,
+                    buf: Vec::new(),
+                    pos: 0,
+                    out: out.clone(),
+                }
+            })
+            .collect();
+        let closed = CancellationToken::new();
 
         // Writer: whole frames, one at a time, so frames of different connections never mix.
         let c = closed.clone();
@@ -104,11 +127,14 @@ impl Mux {
             c.cancel();
         });
 
-        Mux {
-            routes,
-            out,
-            closed,
-        }
+        (
+            Mux {
+                routes,
+                out,
+                closed,
+            },
+            conns,
+        )
     }
 
     /// Opens logical connection `id` (the same id the peer uses for it).
