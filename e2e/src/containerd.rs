@@ -7,7 +7,7 @@
 //! Dropping it deletes every container (runc), kills its shims and the daemon, unmounts what
 //! is left and removes the dir.
 //!
-//! ```ignore
+//! ```text
 //! let ctd = Containerd::start(ContainerdOptions::default())?;
 //! let mut cri = ctd.cri().await?;
 //! let pod = PodSpec::new("web", CgroupQos::Burstable);

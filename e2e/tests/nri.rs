@@ -434,7 +434,10 @@ async fn nri_places_containers_through_containerd() {
     let after: f64 = agent.numa_usage().unwrap().values().sum();
     assert_eq!(after - before, 4.0, "update re-charged 8 instead of 4 CPUs");
     let p = placement(&mut cri, &id).await.unwrap();
-    assert!(!p.spec_cpus.is_empty() && p.cgroup_cpus == p.spec_cpus, "{p:?}");
+    assert!(
+        !p.spec_cpus.is_empty() && p.cgroup_cpus == p.spec_cpus,
+        "{p:?}"
+    );
 
     cri.remove_all_pods().await.unwrap();
     let usage = agent.numa_usage().unwrap();
