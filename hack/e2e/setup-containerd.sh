@@ -17,10 +17,7 @@ IMAGE_STAMP="$IMG/.built-v1"
 mkdir -p "$CACHE" "$IMG"
 
 # The CRI client crate (k8s-cri) generates its bindings with protoc at build time.
-if ! command -v protoc >/dev/null 2>&1; then
-  echo "setup-containerd: installing protobuf-compiler (for k8s-cri)"
-  flock /var/lock/kunpeng-tap-apt sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler'
-fi
+bash "$(dirname "$0")/../ensure-protoc.sh"
 
 if [ ! -e "$STAMP" ] || [ ! -x "$ROOT/usr/bin/containerd" ]; then
   mkdir -p "$APT/lists/partial" "$APT/archives/partial" "$APT/etc/sources.list.d" "$APT/etc/preferences.d"
