@@ -364,9 +364,10 @@ pub async fn run(
             SessionEnd::Shutdown => return Ok(()),
             SessionEnd::Lost(why) => {
                 agent.metrics().set_ready(false);
+                // A session that registered, or lived a while, starts the backoff over.
+                let was_registered = agent.metrics().runtime_connected.get() == 1;
                 agent.metrics().runtime_connected.set(0);
-                // A session that lived a while resets the backoff.
-                if started.elapsed() > Duration::from_secs(30) {
+                if was_registered || started.elapsed() > Duration::from_secs(30) {
                     backoff = BACKOFF_MIN;
                 }
                 tracing::warn!(
