@@ -209,6 +209,14 @@ impl Agent {
         Ok(out)
     }
 
+    fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .args([&format!("-{sig}"), &c.id().to_string()])
+                .status();
+        }
+    }
+
     fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -516,6 +524,52 @@ async fn nri_survives_agent_and_containerd_restarts() {
     cri.remove_all_pods().await.unwrap();
     assert_eq!(agent.numa_usage().unwrap().values().sum::<f64>(), 0.0);
     eprintln!("nri restarts: {:?}", started.elapsed());
+}
+
+/// A hung plugin (SIGSTOP) never blocks container creation: containerd gives up after its
+/// 2 s request timeout and creates the container unadjusted. When the plugin wakes up it
+/// reconnects, and the resync drops the grant containerd never applied and the grant of a
+/// container removed meanwhile, so nothing leaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_hung_plugin_fails_open_and_recovers() {
+    let Some((_g, ctd)) = setup("nri_hung_plugin_fails_open_and_recovers") else {
+        return;
+    };
+    let mut agent = Agent::start(&ctd, "a", &[]).expect("agent");
+    let mut cri = ctd.cri().await.expect("cri");
+    let (sb_a, id_a) = run_burstable(&mut cri, "placed").await.unwrap();
+    assert_placed_on_node(&placement(&mut cri, &id_a).await.unwrap(), "placed");
+
+    agent.signal("STOP");
+    let t = Instant::now();
+    let (_, id_b) = run_burstable(&mut cri, "while-hung").await.unwrap();
+    let waited = t.elapsed();
+    let p = placement(&mut cri, &id_b).await.unwrap();
+    assert!(p.record.is_none() && p.spec_cpus.is_empty(), "{p:?}");
+    assert!(
+        waited < Duration::from_secs(10),
+        "creation waited {waited:?}"
+    );
+    // Removed while the plugin is gone: it hears nothing of it.
+    cri.remove_pod(&sb_a).await.unwrap();
+    agent.signal("CONT");
+
+    agent
+        .wait_log(
+            "state restored from the runtime",
+            2,
+            Duration::from_secs(30),
+        )
+        .expect("the plugin reconnected");
+    let usage = agent.numa_usage().unwrap();
+    assert_eq!(
+        usage.values().sum::<f64>(),
+        0.0,
+        "nothing leaked: {usage:?}"
+    );
+    let (_, id_c) = run_burstable(&mut cri, "after").await.unwrap();
+    assert_placed_on_node(&placement(&mut cri, &id_c).await.unwrap(), "after");
+    cri.remove_all_pods().await.unwrap();
 }
 
 /// Without the agent, containerd runs containers unadjusted; the harness itself works.

@@ -228,7 +228,7 @@ impl proto::Plugin for NriPlugin {
             "NRI synchronize"
         );
         let ups = self
-            .run_hook("sync", move |a| a.restore(&infos), |_, _| {})
+            .run_hook("sync", move |a| reconcile(a, &infos), |_, _| {})
             .await
             .unwrap_or_default();
         self.synchronized.cancel();
@@ -336,6 +336,46 @@ impl proto::Plugin for NriPlugin {
         }
         Ok(Empty::new())
     }
+}
+
+/// Brings the agent's state in line with what the runtime reports at (re)synchronization:
+/// grants of containers the runtime no longer has (removed while we were disconnected) are
+/// released; grants the runtime never applied (no grant record and no cpuset on the container:
+/// the runtime gave up on our answer, e.g. after a timeout) are dropped so the container is
+/// treated as unmanaged; then every container is restored. Returns the cpuset updates, one per
+/// container (the last word wins).
+pub fn reconcile(agent: &Agent, infos: &[ContainerInfo]) -> Vec<crate::agent::Update> {
+    let present: HashMap<&str, &ContainerInfo> = infos.iter().map(|c| (c.id.as_str(), c)).collect();
+    let known: Vec<String> = agent
+        .snapshot()
+        .grants()
+        .map(|(id, _)| id.clone())
+        .collect();
+    let mut ups = Vec::new();
+    for id in known {
+        let stale = match present.get(id.as_str()) {
+            None => true,
+            Some(c) => {
+                !c.annotations.contains_key(tap_engine::request::GRANT_KEY) && c.cpus.is_none()
+            }
+        };
+        if stale {
+            tracing::info!(container = %id, "releasing a grant the runtime does not have");
+            ups.extend(agent.remove(&id));
+        }
+    }
+    ups.extend(agent.restore(infos));
+    let mut last: HashMap<String, usize> = HashMap::new();
+    for (i, u) in ups.iter().enumerate() {
+        last.insert(u.container_id.clone(), i);
+    }
+    ups.into_iter()
+        .enumerate()
+        .filter(|(i, u)| {
+            present.contains_key(u.container_id.as_str()) && last.get(&u.container_id) == Some(i)
+        })
+        .map(|(_, u)| u)
+        .collect()
 }
 
 /// Why a session ended.
@@ -632,6 +672,39 @@ mod tests {
         assert!(matches!(end, SessionEnd::Lost(_)), "{end:?}");
         let _ = server.shutdown().await;
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn reconcile_releases_vanished_and_unapplied_grants() {
+        let agent = test_agent();
+        let sync_pod = convert::pod_info(&pod());
+        let info = |id: &str| {
+            let mut c = convert::container_info(Some(&pod()), &burstable(id, 0));
+            c.pod = sync_pod.clone();
+            c
+        };
+        let mut applied = info("applied");
+        let adj = agent.create(&applied);
+        applied.cpus = adj.cpus.clone();
+        applied
+            .annotations
+            .insert(tap_engine::request::GRANT_KEY.into(), adj.record.unwrap());
+        assert!(!agent.create(&info("gone")).is_empty());
+        assert!(!agent.create(&info("unapplied")).is_empty());
+        // The runtime reports "applied" (with its record) and "unapplied" (no cpuset, no
+        // record); "gone" was removed while we were away.
+        let _ = reconcile(&agent, &[applied, info("unapplied")]);
+        let snap = agent.snapshot();
+        assert!(snap.grant("applied").is_some());
+        assert!(snap.grant("gone").is_none());
+        assert!(snap.grant("unapplied").is_none());
+        let used: u64 = snap
+            .pool_status()
+            .iter()
+            .filter(|p| p.level.as_str() == "numa")
+            .map(|p| p.request_milli)
+            .sum();
+        assert_eq!(used, 4000);
     }
 
     #[tokio::test]
