@@ -621,8 +621,14 @@ mod tests {
 
         // Five running containers on NUMA node 0 with bulky annotations: a request of ~70 KiB,
         // many frames.
+        // Split sync (NRI v0.8+): a chunk with more=true is acknowledged with more=true and
+        // nothing else; the state is rebuilt from all chunks at the last one.
+        let mut first = SynchronizeRequest::new();
+        first.pods.push(pod());
+        first.more = true;
+        let r = plugin.synchronize(ctx(), &first).await.unwrap();
+        assert!(r.more && r.update.is_empty());
         let mut sync = SynchronizeRequest::new();
-        sync.pods.push(pod());
         for i in 0..5 {
             let mut c = burstable(&format!("old{i}"), 200);
             c.linux
