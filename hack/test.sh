@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tier="${1:-all}"
+bash hack/ensure-protoc.sh
 
 unit() {
   cargo fmt --all --check

@@ -1,0 +1,585 @@
+//! NRI plugin mode against a real containerd 1.7 (NRI v0.6.1) with runc.
+//!
+//! The agent runs as an external NRI plugin with a fixture topology
+//! (synthetic-2s-4numa-96c-gpu: 4 NUMA nodes, 0-23 / 24-47 / 48-71 / 72-95) and
+//! `--fold-cpus-to-host`, so its decisions are applied to this host's CPUs (`cpu % n`). Pods and
+//! containers are made through CRI; each check reads back (a) the container's OCI spec from
+//! ContainerStatus (verbose) and (b) the running container's cgroup `cpuset.cpus`, and the
+//! grant record the plugin stored in the container's annotations says what the engine decided.
+
+use anyhow::{bail, Context, Result};
+use std::collections::{BTreeSet, HashMap};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tap_e2e::containerd::{
+    cgroup_cpuset, cgroup_mems, remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd,
+    ContainerdOptions, Cri, PodSpec,
+};
+use tap_e2e::util;
+
+const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
+const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
+
+// ---- small helpers ---------------------------------------------------------------------------
+
+fn parse_list(s: &str) -> BTreeSet<usize> {
+    let mut out = BTreeSet::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().unwrap(), b.parse().unwrap());
+                out.extend(a..=b);
+            }
+            None => {
+                out.insert(part.parse().unwrap());
+            }
+        }
+    }
+    out
+}
+
+fn host_cpus() -> Vec<usize> {
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    parse_list(&s).into_iter().collect()
+}
+
+/// What `--fold-cpus-to-host` does to a fixture cpuset: CPU c -> host[c % n].
+fn fold(fixture_cpus: &BTreeSet<usize>) -> BTreeSet<usize> {
+    let host = host_cpus();
+    fixture_cpus.iter().map(|c| host[c % host.len()]).collect()
+}
+
+/// The fixture's CPUs of NUMA node `n`.
+fn node_cpus(n: usize) -> BTreeSet<usize> {
+    let p = util::fixtures_dir()
+        .join(FIXTURE)
+        .join(format!("devices/system/node/node{n}/cpulist"));
+    parse_list(&std::fs::read_to_string(&p).unwrap())
+}
+
+fn record_fields(rec: &str) -> HashMap<String, String> {
+    rec.split(';')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The kunpeng-tap binary: built once (`cargo build -p node-agent`), or `TAP_AGENT_BIN`.
+fn agent_binary() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("TAP_AGENT_BIN") {
+            return PathBuf::from(p);
+        }
+        let root = util::workspace_root();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let st = Command::new(cargo)
+            .args(["build", "-p", "node-agent", "--bin", "kunpeng-tap"])
+            .current_dir(&root)
+            .status()
+            .expect("running cargo build for kunpeng-tap");
+        assert!(st.success(), "building kunpeng-tap failed");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        target.join("debug/kunpeng-tap")
+    })
+    .clone()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The agent as an NRI plugin; killed on drop.
+struct Agent {
+    child: Option<Child>,
+    log: PathBuf,
+    metrics_port: u16,
+}
+
+impl Agent {
+    fn start(ctd: &Containerd, tag: &str, extra: &[&str]) -> Result<Agent> {
+        let log = ctd.dir().join(format!("agent-{tag}.log"));
+        let f = std::fs::File::create(&log)?;
+        let metrics_port = free_port();
+        let child = Command::new(agent_binary())
+            .arg("--container-runtime-mode=NRI")
+            .arg(format!("--nri-socket-path={}", ctd.nri_socket().display()))
+            .arg("--resource-policy=topology-aware")
+            .arg(format!(
+                "--sysfs-root={}",
+                util::fixtures_dir().join(FIXTURE).display()
+            ))
+            .arg("--fold-cpus-to-host")
+            .arg(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"))
+            .arg(format!(
+                "--state-dir={}",
+                ctd.dir().join("agent-state").display()
+            ))
+            .args(extra)
+            .env("NO_COLOR", "1")
+            .env_remove("TAP_LOG")
+            .stdin(Stdio::null())
+            .stdout(f.try_clone()?)
+            .stderr(f)
+            .spawn()
+            .context("starting kunpeng-tap")?;
+        let mut a = Agent {
+            child: Some(child),
+            log,
+            metrics_port,
+        };
+        a.wait_log(
+            "state restored from the runtime",
+            1,
+            Duration::from_secs(20),
+        )?;
+        Ok(a)
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until `needle` appears at least `count` times in the agent log.
+    fn wait_log(&mut self, needle: &str, count: usize, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.log_text().matches(needle).count() >= count {
+                return Ok(());
+            }
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!("the agent exited ({st}):\n{}", self.log_text());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "agent log never showed {needle:?} x{count}:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The agent's /metrics text.
+    fn metrics_text(&self) -> Result<String> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok(body)
+    }
+
+    /// `tap_topology_node_usage` per NUMA zone, from /metrics.
+    fn numa_usage(&self) -> Result<HashMap<String, f64>> {
+        let body = self.metrics_text()?;
+        let mut out = HashMap::new();
+        for line in body.lines() {
+            if !line.starts_with("tap_topology_node_usage{") || !line.contains("level=\"numa\"") {
+                continue;
+            }
+            let zone = line
+                .split("zone=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("")
+                .to_string();
+            let v: f64 = line
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(f64::NAN);
+            out.insert(zone, v);
+        }
+        if out.is_empty() {
+            bail!("no NUMA usage in /metrics:\n{body}");
+        }
+        Ok(out)
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .args([&format!("-{sig}"), &c.id().to_string()])
+                .status();
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Removes the e2e cgroups when the test ends, also on failure (declared first, dropped last).
+struct CgroupGuard;
+impl Drop for CgroupGuard {
+    fn drop(&mut self) {
+        remove_cgroup_tree();
+    }
+}
+
+/// What one container got.
+#[derive(Debug)]
+struct Placement {
+    spec_cpus: String,
+    spec_mems: String,
+    cgroup_cpus: String,
+    record: Option<HashMap<String, String>>,
+}
+
+async fn placement(cri: &mut Cri, id: &str) -> Result<Placement> {
+    let spec_cpus = cri.spec_cpuset(id).await?;
+    let spec_mems = cri.spec_mems(id).await?;
+    let ann = cri.spec_annotations(id).await?;
+    let pid = cri.pid(id).await?;
+    Ok(Placement {
+        spec_cpus,
+        spec_mems,
+        cgroup_cpus: cgroup_cpuset(pid)?,
+        record: ann.get(GRANT_KEY).map(|r| record_fields(r)),
+    })
+}
+
+/// A placed container: the spec and the cgroup both show the folded engine decision.
+fn assert_placed_on_node(p: &Placement, what: &str) -> usize {
+    let rec = p
+        .record
+        .as_ref()
+        .unwrap_or_else(|| panic!("{what}: no grant record in the spec annotations: {p:?}"));
+    let nodes = parse_list(&rec["n"]);
+    assert_eq!(nodes.len(), 1, "{what}: expected one NUMA node: {p:?}");
+    let node = *nodes.iter().next().unwrap();
+    let want = fold(&node_cpus(node));
+    assert_eq!(parse_list(&p.spec_cpus), want, "{what}: spec cpuset {p:?}");
+    assert_eq!(
+        parse_list(&p.cgroup_cpus),
+        want,
+        "{what}: cgroup cpuset {p:?}"
+    );
+    node
+}
+
+fn assert_untouched(p: &Placement, what: &str) {
+    assert!(p.record.is_none(), "{what}: unexpected grant {p:?}");
+    assert_eq!(p.spec_cpus, "", "{what}: spec cpuset was set {p:?}");
+    let all: BTreeSet<usize> = host_cpus().into_iter().collect();
+    assert_eq!(parse_list(&p.cgroup_cpus), all, "{what}: cgroup {p:?}");
+}
+
+async fn run_burstable(cri: &mut Cri, name: &str) -> Result<(String, String)> {
+    let pod = PodSpec::new(name, CgroupQos::Burstable);
+    let sb = cri.run_pod(&pod).await?;
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(8000)))
+        .await?;
+    Ok((sb, id))
+}
+
+fn setup(test: &str) -> Option<(CgroupGuard, Containerd)> {
+    if util::skip_unless_enabled(test) {
+        return None;
+    }
+    let guard = CgroupGuard;
+    remove_cgroup_tree();
+    let ctd = Containerd::start(ContainerdOptions::default()).expect("starting containerd");
+    Some((guard, ctd))
+}
+
+// ---- tests -----------------------------------------------------------------------------------
+
+/// Burstable 4/8, four of them on four NUMA nodes, Guaranteed exclusive, BestEffort, opt-out
+/// label and annotation, a malformed annotation, removal freeing capacity, memory binding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_places_containers_through_containerd() {
+    let Some((_g, ctd)) = setup("nri_places_containers_through_containerd") else {
+        return;
+    };
+    let started = Instant::now();
+    let agent = Agent::start(&ctd, "a", &["--enable-memory-topology"]).expect("agent");
+    let mut cri = ctd.cri().await.expect("cri");
+
+    // Burstable 4/8 x4: one NUMA node each, four different nodes.
+    let mut nodes = Vec::new();
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let (sb, id) = run_burstable(&mut cri, &format!("burst{i}")).await.unwrap();
+        let p = placement(&mut cri, &id).await.unwrap();
+        let node = assert_placed_on_node(&p, &format!("burstable {i}"));
+        // Memory topology on: mems = the node (folded onto this host's nodes).
+        assert_eq!(p.spec_mems, "0", "mems in spec: {p:?}");
+        assert_eq!(cgroup_mems(cri.pid(&id).await.unwrap()).unwrap(), "0");
+        assert_eq!(p.record.as_ref().unwrap()["r"], "4000");
+        nodes.push(node);
+        ids.push((sb, id));
+    }
+    let distinct: BTreeSet<usize> = nodes.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        4,
+        "four 4/8 containers on four nodes: {nodes:?}"
+    );
+    let usage = agent.numa_usage().unwrap();
+    assert_eq!(usage.values().sum::<f64>(), 16.0, "{usage:?}");
+
+    // Removal frees capacity: remove the one on node 2; the next 4/8 goes there.
+    let k = nodes.iter().position(|n| *n == 2).unwrap();
+    let (sb, id) = ids.remove(k);
+    cri.stop_container(&id).await.unwrap();
+    cri.remove_container(&id).await.unwrap();
+    cri.remove_pod(&sb).await.unwrap();
+    let usage = agent.numa_usage().unwrap();
+    assert_eq!(
+        usage.values().sum::<f64>(),
+        12.0,
+        "after removal: {usage:?}"
+    );
+    let (_, id) = run_burstable(&mut cri, "burst-again").await.unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    assert_eq!(assert_placed_on_node(&p, "after removal"), 2);
+
+    // Guaranteed with one integer CPU: an exclusive CPU.
+    let pod = PodSpec::new("guaranteed", CgroupQos::Guaranteed);
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 1000, Some(1000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    let rec = p.record.as_ref().expect("guaranteed grant");
+    let x = parse_list(&rec["x"]);
+    assert_eq!(x.len(), 1, "one exclusive CPU: {p:?}");
+    assert_eq!(parse_list(&p.spec_cpus), fold(&x), "{p:?}");
+    assert_eq!(parse_list(&p.cgroup_cpus), fold(&x), "{p:?}");
+    assert_eq!(p.spec_cpus.len(), 1, "a single host CPU: {p:?}");
+
+    // BestEffort: left alone.
+    let pod = PodSpec::new("besteffort", CgroupQos::BestEffort);
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::sleeper("app"))
+        .await
+        .unwrap();
+    // The engine spreads BestEffort containers over the pools without charging them (r=0);
+    // whatever it decided, the container gets exactly that and no capacity is used.
+    let usage_before = agent.numa_usage().unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    if let Some(rec) = &p.record {
+        assert_placed_on_node(&p, "besteffort");
+        assert_eq!(rec["r"], "0", "{p:?}");
+    } else {
+        assert_untouched(&p, "besteffort");
+    }
+    assert_eq!(
+        agent.numa_usage().unwrap(),
+        usage_before,
+        "BestEffort charges nothing"
+    );
+
+    // Opt-out label (any value) and opt-out annotation.
+    let pod =
+        PodSpec::new("skip-label", CgroupQos::Burstable).label("tap.kunpeng.huawei.com/skip", "");
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(8000)))
+        .await
+        .unwrap();
+    assert_untouched(&placement(&mut cri, &id).await.unwrap(), "skip label");
+    let pod = PodSpec::new("skip-annotation", CgroupQos::Burstable)
+        .annotation("tap.kunpeng.huawei.com/policy", "none");
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(8000)))
+        .await
+        .unwrap();
+    assert_untouched(&placement(&mut cri, &id).await.unwrap(), "skip annotation");
+
+    // A malformed annotation: the container still starts (and is still placed).
+    let pod = PodSpec::new("malformed", CgroupQos::Burstable)
+        .annotation("tap.kunpeng.huawei.com/level", "nowhere")
+        .annotation("tap.kunpeng.huawei.com/exclusive-cpus", "perhaps");
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(8000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    assert_placed_on_node(&p, "malformed annotation");
+    assert!(agent.log_text().contains("ignoring annotation"));
+    let m = agent.metrics_text().unwrap();
+    assert!(
+        m.lines().any(|l| l.starts_with("tap_errors_total{")
+            && l.contains("kind=\"annotation\"")
+            && !l.ends_with(" 0")),
+        "the bad annotation is counted:\n{m}"
+    );
+
+    // UpdateContainer: new resources re-place the container (8/8 now), the usage follows.
+    let before: f64 = agent.numa_usage().unwrap().values().sum();
+    let mut spec = ContainerSpec::cpus("app", 8000, Some(8000));
+    spec.memory_limit_bytes = None;
+    cri.update_resources(&id, spec.resources()).await.unwrap();
+    let after: f64 = agent.numa_usage().unwrap().values().sum();
+    assert_eq!(after - before, 4.0, "update re-charged 8 instead of 4 CPUs");
+    let p = placement(&mut cri, &id).await.unwrap();
+    assert!(
+        !p.spec_cpus.is_empty() && p.cgroup_cpus == p.spec_cpus,
+        "{p:?}"
+    );
+
+    cri.remove_all_pods().await.unwrap();
+    let usage = agent.numa_usage().unwrap();
+    assert_eq!(usage.values().sum::<f64>(), 0.0, "all released: {usage:?}");
+    eprintln!("nri placement scenarios: {:?}", started.elapsed());
+}
+
+/// Agent restart: state rebuilt from Synchronize (grant records), no double allocation.
+/// containerd restart: the plugin reconnects and placement goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_survives_agent_and_containerd_restarts() {
+    let Some((_g, mut ctd)) = setup("nri_survives_agent_and_containerd_restarts") else {
+        return;
+    };
+    let started = Instant::now();
+    let mut agent = Agent::start(&ctd, "a", &[]).expect("agent");
+    let mut cri = ctd.cri().await.expect("cri");
+
+    let mut nodes = BTreeSet::new();
+    for i in 0..3 {
+        let (_, id) = run_burstable(&mut cri, &format!("before{i}"))
+            .await
+            .unwrap();
+        nodes.insert(assert_placed_on_node(
+            &placement(&mut cri, &id).await.unwrap(),
+            "before restart",
+        ));
+    }
+    assert_eq!(nodes.len(), 3);
+    let before = agent.numa_usage().unwrap();
+
+    // Agent restart: a fresh process sees the three grants again through Synchronize.
+    agent.stop();
+    let mut agent = Agent::start(&ctd, "b", &[]).expect("agent restart");
+    let log = agent.log_text();
+    assert!(
+        log.contains("from_record=3"),
+        "restored from records:\n{log}"
+    );
+    let after = agent.numa_usage().unwrap();
+    assert_eq!(after, before, "same usage after an agent restart");
+    // The free node is the only one without a container: a new 4/8 goes there.
+    let free: Vec<usize> = (0..4).filter(|n| !nodes.contains(n)).collect();
+    let (_, id) = run_burstable(&mut cri, "after-agent-restart")
+        .await
+        .unwrap();
+    let n = assert_placed_on_node(&placement(&mut cri, &id).await.unwrap(), "after restart");
+    assert_eq!(vec![n], free, "no double allocation after restart");
+    let usage_4 = agent.numa_usage().unwrap();
+    assert_eq!(usage_4.values().sum::<f64>(), 16.0);
+
+    // containerd restart: the plugin reconnects (backoff) and synchronizes again.
+    drop(cri);
+    ctd.restart().expect("containerd restart");
+    agent
+        .wait_log(
+            "state restored from the runtime",
+            2,
+            Duration::from_secs(30),
+        )
+        .expect("plugin reconnected after the containerd restart");
+    assert!(agent.log_text().contains("NRI connection lost"));
+    let mut cri = ctd.cri().await.expect("cri after restart");
+    assert_eq!(
+        agent.numa_usage().unwrap(),
+        usage_4,
+        "the resync kept the grants (no double allocation)"
+    );
+    let (_, id) = run_burstable(&mut cri, "after-containerd-restart")
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    assert_placed_on_node(&p, "after containerd restart");
+    assert_eq!(agent.numa_usage().unwrap().values().sum::<f64>(), 20.0);
+
+    cri.remove_all_pods().await.unwrap();
+    assert_eq!(agent.numa_usage().unwrap().values().sum::<f64>(), 0.0);
+    eprintln!("nri restarts: {:?}", started.elapsed());
+}
+
+/// A hung plugin (SIGSTOP) never blocks container creation: containerd gives up after its
+/// 2 s request timeout and creates the container unadjusted. When the plugin wakes up it
+/// reconnects, and the resync drops the grant containerd never applied and the grant of a
+/// container removed meanwhile, so nothing leaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_hung_plugin_fails_open_and_recovers() {
+    let Some((_g, ctd)) = setup("nri_hung_plugin_fails_open_and_recovers") else {
+        return;
+    };
+    let mut agent = Agent::start(&ctd, "a", &[]).expect("agent");
+    let mut cri = ctd.cri().await.expect("cri");
+    let (sb_a, id_a) = run_burstable(&mut cri, "placed").await.unwrap();
+    assert_placed_on_node(&placement(&mut cri, &id_a).await.unwrap(), "placed");
+
+    agent.signal("STOP");
+    let t = Instant::now();
+    let (_, id_b) = run_burstable(&mut cri, "while-hung").await.unwrap();
+    let waited = t.elapsed();
+    let p = placement(&mut cri, &id_b).await.unwrap();
+    assert!(p.record.is_none() && p.spec_cpus.is_empty(), "{p:?}");
+    assert!(
+        waited < Duration::from_secs(10),
+        "creation waited {waited:?}"
+    );
+    // Removed while the plugin is gone: it hears nothing of it.
+    cri.remove_pod(&sb_a).await.unwrap();
+    agent.signal("CONT");
+
+    agent
+        .wait_log(
+            "state restored from the runtime",
+            2,
+            Duration::from_secs(30),
+        )
+        .expect("the plugin reconnected");
+    let usage = agent.numa_usage().unwrap();
+    assert_eq!(
+        usage.values().sum::<f64>(),
+        0.0,
+        "nothing leaked: {usage:?}"
+    );
+    let (_, id_c) = run_burstable(&mut cri, "after").await.unwrap();
+    assert_placed_on_node(&placement(&mut cri, &id_c).await.unwrap(), "after");
+    cri.remove_all_pods().await.unwrap();
+}
+
+/// Without the agent, containerd runs containers unadjusted; the harness itself works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_without_plugin_containers_run_unadjusted() {
+    let Some((_g, ctd)) = setup("nri_without_plugin_containers_run_unadjusted") else {
+        return;
+    };
+    let mut cri = ctd.cri().await.expect("cri");
+    let (_, id) = run_burstable(&mut cri, "noplugin").await.unwrap();
+    assert_untouched(&placement(&mut cri, &id).await.unwrap(), "no plugin");
+    cri.remove_all_pods().await.unwrap();
+}

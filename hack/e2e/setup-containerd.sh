@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Installs what the NRI e2e tier needs, without touching the system's packages or services:
+#   containerd 1.7 (Debian trixie), runc and busybox-static (Debian bookworm), each unpacked
+#   with `dpkg -x` under /var/cache/kunpeng-tap/containerd/root, plus a busybox image tarball
+#   (docker-archive) built locally from busybox-static, tagged as the pause and busybox image.
+# Uses a private apt configuration (its own sources, lists and archive cache), so the system's
+# apt sources are never changed. Idempotent; quick when cached.
+set -euo pipefail
+
+CACHE=/var/cache/kunpeng-tap/containerd
+ROOT="$CACHE/root"
+APT="$CACHE/apt"
+IMG="$CACHE/images"
+STAMP="$CACHE/.installed-v1"
+IMAGE_STAMP="$IMG/.built-v1"
+
+mkdir -p "$CACHE" "$IMG"
+
+# The CRI client crate (k8s-cri) generates its bindings with protoc at build time.
+bash "$(dirname "$0")/../ensure-protoc.sh"
+
+if [ ! -e "$STAMP" ] || [ ! -x "$ROOT/usr/bin/containerd" ]; then
+  mkdir -p "$APT/lists/partial" "$APT/archives/partial" "$APT/etc/sources.list.d" "$APT/etc/preferences.d"
+  cat > "$APT/etc/sources.list" <<SRC
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main
+SRC
+  aptopts=(
+    -o "Dir::Etc::SourceList=$APT/etc/sources.list"
+    -o "Dir::Etc::SourceParts=$APT/etc/sources.list.d"
+    -o "Dir::Etc::Preferences=$APT/etc/preferences"
+    -o "Dir::Etc::PreferencesParts=$APT/etc/preferences.d"
+    -o "Dir::State::Lists=$APT/lists"
+    -o "Dir::State::Status=$APT/status"
+    -o "Dir::Cache::Archives=$APT/archives"
+    -o "Dir::Cache=$APT/cache"
+    -o "Debug::NoLocking=1"
+    -o "APT::Sandbox::User=root"
+  )
+  mkdir -p "$APT/cache"
+  : > "$APT/status"
+  echo "setup-containerd: apt-get update (private lists)"
+  flock /var/lock/kunpeng-tap-apt apt-get "${aptopts[@]}" -qq update
+  cd "$APT/archives"
+  rm -f ./*.deb
+  echo "setup-containerd: downloading containerd/trixie runc/bookworm busybox-static/bookworm"
+  flock /var/lock/kunpeng-tap-apt apt-get "${aptopts[@]}" -qq download \
+    containerd/trixie runc/bookworm busybox-static/bookworm
+  rm -rf "$ROOT"
+  mkdir -p "$ROOT"
+  for d in ./*.deb; do dpkg -x "$d" "$ROOT"; done
+  "$ROOT/usr/bin/containerd" --version
+  "$ROOT/usr/sbin/runc" --version | head -1
+  touch "$STAMP"
+  rm -f "$IMAGE_STAMP"
+fi
+
+# The image: one busybox layer; `tap.local/pause:1` (sandbox image) and `tap.local/busybox:1`.
+if [ ! -e "$IMAGE_STAMP" ]; then
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  mkdir -p "$work/rootfs/bin" "$work/rootfs/etc" "$work/rootfs/tmp" "$work/rootfs/proc" \
+    "$work/rootfs/sys" "$work/rootfs/dev"
+  cp "$ROOT/bin/busybox" "$work/rootfs/bin/busybox"
+  for a in sh sleep cat ls echo grep true; do ln -s busybox "$work/rootfs/bin/$a"; done
+  echo 'root:x:0:0:root:/:/bin/sh' > "$work/rootfs/etc/passwd"
+  echo 'root:x:0:' > "$work/rootfs/etc/group"
+  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$work/rootfs" \
+    -cf "$work/layer.tar" .
+  diff=$(sha256sum "$work/layer.tar" | cut -d' ' -f1)
+  mkdir -p "$work/archive/$diff"
+  mv "$work/layer.tar" "$work/archive/$diff/layer.tar"
+  cat > "$work/config.json" <<CFG
+{"architecture":"amd64","os":"linux","created":"1970-01-01T00:00:00Z","config":{"Env":["PATH=/bin"],"Cmd":["/bin/sleep","2147483647"],"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:$diff"]},"history":[{"created":"1970-01-01T00:00:00Z","created_by":"hack/e2e/setup-containerd.sh"}]}
+CFG
+  cfg=$(sha256sum "$work/config.json" | cut -d' ' -f1)
+  mv "$work/config.json" "$work/archive/$cfg.json"
+  cat > "$work/archive/manifest.json" <<MAN
+[{"Config":"$cfg.json","RepoTags":["tap.local/pause:1","tap.local/busybox:1"],"Layers":["$diff/layer.tar"]}]
+MAN
+  tar -C "$work/archive" -cf "$IMG/busybox.tar" .
+  touch "$IMAGE_STAMP"
+  echo "setup-containerd: built $IMG/busybox.tar"
+fi
+echo "setup-containerd: ready ($ROOT)"
