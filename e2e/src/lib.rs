@@ -4,3 +4,4 @@
 //! once and says so. With it, a missing component is a failure, never a skip.
 
 pub mod util;
+pub mod docker;

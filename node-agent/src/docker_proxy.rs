@@ -369,14 +369,59 @@ pub struct DockerProxy {
     agent: Arc<Agent>,
     backend: PathBuf,
     known: Mutex<Known>,
+    /// Grant records changed by an update (Docker labels are immutable after create):
+    /// name -> record, kept in this JSON file so a restart reads the current one.
+    records_file: Option<PathBuf>,
 }
 
 impl DockerProxy {
-    pub fn new(agent: Arc<Agent>, backend: PathBuf) -> DockerProxy {
+    pub fn new(agent: Arc<Agent>, backend: PathBuf, state_dir: Option<&Path>) -> DockerProxy {
         DockerProxy {
             agent,
             backend,
             known: Mutex::new(Known::default()),
+            records_file: state_dir.map(|d| d.join("docker-grants.json")),
+        }
+    }
+
+    fn load_records(&self) -> HashMap<String, String> {
+        let Some(p) = &self.records_file else {
+            return HashMap::new();
+        };
+        match std::fs::read(p) {
+            Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
+                tracing::warn!(file = %p.display(), "ignoring unreadable grant records: {e}");
+                HashMap::new()
+            }),
+            Err(_) => HashMap::new(),
+        }
+    }
+
+    /// Sets (`Some`) or drops (`None`) the stored record of a container.
+    fn store_record(&self, name: &str, record: Option<&str>) {
+        let Some(p) = &self.records_file else {
+            return;
+        };
+        let _k = self.known(); // serialises writers
+        let mut all = self.load_records();
+        let changed = match record {
+            Some(r) => all.insert(name.to_string(), r.to_string()).as_deref() != Some(r),
+            None => all.remove(name).is_some(),
+        };
+        if !changed {
+            return;
+        }
+        let write = || -> std::io::Result<()> {
+            if let Some(d) = p.parent() {
+                std::fs::create_dir_all(d)?;
+            }
+            let tmp = p.with_extension("json.tmp");
+            std::fs::write(&tmp, serde_json::to_vec(&all).unwrap_or_default())?;
+            std::fs::rename(&tmp, p)
+        };
+        if let Err(e) = write() {
+            tracing::warn!(file = %p.display(), "cannot store the grant record: {e}");
+            self.agent.metrics().count_error("update", "state");
         }
     }
 
@@ -473,6 +518,7 @@ impl DockerProxy {
                 candidates.push((id.to_string(), labels));
             }
         }
+        let records = self.load_records();
         let mut infos = Vec::new();
         let mut ids = HashMap::new();
         for (id, labels) in candidates {
@@ -485,7 +531,10 @@ impl DockerProxy {
             let sandbox = labels
                 .get(LABEL_SANDBOX_ID)
                 .and_then(|sid| sandboxes.get(sid));
-            if let Some(info) = info_from_inspect(&inspect, sandbox) {
+            if let Some(mut info) = info_from_inspect(&inspect, sandbox) {
+                if let Some(r) = records.get(&info.id) {
+                    info.annotations.insert(GRANT_KEY.into(), r.clone());
+                }
                 ids.insert(id, info.id.clone());
                 infos.push(info);
             }
@@ -657,6 +706,7 @@ impl DockerProxy {
                 }
                 if let Some(rec) = &adj.record {
                     info.annotations.insert(GRANT_KEY.into(), rec.clone());
+                    self.store_record(&name, Some(rec));
                 }
                 self.known().by_name.insert(name.clone(), info);
                 updates = adj.updates;
@@ -686,6 +736,7 @@ impl DockerProxy {
                 || (is_delete && s == StatusCode::NOT_FOUND);
             if released {
                 let ups = self.agent.remove(&name);
+                self.store_record(&name, None);
                 if is_delete || s == StatusCode::NOT_FOUND {
                     let mut k = self.known();
                     k.by_name.remove(&name);
@@ -731,7 +782,11 @@ pub fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
 
 /// Runs until `shutdown` is cancelled.
 pub async fn run(flags: &Flags, agent: Arc<Agent>, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let proxy = Arc::new(DockerProxy::new(agent.clone(), flags.runtime_endpoint_path()));
+    let proxy = Arc::new(DockerProxy::new(
+        agent.clone(),
+        flags.runtime_endpoint_path(),
+        Some(&flags.state_dir),
+    ));
     // Rebuild the state before serving, so no create races the restore.
     let mut delay = Duration::from_millis(200);
     loop {
