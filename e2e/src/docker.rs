@@ -178,7 +178,10 @@ impl Dockerd {
         );
         let log = std::fs::File::create(dir.join("dockerd.log"))?;
         let child = Command::new("dockerd")
-            .arg(format!("--host=unix://{}", dir.join("docker.sock").display()))
+            .arg(format!(
+                "--host=unix://{}",
+                dir.join("docker.sock").display()
+            ))
             .arg(format!("--data-root={}", dir.join("data").display()))
             .arg(format!("--exec-root={}", dir.join("exec").display()))
             .arg(format!("--pidfile={}", dir.join("dockerd.pid").display()))

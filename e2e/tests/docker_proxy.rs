@@ -229,9 +229,15 @@ fn scenario(env: &Env) -> Result<()> {
         Some(800_000),
         &[],
     )?;
-    let rec1 = env.inspect(&c1, &format!("{{{{index .Config.Labels \"{GRANT_KEY}\"}}}}"))?;
+    let rec1 = env.inspect(
+        &c1,
+        &format!("{{{{index .Config.Labels \"{GRANT_KEY}\"}}}}"),
+    )?;
     assert!(rec1.starts_with("v1;"), "grant label missing: {rec1:?}");
-    assert!(rec1.contains("pool=numa") || rec1.contains("pool=node"), "{rec1}");
+    assert!(
+        rec1.contains("pool=numa") || rec1.contains("pool=node"),
+        "{rec1}"
+    );
     let set1 = env.inspect(&c1, "{{.HostConfig.CpusetCpus}}")?;
     assert!(!set1.is_empty(), "CpusetCpus not set by the proxy");
     assert_eq!(env.dockerd.container_cgroup_cpus(&c1)?, set1);
@@ -257,7 +263,10 @@ fn scenario(env: &Env) -> Result<()> {
     assert_eq!(env.dockerd.container_cgroup_cpus(&c2)?, set2);
     // ... which the container really runs on (exec through the proxy).
     assert_eq!(cpus_allowed(env, &c2)?, set2);
-    let rec2 = env.inspect(&c2, &format!("{{{{index .Config.Labels \"{GRANT_KEY}\"}}}}"))?;
+    let rec2 = env.inspect(
+        &c2,
+        &format!("{{{{index .Config.Labels \"{GRANT_KEY}\"}}}}"),
+    )?;
     assert!(rec2.contains(";x="), "{rec2}");
     assert!(!rec2.contains(";x=;"), "exclusive CPUs missing: {rec2}");
 
@@ -279,7 +288,10 @@ fn scenario(env: &Env) -> Result<()> {
         &[],
     )?;
     assert_eq!(env.inspect(&c3, "{{.HostConfig.CpusetCpus}}")?, "");
-    let rec3 = env.inspect(&c3, &format!("{{{{index .Config.Labels \"{GRANT_KEY}\"}}}}"))?;
+    let rec3 = env.inspect(
+        &c3,
+        &format!("{{{{index .Config.Labels \"{GRANT_KEY}\"}}}}"),
+    )?;
     assert!(rec3.is_empty() || rec3 == "<no value>", "{rec3}");
     let plain = env.docker(&[
         "run",
@@ -351,14 +363,20 @@ fn scenario(env: &Env) -> Result<()> {
     // Restart the agent: its state equals the one before (records from labels + update file).
     let before = agent.state()?;
     let st = agent.stop();
-    assert!(st.map(|s| s.success()).unwrap_or(false), "unclean exit: {st:?}");
+    assert!(
+        st.map(|s| s.success()).unwrap_or(false),
+        "unclean exit: {st:?}"
+    );
     assert!(!env.proxy.exists(), "socket left behind");
     drop(agent);
     let mut agent = env.start_agent()?;
     let after = agent.state()?;
     assert_eq!(before, after, "state changed across a restart");
     let log = strip_ansi(&std::fs::read_to_string(env.dir.join("agent.log"))?);
-    assert!(log.contains("from_record=2"), "restore did not use the records");
+    assert!(
+        log.contains("from_record=2"),
+        "restore did not use the records"
+    );
 
     // Stop releases (idempotently again at delete); the other grant is untouched.
     env.docker(&["stop", "-t", "1", &c1])?;

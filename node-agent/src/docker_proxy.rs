@@ -781,7 +781,11 @@ pub fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
 }
 
 /// Runs until `shutdown` is cancelled.
-pub async fn run(flags: &Flags, agent: Arc<Agent>, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    flags: &Flags,
+    agent: Arc<Agent>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let proxy = Arc::new(DockerProxy::new(
         agent.clone(),
         flags.runtime_endpoint_path(),
@@ -873,7 +877,10 @@ mod tests {
 
     #[test]
     fn routes_versioned_and_plain_paths() {
-        assert_eq!(route(&Method::POST, "/v1.41/containers/create"), Route::Create);
+        assert_eq!(
+            route(&Method::POST, "/v1.41/containers/create"),
+            Route::Create
+        );
         assert_eq!(route(&Method::POST, "/containers/create"), Route::Create);
         assert_eq!(
             route(&Method::POST, "/v1.24/containers/abc123/update"),
@@ -892,7 +899,10 @@ mod tests {
         assert_eq!(route(&Method::GET, "/containers/abc/json"), Route::Other);
         assert_eq!(route(&Method::POST, "/containers/abc/attach"), Route::Other);
         assert_eq!(route(&Method::GET, "/containers/create"), Route::Other);
-        assert_eq!(route(&Method::POST, "/version1/containers/create"), Route::Other);
+        assert_eq!(
+            route(&Method::POST, "/version1/containers/create"),
+            Route::Other
+        );
         assert_eq!(strip_version("/v1.41"), "/v1.41");
         assert_eq!(strip_version("/vx/containers"), "/vx/containers");
     }
@@ -934,7 +944,11 @@ mod tests {
         assert_eq!(info.pod.uid, "u-1");
         assert_eq!(info.pod.labels.get("app").map(String::as_str), Some("web"));
         assert!(info.pod.labels.contains_key("tap.kunpeng.huawei.com/skip"));
-        assert!(!info.pod.labels.keys().any(|k| k.starts_with("io.kubernetes")));
+        assert!(!info
+            .pod
+            .labels
+            .keys()
+            .any(|k| k.starts_with("io.kubernetes")));
         assert_eq!(
             info.pod
                 .annotations
