@@ -181,23 +181,6 @@ async fn scenario(ctd: &Containerd, dir: &Path) -> Result<()> {
         .contains_key(GRANT_KEY));
     assert_eq!(numa_containers(&agent)?, 2);
 
-    // Restart the agent: same state, rebuilt from the records.
-    let before = agent.state()?;
-    let st = agent.stop();
-    assert!(
-        st.map(|s| s.success()).unwrap_or(false),
-        "unclean exit: {st:?}"
-    );
-    drop(agent);
-    let mut agent = TapAgent::start(&args, &log)?;
-    assert_eq!(before, agent.state()?, "state changed across a restart");
-    let text = strip_ansi(&std::fs::read_to_string(&log)?);
-    assert!(
-        text.contains("from_record=2"),
-        "restore did not use the records"
-    );
-    let mut cri = Cri::connect(&proxy).await?;
-
     // UpdateContainerResources through the proxy: re-placed for 8/16.
     let mut r = ContainerSpec::cpus("app", 8000, Some(16000)).resources();
     r.cpuset_cpus = String::new();
@@ -215,6 +198,23 @@ async fn scenario(ctd: &Containerd, dir: &Path) -> Result<()> {
         cgroup_cpuset(cri.pid(&c1).await?)?,
         cri.spec_cpuset(&c1).await?
     );
+
+    // Restart the agent: same state, rebuilt from the records (the updated one included).
+    let before = agent.state()?;
+    let st = agent.stop();
+    assert!(
+        st.map(|s| s.success()).unwrap_or(false),
+        "unclean exit: {st:?}"
+    );
+    drop(agent);
+    let mut agent = TapAgent::start(&args, &log)?;
+    assert_eq!(before, agent.state()?, "state changed across a restart");
+    let text = strip_ansi(&std::fs::read_to_string(&log)?);
+    assert!(
+        text.contains("from_record=2"),
+        "restore did not use the records"
+    );
+    let mut cri = Cri::connect(&proxy).await?;
 
     // Stop releases; remove is idempotent.
     cri.stop_container(&c1).await?;

@@ -145,7 +145,7 @@ fn bench(c: &mut Criterion) {
                 .await
                 .expect("backend");
         });
-        let proxy = CriProxy::new(fixture_agent(), &backend_sock).expect("proxy");
+        let proxy = CriProxy::new(fixture_agent(), &backend_sock, None).expect("proxy");
         proxy.restore().await.expect("restore");
         let l = tokio::net::UnixListener::bind(&proxy_sock).expect("bind proxy");
         tokio::spawn(serve(proxy, l, stop.clone()));

@@ -12,6 +12,7 @@
 //! proxy maps ids to keys.
 
 use crate::agent::{Agent, ContainerInfo, PodInfo, Update};
+use crate::docker_proxy::RecordFile;
 use crate::flags::Flags;
 use anyhow::Context;
 use hyper_util::rt::TokioIo;
@@ -210,6 +211,8 @@ pub struct CriProxy {
 
 struct Inner {
     agent: Arc<Agent>,
+    /// Records changed by UpdateContainerResources (annotations are fixed at create).
+    records: Option<RecordFile>,
     runtime: RuntimeServiceClient<Channel>,
     images: ImageServiceClient<Channel>,
     known: Mutex<Known>,
@@ -227,11 +230,16 @@ pub fn unix_channel(path: &Path) -> anyhow::Result<Channel> {
 }
 
 impl CriProxy {
-    pub fn new(agent: Arc<Agent>, backend: &Path) -> anyhow::Result<CriProxy> {
+    pub fn new(
+        agent: Arc<Agent>,
+        backend: &Path,
+        state_dir: Option<&Path>,
+    ) -> anyhow::Result<CriProxy> {
         let ch = unix_channel(backend)?;
         Ok(CriProxy {
             inner: Arc::new(Inner {
                 agent,
+                records: state_dir.map(|d| RecordFile::new(d.join("cri-grants.json"))),
                 runtime: RuntimeServiceClient::new(ch.clone())
                     .max_decoding_message_size(MAX_MESSAGE)
                     .max_encoding_message_size(MAX_MESSAGE),
@@ -333,6 +341,12 @@ impl CriProxy {
             .context("ListContainers")?
             .into_inner()
             .containers;
+        let records = self
+            .inner
+            .records
+            .as_ref()
+            .map(RecordFile::load)
+            .unwrap_or_default();
         let mut infos = Vec::new();
         let mut ids = HashMap::new();
         for c in containers {
@@ -378,6 +392,9 @@ impl CriProxy {
                 }
             }
             resources_from_verbose(&st.info, &mut info);
+            if let Some(r) = records.get(&key) {
+                info.annotations.insert(GRANT_KEY.into(), r.clone());
+            }
             ids.insert(c.id, key);
             infos.push(info);
         }
@@ -397,12 +414,22 @@ impl CriProxy {
         let key = self.known().ids.get(container_id).cloned();
         if let Some(key) = key {
             let ups = self.agent().remove(&key);
+            self.store_record(&key, None);
             if forget {
                 let mut k = self.known();
                 k.by_key.remove(&key);
                 k.ids.remove(container_id);
             }
             self.apply_updates(&ups).await;
+        }
+    }
+
+    fn store_record(&self, key: &str, record: Option<&str>) {
+        if let Some(f) = &self.inner.records {
+            if let Err(e) = f.store(key, record) {
+                tracing::warn!(file = %f.path.display(), "cannot store the grant record: {e}");
+                self.agent().metrics().count_error("update", "state");
+            }
         }
     }
 
@@ -565,6 +592,7 @@ impl RuntimeService for CriProxy {
             if let Some(rec) = &adj.record {
                 info.annotations.insert(GRANT_KEY.into(), rec.clone());
                 req.annotations.insert(GRANT_KEY.into(), rec.clone());
+                self.store_record(&info.id, Some(rec));
             }
             self.known().by_key.insert(info.id.clone(), info);
             updates = adj.updates;
@@ -653,7 +681,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let backend: PathBuf = flags.runtime_endpoint_path();
-    let proxy = CriProxy::new(agent.clone(), &backend)?;
+    let proxy = CriProxy::new(agent.clone(), &backend, Some(&flags.state_dir))?;
     let mut delay = Duration::from_millis(200);
     loop {
         match proxy.restore().await {

@@ -337,6 +337,52 @@ pub fn update_body(u: &Update) -> Value {
 // ---------------------------------------------------------------------------------------------
 // The proxy.
 
+/// Grant records that changed after create (the runtime cannot update the label or annotation
+/// it stores): engine key -> record, in a small JSON file under `--state-dir`, read at restore
+/// in preference to the one stored at create. Writes are serialised and atomic (rename).
+pub struct RecordFile {
+    pub path: PathBuf,
+    lock: Mutex<()>,
+}
+
+impl RecordFile {
+    pub fn new(path: PathBuf) -> RecordFile {
+        RecordFile {
+            path,
+            lock: Mutex::new(()),
+        }
+    }
+
+    pub fn load(&self) -> HashMap<String, String> {
+        match std::fs::read(&self.path) {
+            Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
+                tracing::warn!(file = %self.path.display(), "ignoring unreadable grant records: {e}");
+                HashMap::new()
+            }),
+            Err(_) => HashMap::new(),
+        }
+    }
+
+    /// Sets (`Some`) or drops (`None`) the record of `key`.
+    pub fn store(&self, key: &str, record: Option<&str>) -> std::io::Result<()> {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all = self.load();
+        let changed = match record {
+            Some(r) => all.insert(key.to_string(), r.to_string()).as_deref() != Some(r),
+            None => all.remove(key).is_some(),
+        };
+        if !changed {
+            return Ok(());
+        }
+        if let Some(d) = self.path.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        let tmp = self.path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(&all).unwrap_or_default())?;
+        std::fs::rename(&tmp, &self.path)
+    }
+}
+
 #[derive(Default)]
 struct Known {
     /// Engine key (Docker name without `/`) -> what we know of the container.
@@ -369,9 +415,8 @@ pub struct DockerProxy {
     agent: Arc<Agent>,
     backend: PathBuf,
     known: Mutex<Known>,
-    /// Grant records changed by an update (Docker labels are immutable after create):
-    /// name -> record, kept in this JSON file so a restart reads the current one.
-    records_file: Option<PathBuf>,
+    /// Grant records changed by an update (Docker labels are immutable after create).
+    records: Option<RecordFile>,
 }
 
 impl DockerProxy {
@@ -380,48 +425,24 @@ impl DockerProxy {
             agent,
             backend,
             known: Mutex::new(Known::default()),
-            records_file: state_dir.map(|d| d.join("docker-grants.json")),
+            records: state_dir.map(|d| RecordFile::new(d.join("docker-grants.json"))),
         }
     }
 
     fn load_records(&self) -> HashMap<String, String> {
-        let Some(p) = &self.records_file else {
-            return HashMap::new();
-        };
-        match std::fs::read(p) {
-            Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
-                tracing::warn!(file = %p.display(), "ignoring unreadable grant records: {e}");
-                HashMap::new()
-            }),
-            Err(_) => HashMap::new(),
-        }
+        self.records
+            .as_ref()
+            .map(RecordFile::load)
+            .unwrap_or_default()
     }
 
     /// Sets (`Some`) or drops (`None`) the stored record of a container.
     fn store_record(&self, name: &str, record: Option<&str>) {
-        let Some(p) = &self.records_file else {
-            return;
-        };
-        let _k = self.known(); // serialises writers
-        let mut all = self.load_records();
-        let changed = match record {
-            Some(r) => all.insert(name.to_string(), r.to_string()).as_deref() != Some(r),
-            None => all.remove(name).is_some(),
-        };
-        if !changed {
-            return;
-        }
-        let write = || -> std::io::Result<()> {
-            if let Some(d) = p.parent() {
-                std::fs::create_dir_all(d)?;
+        if let Some(f) = &self.records {
+            if let Err(e) = f.store(name, record) {
+                tracing::warn!(file = %f.path.display(), "cannot store the grant record: {e}");
+                self.agent.metrics().count_error("update", "state");
             }
-            let tmp = p.with_extension("json.tmp");
-            std::fs::write(&tmp, serde_json::to_vec(&all).unwrap_or_default())?;
-            std::fs::rename(&tmp, p)
-        };
-        if let Err(e) = write() {
-            tracing::warn!(file = %p.display(), "cannot store the grant record: {e}");
-            self.agent.metrics().count_error("update", "state");
         }
     }
 
@@ -1082,6 +1103,25 @@ mod tests {
         );
         assert!(!info.pod.labels.contains_key(GRANT_KEY));
         assert!(info_from_inspect(&json!({"Name": "/x"}), None).is_none());
+    }
+
+    #[test]
+    fn record_file_sets_replaces_and_drops() {
+        let dir = std::env::temp_dir().join(format!("tap-recfile-{}", std::process::id()));
+        let f = RecordFile::new(dir.join("sub/grants.json"));
+        assert!(f.load().is_empty());
+        f.store("a", Some("v1;1")).unwrap();
+        f.store("b", Some("v1;2")).unwrap();
+        f.store("a", Some("v1;3")).unwrap();
+        f.store("c", None).unwrap();
+        let all = f.load();
+        assert_eq!(all.get("a").map(String::as_str), Some("v1;3"));
+        assert_eq!(all.len(), 2);
+        f.store("a", None).unwrap();
+        assert_eq!(f.load().keys().collect::<Vec<_>>(), vec!["b"]);
+        std::fs::write(&f.path, "not json").unwrap();
+        assert!(f.load().is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
