@@ -6,6 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tier="${1:-all}"
 
+# k8s-cri (CRI proxy, CRI e2e client) compiles its protos at build time: it needs protoc.
+command -v protoc >/dev/null 2>&1 || flock /var/lock/kunpeng-tap-apt sh -c \
+  'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler'
+
 unit() {
   cargo fmt --all --check
   cargo clippy --workspace --all-targets -- -D warnings

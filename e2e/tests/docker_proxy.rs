@@ -340,9 +340,19 @@ fn scenario(env: &Env) -> Result<()> {
     let logs = env.docker(&["logs", "-f", &talker])?;
     assert_eq!(logs, "line1\nline2\nline3\nline4\nline5");
     assert!(t.elapsed() < Duration::from_secs(20));
-    let attached = env.docker(&["attach", "--no-stdin", &talker]);
-    // Exited already: attach returns at once (an error or nothing), never hangs.
-    drop(attached);
+    // `docker attach` to a running container: its later output arrives over the hijacked
+    // connection, and attach returns when it exits.
+    let later = env.docker(&[
+        "run",
+        "-d",
+        "--network=none",
+        IMAGE,
+        "/bin/sh",
+        "-c",
+        "sleep 1.5; echo attached-ok",
+    ])?;
+    let attached = env.docker(&["attach", "--no-stdin", &later])?;
+    assert_eq!(attached, "attached-ok");
 
     // Update through the proxy: the grant follows the new request (8/16 CPUs).
     env.docker(&[
