@@ -4,4 +4,5 @@
 //! once and says so. With it, a missing component is a failure, never a skip.
 
 pub mod containerd;
+pub mod docker;
 pub mod util;

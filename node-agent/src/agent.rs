@@ -353,11 +353,14 @@ impl Agent {
             .iter()
             .map(|c| Existing {
                 request: self.request_of(c),
+                // With a host fold the live cpuset is in host CPUs, not the topology's: it
+                // cannot confirm a record (the record alone is used then).
                 cpus: c
                     .cpus
                     .as_deref()
                     .and_then(|s| CpuSet::parse(s).ok())
-                    .filter(|s| !s.is_empty()),
+                    .filter(|s| !s.is_empty())
+                    .filter(|_| self.fold.is_none() || !c.annotations.contains_key(GRANT_KEY)),
                 mems: c.mems.as_deref().and_then(|s| CpuSet::parse(s).ok()),
                 record: c.annotations.get(GRANT_KEY).cloned(),
             })

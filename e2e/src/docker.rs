@@ -1,0 +1,463 @@
+//! A private dockerd for e2e tests, the `docker` CLI against any socket, and a kunpeng-tap
+//! agent process.
+//!
+//! Installed by `hack/e2e/setup-docker.sh` (Debian's docker.io, runc, busybox-static and a
+//! busybox rootfs tarball). A [`Dockerd`] lives entirely under its own temp dir: socket,
+//! data-root, exec-root (where it runs its own containerd), pidfile; no iptables, no bridge.
+//! Dropping it removes its containers, stops the daemon (and its containerd), removes the
+//! cgroups the test's containers used and the dir.
+//!
+//! [`TapAgent`] runs the `kunpeng-tap` binary (built once per test process with cargo) and
+//! stops it on drop.
+
+use anyhow::{bail, Context, Result};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The busybox rootfs tarball setup-docker.sh builds.
+pub const ROOTFS_TARBALL: &str = "/var/cache/kunpeng-tap/docker/busybox-rootfs.tar";
+/// The image the harness imports.
+pub const IMAGE: &str = "tap.local/busybox:e2e";
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh short temp dir (unix socket paths are limited to 108 bytes).
+pub fn temp_dir(prefix: &str) -> Result<PathBuf> {
+    let dir = PathBuf::from(format!(
+        "/tmp/{prefix}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    ));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).ok();
+    }
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Fails (never skips) when the setup script has not run.
+pub fn check_installed() -> Result<()> {
+    for bin in ["dockerd", "docker", "runc"] {
+        let ok = Command::new("sh")
+            .args(["-c", &format!("command -v {bin}")])
+            .stdout(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            bail!("{bin} is missing: run hack/e2e/setup-docker.sh");
+        }
+    }
+    if !Path::new(ROOTFS_TARBALL).exists() {
+        bail!("{ROOTFS_TARBALL} is missing: run hack/e2e/setup-docker.sh");
+    }
+    Ok(())
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Sends SIGTERM, waits up to `grace`, then SIGKILL.
+pub fn terminate(child: &mut Child, grace: Duration) {
+    signal(child.id(), "TERM");
+    let until = Instant::now() + grace;
+    while Instant::now() < until {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Runs the `docker` CLI against `socket`; fails with its stderr when it fails.
+pub fn docker(socket: &Path, args: &[&str]) -> Result<String> {
+    let out = docker_output(socket, args, None)?;
+    if !out.status.success() {
+        bail!(
+            "docker {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Runs the `docker` CLI against `socket`, optionally feeding `stdin`, with a 60 s limit.
+pub fn docker_output(socket: &Path, args: &[&str], stdin: Option<&[u8]>) -> Result<Output> {
+    let mut child = Command::new("docker")
+        .args(args)
+        .env("DOCKER_HOST", format!("unix://{}", socket.display()))
+        .env("DOCKER_CONFIG", socket.with_file_name("docker-cli-config"))
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running docker")?;
+    if let Some(data) = stdin {
+        let mut si = child.stdin.take().context("docker stdin")?;
+        si.write_all(data)?;
+        drop(si); // EOF: the CLI half-closes the hijacked connection
+    }
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(out) => Ok(out?),
+        Err(_) => {
+            signal(pid, "KILL");
+            bail!("docker {} hung for 60 s", args.join(" "))
+        }
+    }
+}
+
+/// A raw HTTP/1.0 GET over a unix socket: (status, body).
+pub fn unix_get(socket: &Path, path: &str) -> Result<(u16, String)> {
+    let mut s = std::os::unix::net::UnixStream::connect(socket)
+        .with_context(|| format!("connecting {}", socket.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: docker\r\n\r\n")?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    http_split(&buf)
+}
+
+/// A raw HTTP/1.0 GET over TCP: (status, body).
+pub fn tcp_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(addr).with_context(|| format!("connecting {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    http_split(&buf)
+}
+
+fn http_split(buf: &str) -> Result<(u16, String)> {
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .context("no HTTP status")?;
+    let body = buf.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    Ok((status, body.to_string()))
+}
+
+/// A running private dockerd. Kill-on-drop.
+pub struct Dockerd {
+    dir: PathBuf,
+    child: Option<Child>,
+    /// cgroup parents handed out by [`Dockerd::cgroup_parent`], removed on drop.
+    cgroup_root: String,
+}
+
+impl Dockerd {
+    /// Starts dockerd under a fresh temp dir, waits for its API and imports [`IMAGE`].
+    pub fn start() -> Result<Dockerd> {
+        check_installed()?;
+        let dir = temp_dir("tap-dkd")?;
+        let cgroup_root = format!(
+            "/tap-e2e-docker-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        );
+        let log = std::fs::File::create(dir.join("dockerd.log"))?;
+        let child = Command::new("dockerd")
+            .arg(format!(
+                "--host=unix://{}",
+                dir.join("docker.sock").display()
+            ))
+            .arg(format!("--data-root={}", dir.join("data").display()))
+            .arg(format!("--exec-root={}", dir.join("exec").display()))
+            .arg(format!("--pidfile={}", dir.join("dockerd.pid").display()))
+            .args([
+                "--iptables=false",
+                "--ip-masq=false",
+                "--bridge=none",
+                "--storage-driver=vfs",
+                "--log-level=warn",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting dockerd")?;
+        let d = Dockerd {
+            dir,
+            child: Some(child),
+            cgroup_root,
+        };
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok((200, _)) = unix_get(&d.socket(), "/_ping") {
+                break;
+            }
+            if Instant::now() > until {
+                bail!("dockerd did not answer in 60 s:\n{}", d.log_tail(30));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let out = Command::new("docker")
+            .args(["import", ROOTFS_TARBALL, IMAGE])
+            .env("DOCKER_HOST", format!("unix://{}", d.socket().display()))
+            .output()
+            .context("docker import")?;
+        if !out.status.success() {
+            bail!(
+                "docker import failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(d)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// dockerd's own API socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("docker.sock")
+    }
+
+    pub fn log_tail(&self, n: usize) -> String {
+        tail(&self.dir.join("dockerd.log"), n)
+    }
+
+    /// A cgroup parent for a test container under this daemon's private cgroup root, e.g.
+    /// `cgroup_parent("burstable/pod1")`; the QoS is read from the path as the kubelet writes it.
+    pub fn cgroup_parent(&self, rel: &str) -> String {
+        format!("{}/{}", self.cgroup_root, rel.trim_start_matches('/'))
+    }
+
+    /// `cpuset.cpus` of a running container's cgroup (v1 cpuset hierarchy, or v2).
+    pub fn container_cgroup_cpus(&self, id: &str) -> Result<String> {
+        let pid = docker(&self.socket(), &["inspect", "-f", "{{.State.Pid}}", id])?;
+        let pid: u32 = pid.parse().context("container pid")?;
+        cgroup_cpuset(pid)
+    }
+
+    fn remove_cgroups(&self) {
+        let rel = self.cgroup_root.trim_start_matches('/');
+        let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") else {
+            return;
+        };
+        let mut roots = vec![PathBuf::from("/sys/fs/cgroup").join(rel)];
+        for e in rd.flatten() {
+            roots.push(e.path().join(rel));
+        }
+        fn rm(p: &Path) {
+            if let Ok(rd) = std::fs::read_dir(p) {
+                for e in rd.flatten() {
+                    if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                        rm(&e.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(p);
+        }
+        for r in roots {
+            if r.is_dir() {
+                rm(&r);
+            }
+        }
+    }
+}
+
+impl Drop for Dockerd {
+    fn drop(&mut self) {
+        let sock = self.socket();
+        if let Ok(ids) = docker(&sock, &["ps", "-aq"]) {
+            let ids: Vec<&str> = ids.split_whitespace().collect();
+            if !ids.is_empty() {
+                let mut args = vec!["rm", "-f"];
+                args.extend(ids);
+                let _ = docker(&sock, &args);
+            }
+        }
+        if let Some(mut ch) = self.child.take() {
+            terminate(&mut ch, Duration::from_secs(15));
+        }
+        // dockerd's containerd stops with it; anything left mounted under the dir goes.
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "grep -o ' {}[^ ]*' /proc/self/mounts | sort -r | xargs -r -n1 umount -l",
+                self.dir.display()
+            ))
+            .status();
+        self.remove_cgroups();
+        if std::env::var_os("TAP_E2E_KEEP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn tail(path: &Path, n: usize) -> String {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// `cpuset.cpus` of a process's cgroup (v1 cpuset hierarchy or v2 unified).
+pub fn cgroup_cpuset(pid: u32) -> Result<String> {
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .with_context(|| format!("reading /proc/{pid}/cgroup"))?;
+    let v1 = Path::new("/sys/fs/cgroup/cpuset/cpuset.cpus").exists();
+    for line in cg.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let base = if v1 && ctrls.split(',').any(|c| c == "cpuset") {
+            "/sys/fs/cgroup/cpuset"
+        } else if !v1 && ctrls.is_empty() {
+            "/sys/fs/cgroup"
+        } else {
+            continue;
+        };
+        let p = format!("{base}{path}/cpuset.cpus");
+        return Ok(std::fs::read_to_string(&p)
+            .with_context(|| format!("reading {p}"))?
+            .trim()
+            .to_string());
+    }
+    bail!("no cpuset cgroup for pid {pid}")
+}
+
+/// The `kunpeng-tap` binary, built once per test process (`TAP_BIN` overrides).
+pub fn tap_binary() -> Result<PathBuf> {
+    static BIN: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("TAP_BIN") {
+            return Ok(PathBuf::from(p));
+        }
+        let root = crate::util::workspace_root();
+        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["build", "-q", "-p", "node-agent", "--bin", "kunpeng-tap"])
+            .current_dir(&root)
+            .status()
+            .map_err(|e| format!("running cargo build: {e}"))?;
+        if !status.success() {
+            return Err("cargo build -p node-agent failed".into());
+        }
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        Ok(target.join("debug/kunpeng-tap"))
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
+/// A free loopback TCP port (for the agent's metrics endpoint).
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// A running kunpeng-tap agent. Stopped (SIGTERM, then SIGKILL) on drop.
+pub struct TapAgent {
+    child: Option<Child>,
+    log: PathBuf,
+    /// `127.0.0.1:<port>` of /metrics, /healthz, /readyz.
+    pub metrics_addr: String,
+}
+
+impl TapAgent {
+    /// Starts `kunpeng-tap <args> --metrics-bind-address 127.0.0.1:<free>`, logging to `log`,
+    /// and waits until /readyz answers 200 (the mode finished its start-up sync).
+    pub fn start(args: &[String], log: &Path) -> Result<TapAgent> {
+        let bin = tap_binary()?;
+        let metrics_addr = format!("127.0.0.1:{}", free_port()?);
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        let child = Command::new(&bin)
+            .args(args)
+            .arg(format!("--metrics-bind-address={metrics_addr}"))
+            .env("TAP_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut a = TapAgent {
+            child: Some(child),
+            log: log.to_path_buf(),
+            metrics_addr,
+        };
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok((200, _)) = tcp_get(&a.metrics_addr, "/readyz") {
+                return Ok(a);
+            }
+            if let Some(ch) = a.child.as_mut() {
+                if let Ok(Some(st)) = ch.try_wait() {
+                    bail!("kunpeng-tap exited ({st}):\n{}", a.log_tail(30));
+                }
+            }
+            if Instant::now() > until {
+                bail!("kunpeng-tap not ready in 60 s:\n{}", a.log_tail(30));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn log_tail(&self, n: usize) -> String {
+        tail(&self.log, n)
+    }
+
+    /// The OpenMetrics text.
+    pub fn metrics(&self) -> Result<String> {
+        let (s, body) = tcp_get(&self.metrics_addr, "/metrics")?;
+        anyhow::ensure!(s == 200, "/metrics answered {s}");
+        Ok(body)
+    }
+
+    /// The agent's placement state as its metrics show it: every `tap_topology_node_usage` and
+    /// `tap_topology_node_container_count` line, sorted.
+    pub fn state(&self) -> Result<Vec<String>> {
+        let mut v: Vec<String> = self
+            .metrics()?
+            .lines()
+            .filter(|l| {
+                l.starts_with("tap_topology_node_usage{")
+                    || l.starts_with("tap_topology_node_container_count{")
+            })
+            .map(str::to_string)
+            .collect();
+        v.sort();
+        Ok(v)
+    }
+
+    /// Stops the agent (SIGTERM) and returns its exit status.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut ch = self.child.take()?;
+        terminate(&mut ch, Duration::from_secs(20));
+        ch.try_wait().ok().flatten()
+    }
+}
+
+impl Drop for TapAgent {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,244 @@
+//! CRI proxy mode (`--container-runtime-mode=Containerd`) against a real containerd 1.7 with
+//! CRI, driven by a real CRI client (k8s-cri / tonic) through the proxy socket.
+//!
+//! Uses the shared containerd harness (`tap_e2e::containerd`, hack/e2e/setup-containerd.sh)
+//! with NRI off, and the agent launcher from `tap_e2e::docker`. Decisions are made on the
+//! 96-CPU fixture and folded onto this host (`--fold-cpus-to-host`).
+
+use anyhow::{ensure, Context, Result};
+use k8s_cri::v1 as cri;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tap_e2e::containerd::{
+    cgroup_cpuset, remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd, ContainerdOptions,
+    Cri, PodSpec, BUSYBOX_IMAGE,
+};
+use tap_e2e::docker::{temp_dir, TapAgent};
+use tap_e2e::util::{fixtures_dir, skip_unless_enabled};
+
+const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
+const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
+
+fn agent_args(proxy: &Path, ctd: &Containerd, dir: &Path) -> Vec<String> {
+    vec![
+        "--container-runtime-mode=Containerd".into(),
+        format!("--runtime-proxy-endpoint={}", proxy.display()),
+        format!(
+            "--container-runtime-service-endpoint={}",
+            ctd.cri_socket().display()
+        ),
+        format!("--sysfs-root={}", fixtures_dir().join(FIXTURE).display()),
+        "--fold-cpus-to-host".into(),
+        format!("--state-dir={}", dir.join("state").display()),
+        "--graceful-timeout=2s".into(),
+    ]
+}
+
+fn numa_containers(agent: &TapAgent) -> Result<i64> {
+    Ok(agent
+        .state()?
+        .iter()
+        .filter(|l| l.starts_with("tap_topology_node_container_count{"))
+        .filter(|l| l.contains("level=\"numa\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
+        .sum())
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c == '\u{1b}' {
+            for d in it.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+struct RmDir(PathBuf);
+impl Drop for RmDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cri_proxy_places_passes_through_and_survives_restart() -> Result<()> {
+    if skip_unless_enabled("cri_proxy_places_passes_through_and_survives_restart") {
+        return Ok(());
+    }
+    let t0 = Instant::now();
+    let dir = temp_dir("tap-crip")?;
+    let _rm = RmDir(dir.clone());
+    let ctd = Containerd::start(ContainerdOptions {
+        nri: false,
+        ..Default::default()
+    })?;
+    let res = scenario(&ctd, &dir).await;
+    if res.is_err() {
+        eprintln!(
+            "--- agent log\n{}\n--- containerd log\n{}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
+            ctd.log_tail(40)
+        );
+    }
+    drop(ctd);
+    remove_cgroup_tree();
+    eprintln!("CRI proxy e2e took {:.1?}", t0.elapsed());
+    res
+}
+
+async fn scenario(ctd: &Containerd, dir: &Path) -> Result<()> {
+    let proxy = dir.join("cri-proxy.sock");
+    let args = agent_args(&proxy, ctd, dir);
+    let log = dir.join("agent.log");
+    let mut agent = TapAgent::start(&args, &log)?;
+    let mut cri = Cri::connect(&proxy).await?;
+
+    // ImageService passes through.
+    let ch = tap_e2e::containerd::unix_channel(&proxy).await?;
+    let mut images = cri::image_service_client::ImageServiceClient::new(ch.clone());
+    let list = images
+        .list_images(cri::ListImagesRequest::default())
+        .await?
+        .into_inner();
+    ensure!(
+        list.images
+            .iter()
+            .any(|i| i.repo_tags.iter().any(|t| t.contains(BUSYBOX_IMAGE))),
+        "busybox image not listed through the proxy: {list:?}"
+    );
+
+    // Server-streaming GetContainerEvents passes through: an event arrives for a new sandbox.
+    // (containerd sends the response headers with the first event, so the call runs aside.)
+    let mut ev_client = cri::runtime_service_client::RuntimeServiceClient::new(ch);
+    let events = tokio::spawn(async move {
+        let mut s = ev_client
+            .get_container_events(cri::GetEventsRequest::default())
+            .await?
+            .into_inner();
+        s.message().await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // Burstable 4/8: a NUMA node's CPUs (folded), and the grant record annotation.
+    let web = PodSpec::new("web", CgroupQos::Burstable).label("app", "web");
+    let sb1 = cri.run_pod(&web).await?;
+    let c1 = cri
+        .run_container(&sb1, &ContainerSpec::cpus("app", 4000, Some(8000)))
+        .await?;
+    let set1 = cri.spec_cpuset(&c1).await?;
+    ensure!(!set1.is_empty(), "no cpuset in the OCI spec");
+    assert_eq!(cgroup_cpuset(cri.pid(&c1).await?)?, set1);
+    // The record is a CRI annotation of the container (what ContainerStatus gives back).
+    let (st, _) = cri.container_status(&c1).await?;
+    let rec1 = st.annotations.get(GRANT_KEY).cloned().unwrap_or_default();
+    assert!(
+        rec1.starts_with("v1;"),
+        "grant annotation missing: {:?}",
+        st.annotations
+    );
+    let ev = tokio::time::timeout(Duration::from_secs(10), events)
+        .await
+        .context("no container event through the proxy")?
+        .context("event task")?
+        .context("GetContainerEvents through the proxy")?;
+    let ev = ev.context("event stream ended")?;
+    assert!(!ev.container_id.is_empty(), "{ev:?}");
+
+    // Guaranteed 1 CPU: one exclusive CPU (a single host CPU after the fold).
+    let db = PodSpec::new("db", CgroupQos::Guaranteed);
+    let sb2 = cri.run_pod(&db).await?;
+    let c2 = cri
+        .run_container(&sb2, &ContainerSpec::cpus("db", 1000, Some(1000)))
+        .await?;
+    let set2 = cri.spec_cpuset(&c2).await?;
+    assert!(
+        set2.parse::<u32>().is_ok(),
+        "expected one CPU, got {set2:?}"
+    );
+    assert_eq!(cgroup_cpuset(cri.pid(&c2).await?)?, set2);
+
+    // Opted out: untouched.
+    let skip =
+        PodSpec::new("skipme", CgroupQos::Burstable).label("tap.kunpeng.huawei.com/skip", "1");
+    let sb3 = cri.run_pod(&skip).await?;
+    let c3 = cri
+        .run_container(&sb3, &ContainerSpec::cpus("app", 2000, Some(4000)))
+        .await?;
+    assert_eq!(cri.spec_cpuset(&c3).await?, "");
+    assert!(!cri
+        .container_status(&c3)
+        .await?
+        .0
+        .annotations
+        .contains_key(GRANT_KEY));
+    assert_eq!(numa_containers(&agent)?, 2);
+
+    // UpdateContainerResources through the proxy: re-placed for 8/16.
+    let mut r = ContainerSpec::cpus("app", 8000, Some(16000)).resources();
+    r.cpuset_cpus = String::new();
+    cri.update_resources(&c1, r).await?;
+    let usage: Vec<String> = agent
+        .state()?
+        .into_iter()
+        .filter(|l| l.starts_with("tap_topology_node_usage{") && l.contains("numa"))
+        .collect();
+    assert!(
+        usage.iter().any(|l| l.ends_with(" 8.0")),
+        "no NUMA pool shows 8 CPUs after the update: {usage:?}"
+    );
+    assert_eq!(
+        cgroup_cpuset(cri.pid(&c1).await?)?,
+        cri.spec_cpuset(&c1).await?
+    );
+
+    // Restart the agent: same state, rebuilt from the records (the updated one included).
+    let before = agent.state()?;
+    let st = agent.stop();
+    assert!(
+        st.map(|s| s.success()).unwrap_or(false),
+        "unclean exit: {st:?}"
+    );
+    drop(agent);
+    let mut agent = TapAgent::start(&args, &log)?;
+    assert_eq!(before, agent.state()?, "state changed across a restart");
+    let text = strip_ansi(&std::fs::read_to_string(&log)?);
+    assert!(
+        text.contains("from_record=2"),
+        "restore did not use the records"
+    );
+    let mut cri = Cri::connect(&proxy).await?;
+
+    // Stop releases; remove is idempotent.
+    cri.stop_container(&c1).await?;
+    let until = Instant::now() + Duration::from_secs(10);
+    while numa_containers(&agent)? != 1 {
+        ensure!(Instant::now() < until, "not released at StopContainer");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cri.remove_container(&c1).await?;
+    assert_eq!(numa_containers(&agent)?, 1);
+    cri.stop_container(&c2).await?;
+    cri.remove_container(&c2).await?;
+    assert_eq!(numa_containers(&agent)?, 0);
+    let state = agent.state()?;
+    assert!(
+        state
+            .iter()
+            .filter(|l| l.starts_with("tap_topology_node_usage{"))
+            .all(|l| l.ends_with(" 0.0")),
+        "usage left: {state:?}"
+    );
+    for sb in [sb1, sb2, sb3] {
+        cri.remove_pod(&sb).await?;
+    }
+    agent.stop();
+    Ok(())
+}

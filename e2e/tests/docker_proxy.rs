@@ -1,0 +1,433 @@
+//! Docker proxy mode against a real dockerd, driven by the real `docker` CLI through the proxy.
+//!
+//! Decisions are made on the 2-socket/4-NUMA/96-CPU fixture and folded onto this host's CPUs
+//! (`--fold-cpus-to-host`); exclusive single-CPU grants make the fold visible (one CPU instead
+//! of all of them).
+
+use anyhow::{ensure, Context, Result};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tap_e2e::docker::{docker, docker_output, temp_dir, unix_get, Dockerd, TapAgent, IMAGE};
+use tap_e2e::util::{fixtures_dir, skip_unless_enabled};
+
+const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
+const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
+
+struct Env {
+    dockerd: Dockerd,
+    proxy: PathBuf,
+    dir: PathBuf,
+}
+
+impl Env {
+    fn agent_args(&self) -> Vec<String> {
+        vec![
+            "--container-runtime-mode=Docker".into(),
+            format!("--runtime-proxy-endpoint={}", self.proxy.display()),
+            format!(
+                "--container-runtime-service-endpoint=unix://{}",
+                self.dockerd.socket().display()
+            ),
+            format!("--sysfs-root={}", fixtures_dir().join(FIXTURE).display()),
+            "--fold-cpus-to-host".into(),
+            format!("--state-dir={}", self.dir.join("state").display()),
+            "--graceful-timeout=2s".into(),
+        ]
+    }
+
+    fn start_agent(&self) -> Result<TapAgent> {
+        TapAgent::start(&self.agent_args(), &self.dir.join("agent.log"))
+    }
+
+    /// The docker CLI through the proxy.
+    fn docker(&self, args: &[&str]) -> Result<String> {
+        docker(&self.proxy, args)
+    }
+
+    fn inspect(&self, id: &str, fmt: &str) -> Result<String> {
+        docker(&self.dockerd.socket(), &["inspect", "-f", fmt, id])
+    }
+
+    /// A Pod sandbox the way cri-dockerd makes one.
+    fn sandbox(&self, pod: &str, uid: &str, qos_path: &str, extra: &[&str]) -> Result<String> {
+        let name = format!("k8s_POD_{pod}_default_{uid}_0");
+        let cg = self.dockerd.cgroup_parent(qos_path);
+        let mut args = vec![
+            "run".to_string(),
+            "-d".into(),
+            "--name".into(),
+            name,
+            "--cgroup-parent".into(),
+            cg,
+            "--network=none".into(),
+        ];
+        for l in [
+            format!("io.kubernetes.pod.name={pod}"),
+            "io.kubernetes.pod.namespace=default".into(),
+            format!("io.kubernetes.pod.uid={uid}"),
+            "io.kubernetes.container.name=POD".into(),
+            "io.kubernetes.docker.type=podsandbox".into(),
+        ] {
+            args.push("--label".into());
+            args.push(l);
+        }
+        for l in extra {
+            args.push("--label".into());
+            args.push(l.to_string());
+        }
+        args.extend([IMAGE.to_string(), "/bin/sleep".into(), "3600".into()]);
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.docker(&argv)
+    }
+
+    /// An application container of that Pod, created (and started) through the proxy.
+    #[allow(clippy::too_many_arguments)]
+    fn container(
+        &self,
+        pod: &str,
+        uid: &str,
+        sandbox: &str,
+        name: &str,
+        qos_path: &str,
+        shares: u64,
+        quota: Option<i64>,
+        extra: &[&str],
+    ) -> Result<String> {
+        let cname = format!("k8s_{name}_{pod}_default_{uid}_0");
+        let cg = self.dockerd.cgroup_parent(qos_path);
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "-d".into(),
+            "--name".into(),
+            cname,
+            "--cgroup-parent".into(),
+            cg,
+            "--network=none".into(),
+            format!("--cpu-shares={shares}"),
+            "--memory=64m".into(),
+        ];
+        if let Some(q) = quota {
+            args.push(format!("--cpu-quota={q}"));
+            args.push("--cpu-period=100000".into());
+        }
+        for l in [
+            format!("io.kubernetes.pod.name={pod}"),
+            "io.kubernetes.pod.namespace=default".into(),
+            format!("io.kubernetes.pod.uid={uid}"),
+            format!("io.kubernetes.container.name={name}"),
+            "io.kubernetes.docker.type=container".into(),
+            format!("io.kubernetes.sandbox.id={sandbox}"),
+        ] {
+            args.push("--label".into());
+            args.push(l);
+        }
+        for e in extra {
+            args.push(e.to_string());
+        }
+        args.extend([IMAGE.to_string(), "/bin/sleep".into(), "3600".into()]);
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.docker(&argv)
+    }
+}
+
+fn cpus_allowed(env: &Env, id: &str) -> Result<String> {
+    // `docker exec` through the proxy (an upgraded connection).
+    let status = env.docker(&["exec", id, "cat", "/proc/self/status"])?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|s| s.trim().to_string())
+        .context("no Cpus_allowed_list in /proc/self/status")
+}
+
+fn host_cpus() -> Result<String> {
+    Ok(std::fs::read_to_string("/sys/devices/system/cpu/online")?
+        .trim()
+        .to_string())
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        if f()? {
+            return Ok(());
+        }
+        ensure!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn metric(agent: &TapAgent, prefix: &str) -> Result<Vec<String>> {
+    Ok(agent
+        .state()?
+        .into_iter()
+        .filter(|l| l.starts_with(prefix))
+        .collect())
+}
+
+/// Total containers the agent accounts on NUMA-node pools.
+fn numa_containers(agent: &TapAgent) -> Result<i64> {
+    Ok(metric(agent, "tap_topology_node_container_count{")?
+        .iter()
+        .filter(|l| l.contains("level=\"numa\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
+        .sum())
+}
+
+#[test]
+fn docker_proxy_places_passes_through_and_survives_restart() -> Result<()> {
+    if skip_unless_enabled("docker_proxy_places_passes_through_and_survives_restart") {
+        return Ok(());
+    }
+    let t0 = Instant::now();
+    let dir = temp_dir("tap-dkp")?;
+    struct RmDir(PathBuf);
+    impl Drop for RmDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _rm = RmDir(dir.clone());
+    let env = Env {
+        dockerd: Dockerd::start()?,
+        proxy: dir.join("proxy.sock"),
+        dir: dir.clone(),
+    };
+    let res = scenario(&env);
+    if res.is_err() {
+        eprintln!(
+            "--- agent log\n{}\n--- dockerd log\n{}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
+            env.dockerd.log_tail(40)
+        );
+    }
+    drop(env);
+    eprintln!("docker proxy e2e took {:.1?}", t0.elapsed());
+    res
+}
+
+fn scenario(env: &Env) -> Result<()> {
+    let mut agent = env.start_agent()?;
+    let host = host_cpus()?;
+
+    // /healthz is the proxy's own; everything else reaches dockerd (versioned paths too).
+    assert_eq!(unix_get(&env.proxy, "/healthz")?.0, 200);
+    let (s, v) = unix_get(&env.proxy, "/v1.41/version")?;
+    assert_eq!(s, 200);
+    assert!(v.contains("ApiVersion"), "{v}");
+
+    // A Burstable 4/8 CPU container: one NUMA node on the fixture (0-23 or 24-47 ...),
+    // folded onto this host.
+    let sb1 = env.sandbox("web", "uid-web", "burstable/poduid-web", &["app=web"])?;
+    let c1 = env.container(
+        "web",
+        "uid-web",
+        &sb1,
+        "app",
+        "burstable/poduid-web",
+        4096,
+        Some(800_000),
+        &[],
+    )?;
+    let rec1 = env.inspect(
+        &c1,
+        &format!("{{{{index .Config.Labels \"{GRANT_KEY}\"}}}}"),
+    )?;
+    assert!(rec1.starts_with("v1;"), "grant label missing: {rec1:?}");
+    assert!(
+        rec1.contains("pool=numa") || rec1.contains("pool=node"),
+        "{rec1}"
+    );
+    let set1 = env.inspect(&c1, "{{.HostConfig.CpusetCpus}}")?;
+    assert!(!set1.is_empty(), "CpusetCpus not set by the proxy");
+    assert_eq!(env.dockerd.container_cgroup_cpus(&c1)?, set1);
+    assert_eq!(numa_containers(&agent)?, 1);
+
+    // A Guaranteed 1-CPU container: an exclusive CPU, i.e. a single host CPU after the fold.
+    let sb2 = env.sandbox("db", "uid-db", "poduid-db", &[])?;
+    let c2 = env.container(
+        "db",
+        "uid-db",
+        &sb2,
+        "db",
+        "poduid-db",
+        1024,
+        Some(100_000),
+        &[],
+    )?;
+    let set2 = env.inspect(&c2, "{{.HostConfig.CpusetCpus}}")?;
+    assert!(
+        set2.parse::<u32>().is_ok(),
+        "expected one exclusive CPU, got {set2:?}"
+    );
+    assert_eq!(env.dockerd.container_cgroup_cpus(&c2)?, set2);
+    // ... which the container really runs on (exec through the proxy).
+    assert_eq!(cpus_allowed(env, &c2)?, set2);
+    let rec2 = env.inspect(
+        &c2,
+        &format!("{{{{index .Config.Labels \"{GRANT_KEY}\"}}}}"),
+    )?;
+    assert!(rec2.contains(";x="), "{rec2}");
+    assert!(!rec2.contains(";x=;"), "exclusive CPUs missing: {rec2}");
+
+    // Opted-out Pod (skip label on the sandbox) and a plain container: untouched.
+    let sb3 = env.sandbox(
+        "skipme",
+        "uid-skip",
+        "burstable/poduid-skip",
+        &["tap.kunpeng.huawei.com/skip=true"],
+    )?;
+    let c3 = env.container(
+        "skipme",
+        "uid-skip",
+        &sb3,
+        "app",
+        "burstable/poduid-skip",
+        2048,
+        Some(400_000),
+        &[],
+    )?;
+    assert_eq!(env.inspect(&c3, "{{.HostConfig.CpusetCpus}}")?, "");
+    let rec3 = env.inspect(
+        &c3,
+        &format!("{{{{index .Config.Labels \"{GRANT_KEY}\"}}}}"),
+    )?;
+    assert!(rec3.is_empty() || rec3 == "<no value>", "{rec3}");
+    let plain = env.docker(&[
+        "run",
+        "-d",
+        "--network=none",
+        "--cpu-shares=4096",
+        IMAGE,
+        "/bin/sleep",
+        "3600",
+    ])?;
+    assert_eq!(env.inspect(&plain, "{{.HostConfig.CpusetCpus}}")?, "");
+    assert_eq!(env.dockerd.container_cgroup_cpus(&plain)?, host);
+    // Only the two placed containers are accounted (both on NUMA-node pools).
+    assert_eq!(numa_containers(&agent)?, 2);
+
+    // Hijacked attach with stdin (run -i), streaming logs -f, exec: all through the proxy.
+    let out = docker_output(
+        &env.proxy,
+        &[
+            "run",
+            "-i",
+            "--rm",
+            "--network=none",
+            IMAGE,
+            "/bin/sh",
+            "-c",
+            "cat; echo done",
+        ],
+        Some(b"hello through the proxy\n"),
+    )?;
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hello through the proxy\ndone\n"
+    );
+    let talker = env.docker(&[
+        "run",
+        "-d",
+        "--network=none",
+        IMAGE,
+        "/bin/sh",
+        "-c",
+        "for i in 1 2 3 4 5; do echo line$i; sleep 0.2; done",
+    ])?;
+    let t = Instant::now();
+    let logs = env.docker(&["logs", "-f", &talker])?;
+    assert_eq!(logs, "line1\nline2\nline3\nline4\nline5");
+    assert!(t.elapsed() < Duration::from_secs(20));
+    // `docker attach` to a running container: its later output arrives over the hijacked
+    // connection, and attach returns when it exits.
+    let later = env.docker(&[
+        "run",
+        "-d",
+        "--network=none",
+        IMAGE,
+        "/bin/sh",
+        "-c",
+        "sleep 1.5; echo attached-ok",
+    ])?;
+    let attached = env.docker(&["attach", "--no-stdin", &later])?;
+    assert_eq!(attached, "attached-ok");
+
+    // Update through the proxy: the grant follows the new request (8/16 CPUs).
+    env.docker(&[
+        "update",
+        "--cpu-shares=8192",
+        "--cpu-quota=1600000",
+        "--cpu-period=100000",
+        &c1,
+    ])?;
+    let usage = metric(&agent, "tap_topology_node_usage{")?;
+    assert!(
+        usage.iter().any(|l| l.ends_with(" 8.0")),
+        "no pool shows 8 CPUs used after the update: {usage:?}"
+    );
+    let set1b = env.inspect(&c1, "{{.HostConfig.CpusetCpus}}")?;
+    assert_eq!(env.dockerd.container_cgroup_cpus(&c1)?, set1b);
+
+    // Restart the agent: its state equals the one before (records from labels + update file).
+    let before = agent.state()?;
+    let st = agent.stop();
+    assert!(
+        st.map(|s| s.success()).unwrap_or(false),
+        "unclean exit: {st:?}"
+    );
+    assert!(!env.proxy.exists(), "socket left behind");
+    drop(agent);
+    let mut agent = env.start_agent()?;
+    let after = agent.state()?;
+    assert_eq!(before, after, "state changed across a restart");
+    let log = strip_ansi(&std::fs::read_to_string(env.dir.join("agent.log"))?);
+    assert!(
+        log.contains("from_record=2"),
+        "restore did not use the records"
+    );
+
+    // Stop releases (idempotently again at delete); the other grant is untouched.
+    env.docker(&["stop", "-t", "1", &c1])?;
+    wait_for("release at stop", || Ok(numa_containers(&agent)? == 1))?;
+    env.docker(&["rm", &c1])?;
+    assert_eq!(numa_containers(&agent)?, 1, "the exclusive grant vanished");
+    // Force-delete a running one: released too, everything back to zero.
+    env.docker(&["rm", "-f", &c2])?;
+    let state = agent.state()?;
+    assert!(
+        state
+            .iter()
+            .filter(|l| l.contains("container_count"))
+            .all(|l| l.ends_with(" 0")),
+        "grants left after delete: {state:?}"
+    );
+    assert!(
+        state
+            .iter()
+            .filter(|l| l.starts_with("tap_topology_node_usage{"))
+            .all(|l| l.ends_with(" 0.0")),
+        "usage left after delete: {state:?}"
+    );
+    agent.stop();
+    Ok(())
+}
+
+/// Drops ANSI colour sequences from a log.
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c == '\u{1b}' {
+            for d in it.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
