@@ -132,7 +132,13 @@ fn header(out: &str) -> Vec<String> {
 }
 
 fn can_i(k: &KubeCluster, who: &str, verb: &str, resource: &str) -> Result<bool> {
-    let out = k.kubectl(&["auth", "can-i", verb, resource, "--as", who])?;
+    let mut args = vec!["auth", "can-i", verb];
+    match resource.split_once('/') {
+        Some((r, sub)) => args.extend([r, "--subresource", sub]),
+        None => args.push(resource),
+    }
+    args.extend(["--as", who]);
+    let out = k.kubectl(&args)?;
     let s = String::from_utf8_lossy(&out.stdout).trim().to_string();
     match s.as_str() {
         "yes" => Ok(true),
@@ -170,11 +176,17 @@ fn operator_and_agent_against_a_real_apiserver() {
     );
 }
 
+fn step(t0: Instant, what: &str) {
+    eprintln!("[{:6.1}s] {what}", t0.elapsed().as_secs_f64());
+}
+
 fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) -> Result<()> {
+    let t0 = Instant::now();
     let root = util::workspace_root();
     let op_bin = cargo_bin("tap-operator", "kunpeng-tap-operator")?;
     let link_bin = cargo_bin("node-agent", "kunpeng-tap-kube-link")?;
 
+    step(t0, "binaries built; applying CRDs");
     // --- CRDs (from the repository) and their validation.
     k.kubectl_ok(&["apply", "-f", &root.join("crds").display().to_string()])?;
     k.kubectl_ok(&[
@@ -208,6 +220,7 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
     )
     .context("a valid TopologyPolicy was refused")?;
 
+    step(t0, "CRD validation checked");
     // --- RBAC from deploy/rbac, checked by impersonation.
     k.kubectl_ok(&[
         "apply",
@@ -266,6 +279,7 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
         ],
     )?;
 
+    step(t0, "RBAC checked");
     // --- Nodes and overlapping policies.
     for (n, labels) in [
         ("n1", vec![("arch", "arm64"), ("rack", "1")]),
@@ -290,6 +304,7 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
         "{matchExpressions: [{key: rack, operator: In, values: [\"1\"]}]}",
     ))?;
 
+    step(t0, "nodes and policies created");
     // --- Two replicas; one leader.
     ops.push(start_operator(k, &op_bin, &op_kc, "op-a")?);
     ops.push(start_operator(k, &op_bin, &op_kc, "op-b")?);
@@ -324,6 +339,7 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
             && condition(&all, "Ready").is_some_and(|c| c["status"] == "True"))
     })?;
 
+    step(t0, "assignments and statuses as expected");
     // Only the leader writes.
     let holder = lease_holder(k)?.context("no Lease holder")?;
     let leader_idx = ops
@@ -375,6 +391,7 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
         }
     }
 
+    step(t0, "leader-only writes checked");
     // --- Label change: n3 becomes arm64 -> arm.
     k.kubectl_ok(&["label", "node", "n3", "arch=arm64"])?;
     wait_assigned(k, "n3", Some("arm"))?;
@@ -402,6 +419,7 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
     k.kubectl_ok(&["label", "node", "n3", "arch-", "rack=9", "--overwrite"])?;
     wait_assigned(k, "n3", None)?;
 
+    step(t0, "label/priority/removal switches checked");
     // --- The agent's link on n1, with a sysfs fixture.
     let fixture = util::fixtures_dir().join("synthetic-2s-4numa-96c-gpu");
     if !fixture.is_dir() {
@@ -503,6 +521,7 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
         );
     }
 
+    step(t0, "agent status and columns checked");
     // Restart without an API server: the cached policy applies.
     if let Some(mut a) = agent.take() {
         a.terminate(Duration::from_secs(5));
@@ -517,13 +536,13 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
         ),
     )?;
     *agent = Some(start_agent(&dead_kc, "agent-offline.log")?);
-    let t0 = Instant::now();
+    let waited = Instant::now();
     loop {
         let log = agent.as_ref().map(|a| a.log_text()).unwrap_or_default();
         if log.contains("policy from the cache") && log.contains("numa-aware") {
             break;
         }
-        if t0.elapsed() > Duration::from_secs(15) {
+        if waited.elapsed() > Duration::from_secs(15) {
             bail!("the agent did not apply its cached policy:\n{log}");
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -532,6 +551,7 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
         a.terminate(Duration::from_secs(5));
     }
 
+    step(t0, "agent cache restart checked");
     // --- Failover: kill the leader without releasing; the standby takes over and writes.
     ops[leader_idx].proc.kill();
     let standby_name = ops[standby_idx].name.clone();
@@ -546,6 +566,7 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
         bail!("new leader metrics:\n{nm}");
     }
 
+    step(t0, "failover checked");
     // --- Node deleted: its NodeTopology goes too (the operator deletes orphans; there is no
     // kube-controller-manager garbage collector here).
     k.kubectl_ok(&["delete", "node", "n3"])?;
@@ -563,6 +584,7 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
         bail!("n1 lost its assignment");
     }
 
+    step(t0, "node deletion checked");
     // Clean stop of the remaining replica releases the Lease.
     ops[standby_idx].proc.terminate(Duration::from_secs(10));
     k.wait_for(Duration::from_secs(10), "Lease released", |k| {
