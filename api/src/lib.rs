@@ -9,6 +9,10 @@
 //! The CRD YAML in `crds/` is generated from these types: `cargo run -p tap-api --bin crdgen`
 //! (or `UPDATE_CRDS=1 cargo test -p tap-api`); a test fails when it drifted.
 
+// `#[kube(printcolumn(name = .., type_ = ..))]` repeats keys by design; clippy reads them as
+// duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, CustomResourceExt, KubeSchema};

@@ -111,7 +111,7 @@ impl Link {
 async fn client() -> Result<kube::Client, kube::Error> {
     let config = kube::Config::infer()
         .await
-        .map_err(|e| kube::Error::InferConfig(e))?;
+        .map_err(kube::Error::InferConfig)?;
     kube::Client::try_from(config)
 }
 

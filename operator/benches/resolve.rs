@@ -17,10 +17,16 @@ fn nodes(n: usize) -> Vec<NodeInput> {
                 "kubernetes.io/arch".into(),
                 if i % 3 == 0 { "amd64" } else { "arm64" }.into(),
             );
-            labels.insert("topology.kubernetes.io/zone".into(), format!("zone-{}", i % 4));
+            labels.insert(
+                "topology.kubernetes.io/zone".into(),
+                format!("zone-{}", i % 4),
+            );
             labels.insert("rack".into(), format!("rack-{}", i % 50));
             labels.insert("pool".into(), format!("pool-{}", i % 20));
-            labels.insert("node.kubernetes.io/instance-type".into(), format!("t{}", i % 7));
+            labels.insert(
+                "node.kubernetes.io/instance-type".into(),
+                format!("t{}", i % 7),
+            );
             if i % 10 == 0 {
                 labels.insert("gpu".into(), "true".into());
             }
@@ -40,9 +46,8 @@ fn policies(n: usize) -> Vec<PolicyInput> {
             match i % 5 {
                 // Equality on a rack.
                 0 => {
-                    sel.match_labels = Some(
-                        [("rack".to_string(), format!("rack-{}", i % 50))].into(),
-                    )
+                    sel.match_labels =
+                        Some([("rack".to_string(), format!("rack-{}", i % 50))].into())
                 }
                 // A pool and an architecture.
                 1 => {
@@ -59,7 +64,10 @@ fn policies(n: usize) -> Vec<PolicyInput> {
                     sel.match_expressions = Some(vec![LabelSelectorRequirement {
                         key: "topology.kubernetes.io/zone".into(),
                         operator: "In".into(),
-                        values: Some(vec![format!("zone-{}", i % 4), format!("zone-{}", (i + 1) % 4)]),
+                        values: Some(vec![
+                            format!("zone-{}", i % 4),
+                            format!("zone-{}", (i + 1) % 4),
+                        ]),
                     }])
                 }
                 // Exists / NotIn (unindexed: checked against every node).

@@ -22,8 +22,9 @@ pub struct Facts {
 }
 
 fn milli(m: u64) -> String {
-    if m % 1000 == 0 {
-        format!("{}", m / 1000)
+    let (whole, frac) = (m / 1000, m % 1000);
+    if frac == 0 {
+        format!("{whole}")
     } else {
         let s = format!("{:.2}", m as f64 / 1000.0);
         s.trim_end_matches('0').trim_end_matches('.').to_string()
