@@ -5,4 +5,5 @@
 
 pub mod containerd;
 pub mod docker;
+pub mod kube;
 pub mod util;

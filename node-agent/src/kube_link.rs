@@ -1,15 +1,271 @@
-//! NodeTopology watch and status.
+//! The agent's link to the API server (`--enable-node-topology`), in every runtime mode:
+//!
+//! - watches its own NodeTopology (name = `--node-name` / `NODE_NAME`, else the hostname) and
+//!   applies the spec's policy to containers created from then on ([`Agent::set_config`]);
+//!   without a policy in the spec (or without the object) the flags' configuration applies;
+//! - caches the last policy in `--state-dir` so a restart applies it before (or without) the
+//!   API server;
+//! - writes the NodeTopology status (discovered topology, per-zone usage, containers, agent
+//!   mode and version, conditions) on change, at most once per [`STATUS_MIN_INTERVAL`].
+//!
+//! Nothing here can stop a container from starting: API errors are logged and retried.
+//! Decisions are pure functions in [`policy`] and [`status`]; this file is the I/O.
+
+pub mod policy;
+pub mod status;
 
 use crate::agent::Agent;
 use crate::flags::Flags;
-use std::sync::Arc;
+use futures::StreamExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{watcher, WatchStreamExt};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tap_api::NodeTopology;
+use tap_engine::EngineConfig;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+
+pub use policy::{CachedPolicy, ConfigSource};
+
+/// The shortest time between two status writes.
+pub const STATUS_MIN_INTERVAL: Duration = Duration::from_secs(5);
+/// The field manager of the agent's status writes.
+pub const FIELD_MANAGER: &str = "kunpeng-tap-agent";
+/// File in `--state-dir` holding the last policy.
+pub const CACHE_FILE: &str = "node-topology-policy.json";
+
+/// This node's name: `--node-name` / `NODE_NAME`, else the hostname.
+pub fn node_name(flags: &Flags) -> String {
+    flags
+        .node_name
+        .clone()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "localhost".into())
+        })
+}
+
+/// What the link knows, shared between the watch and the status writer.
+struct State {
+    source: ConfigSource,
+    generation: Option<i64>,
+    /// Why the spec's policy was not applied, if it was not.
+    invalid: Option<String>,
+}
+
+struct Link {
+    agent: Arc<Agent>,
+    base: EngineConfig,
+    node: String,
+    cache_path: PathBuf,
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+impl Link {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies a NodeTopology (or its absence) to the agent and the cache.
+    fn apply(&self, nt: Option<&NodeTopology>) {
+        let settings = nt.and_then(|n| n.spec.policy.as_ref());
+        let generation = nt.and_then(|n| n.metadata.generation);
+        match policy::engine_config(&self.base, settings) {
+            Ok(cfg) => {
+                self.agent.set_config(cfg);
+                let mut st = self.state();
+                st.source = if settings.is_some() {
+                    ConfigSource::NodeTopology
+                } else {
+                    ConfigSource::Flags
+                };
+                st.generation = generation;
+                st.invalid = None;
+                drop(st);
+                let cached = CachedPolicy {
+                    node: self.node.clone(),
+                    generation,
+                    source: nt.and_then(|n| n.spec.source.clone()),
+                    policy: settings.cloned(),
+                };
+                if let Err(e) = policy::store_cache(&self.cache_path, &cached) {
+                    tracing::warn!(path = %self.cache_path.display(), "caching the policy: {e}");
+                }
+            }
+            Err(why) => {
+                tracing::warn!(node = %self.node, "NodeTopology policy not applied: {why}");
+                let mut st = self.state();
+                st.invalid = Some(why);
+                st.generation = generation;
+            }
+        }
+        self.changed.notify_one();
+    }
+}
+
+async fn client() -> Result<kube::Client, kube::Error> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(kube::Error::InferConfig)?;
+    kube::Client::try_from(config)
+}
 
 /// Runs until `shutdown` is cancelled.
 pub async fn run(
-    _flags: &Flags,
-    _agent: Arc<Agent>,
-    _shutdown: CancellationToken,
+    flags: &Flags,
+    agent: Arc<Agent>,
+    shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    anyhow::bail!("NodeTopology watch and status is not implemented yet")
+    let node = node_name(flags);
+    let base = flags.engine_config();
+    let cache_path = flags.state_dir.join(CACHE_FILE);
+    let link = Arc::new(Link {
+        agent: agent.clone(),
+        base: base.clone(),
+        node: node.clone(),
+        cache_path: cache_path.clone(),
+        state: Mutex::new(State {
+            source: ConfigSource::Flags,
+            generation: None,
+            invalid: None,
+        }),
+        changed: Notify::new(),
+    });
+
+    // The cached policy first, so placement follows the cluster's choice even before (or
+    // without) the API server.
+    match policy::load_cache(&cache_path) {
+        Ok(Some(c)) if c.node == node => match policy::engine_config(&base, c.policy.as_ref()) {
+            Ok(cfg) => {
+                tracing::info!(path = %cache_path.display(), policy = %cfg.policy, "policy from the cache");
+                agent.set_config(cfg);
+                let mut st = link.state();
+                st.source = if c.policy.is_some() {
+                    ConfigSource::Cache
+                } else {
+                    ConfigSource::Flags
+                };
+                st.generation = c.generation;
+            }
+            Err(e) => tracing::warn!("cached policy ignored: {e}"),
+        },
+        Ok(Some(c)) => {
+            tracing::info!(cached = %c.node, node = %node, "cached policy is for another node; ignored")
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!(path = %cache_path.display(), "cached policy unreadable: {e}"),
+    }
+
+    // Connect (retrying: the agent works without the API server meanwhile).
+    let client = loop {
+        match client().await {
+            Ok(c) => break c,
+            Err(e) => {
+                tracing::warn!("no API server configuration yet: {e}; retrying in 10s");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+                    _ = shutdown.cancelled() => return Ok(()),
+                }
+            }
+        }
+    };
+    tracing::info!(node = %node, "NodeTopology link started");
+    let api: Api<NodeTopology> = Api::all(client);
+
+    let watch = {
+        let (link, api, node) = (link.clone(), api.clone(), node.clone());
+        async move {
+            let wc = watcher::Config::default().fields(&format!("metadata.name={node}"));
+            let mut stream = std::pin::pin!(watcher(api, wc).default_backoff());
+            let mut seen_in_init = false;
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(watcher::Event::Init) => seen_in_init = false,
+                    Ok(watcher::Event::InitApply(nt)) => {
+                        seen_in_init = true;
+                        link.apply(Some(&nt));
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        if !seen_in_init {
+                            // The API server says there is none: the flags apply.
+                            link.apply(None);
+                        }
+                    }
+                    Ok(watcher::Event::Apply(nt)) => link.apply(Some(&nt)),
+                    Ok(watcher::Event::Delete(_)) => link.apply(None),
+                    Err(e) => tracing::warn!(node = %link.node, "NodeTopology watch: {e}"),
+                }
+            }
+        }
+    };
+
+    let writer = {
+        let (link, api) = (link.clone(), api.clone());
+        async move {
+            let mut limiter = status::RateLimiter::new(STATUS_MIN_INTERVAL);
+            let mut previous: Option<tap_api::NodeTopologyStatus> = None;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = link.changed.notified() => {}
+                }
+                let facts = {
+                    let st = link.state();
+                    status::Facts {
+                        source: st.source,
+                        generation: st.generation,
+                        invalid: st.invalid.clone(),
+                        mode: link.agent.mode().to_string(),
+                        version: env!("CARGO_PKG_VERSION").to_string(),
+                    }
+                };
+                let engine = link.agent.snapshot();
+                let now =
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
+                let st = status::node_status(&engine, &facts, previous.as_ref(), &now);
+                if !limiter.should_send(Instant::now(), &st) {
+                    continue;
+                }
+                let body = serde_json::json!({
+                    "apiVersion": tap_api::API_VERSION,
+                    "kind": "NodeTopology",
+                    "status": st,
+                });
+                match api
+                    .patch_status(
+                        &link.node,
+                        &PatchParams::apply(FIELD_MANAGER).force(),
+                        &Patch::Apply(&body),
+                    )
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::debug!(node = %link.node, "NodeTopology status written");
+                        limiter.sent(Instant::now(), &st);
+                        previous = Some(st);
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 404 => {
+                        // The operator has not created it yet; try again later.
+                        limiter.failed(Instant::now());
+                    }
+                    Err(e) => {
+                        tracing::warn!(node = %link.node, "writing NodeTopology status: {e}");
+                        limiter.failed(Instant::now());
+                    }
+                }
+            }
+        }
+    };
+
+    tokio::select! {
+        _ = watch => {}
+        _ = writer => {}
+        _ = shutdown.cancelled() => {}
+    }
+    Ok(())
 }

@@ -1,0 +1,144 @@
+//! From a NodeTopology's policy to the engine configuration, and the on-disk cache.
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use tap_api::{PolicySettings, PolicySource};
+use tap_engine::{CpuSet, EngineConfig, PolicyKind};
+
+/// Where the configuration in force came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// The NodeTopology spec.
+    NodeTopology,
+    /// The on-disk cache (API server not reached yet).
+    Cache,
+    /// The agent's flags (no policy assigned).
+    Flags,
+}
+
+impl ConfigSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfigSource::NodeTopology => "NodeTopology",
+            ConfigSource::Cache => "cache",
+            ConfigSource::Flags => "flags",
+        }
+    }
+}
+
+/// The cached last policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CachedPolicy {
+    pub node: String,
+    pub generation: Option<i64>,
+    pub source: Option<PolicySource>,
+    pub policy: Option<PolicySettings>,
+}
+
+/// The flags' configuration with a policy's settings on top (the settings a policy does not
+/// carry, resource priority and exclusive CPUs, stay with the flags). `None` = the flags.
+pub fn engine_config(
+    base: &EngineConfig,
+    s: Option<&PolicySettings>,
+) -> Result<EngineConfig, String> {
+    let Some(s) = s else {
+        return Ok(base.clone());
+    };
+    let policy = PolicyKind::parse(s.policy.as_str())
+        .ok_or_else(|| format!("unknown policy {}", s.policy))?;
+    let reserved = CpuSet::parse(&s.reserved_cpus)
+        .map_err(|e| format!("reservedCPUs {:?}: {e}", s.reserved_cpus))?;
+    Ok(EngineConfig {
+        policy,
+        memory_topology: s.memory_topology,
+        cluster_affinity: s.cluster_affinity,
+        reserved,
+        annotations_allowed: s.annotations_allowed,
+        ..base.clone()
+    })
+}
+
+pub fn load_cache(path: &Path) -> std::io::Result<Option<CachedPolicy>> {
+    match std::fs::read(path) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes the cache atomically (temporary file, then rename).
+pub fn store_cache(path: &Path, c: &CachedPolicy) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("json.tmp");
+    let body = serde_json::to_vec_pretty(c).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, body)?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tap_api::PolicyName;
+    use tap_engine::ResourcePriority;
+
+    fn settings() -> PolicySettings {
+        PolicySettings {
+            policy: PolicyName::NumaAware,
+            memory_topology: true,
+            cluster_affinity: true,
+            reserved_cpus: "0-1".into(),
+            annotations_allowed: false,
+        }
+    }
+
+    #[test]
+    fn policy_overrides_flags_and_keeps_the_rest() {
+        let base = EngineConfig {
+            priority: ResourcePriority::GpuFirst,
+            exclusive_cpus: false,
+            ..Default::default()
+        };
+        let c = engine_config(&base, Some(&settings())).unwrap();
+        assert_eq!(c.policy, PolicyKind::NumaAware);
+        assert!(c.memory_topology && c.cluster_affinity && !c.annotations_allowed);
+        assert_eq!(c.reserved.to_string(), "0-1");
+        assert_eq!(c.priority, ResourcePriority::GpuFirst);
+        assert!(!c.exclusive_cpus);
+        assert_eq!(engine_config(&base, None).unwrap(), base);
+    }
+
+    #[test]
+    fn bad_reserved_cpus_is_an_error_not_a_panic() {
+        let mut s = settings();
+        s.reserved_cpus = "3-1,x".into();
+        assert!(engine_config(&EngineConfig::default(), Some(&s))
+            .unwrap_err()
+            .contains("reservedCPUs"));
+    }
+
+    #[test]
+    fn cache_round_trips_and_missing_is_none() {
+        let dir = std::env::temp_dir().join(format!("tap-kube-link-{}", std::process::id()));
+        let path = dir.join("sub").join("p.json");
+        assert_eq!(load_cache(&path).unwrap(), None);
+        let c = CachedPolicy {
+            node: "n1".into(),
+            generation: Some(2),
+            source: Some(PolicySource {
+                name: "p".into(),
+                uid: None,
+                generation: 5,
+            }),
+            policy: Some(settings()),
+        };
+        store_cache(&path, &c).unwrap();
+        assert_eq!(load_cache(&path).unwrap(), Some(c));
+        std::fs::write(&path, b"{not json").unwrap();
+        assert!(load_cache(&path).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,315 @@
+//! The NodeTopology status from the engine's state, and when to write it.
+
+use super::policy::ConfigSource;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use std::time::{Duration, Instant};
+use tap_api::{
+    AgentStatus, DeviceSummary, NodeTopologyStatus, NumaNodeSummary, TopologySummary, ZoneStatus,
+    CONDITION_READY,
+};
+use tap_engine::Engine;
+
+/// What the link knows besides the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Facts {
+    pub source: ConfigSource,
+    /// The NodeTopology generation whose spec is in force.
+    pub generation: Option<i64>,
+    /// Why the spec's policy could not be applied.
+    pub invalid: Option<String>,
+    pub mode: String,
+    pub version: String,
+}
+
+fn milli(m: u64) -> String {
+    let (whole, frac) = (m / 1000, m % 1000);
+    if frac == 0 {
+        format!("{whole}")
+    } else {
+        let s = format!("{:.2}", m as f64 / 1000.0);
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+fn i32_of(v: usize) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+fn i64_of(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The status to write.
+pub fn node_status(
+    engine: &Engine,
+    facts: &Facts,
+    previous: Option<&NodeTopologyStatus>,
+    now: &Time,
+) -> NodeTopologyStatus {
+    let topo = engine.topology();
+    let cfg = engine.config();
+    let summary = TopologySummary {
+        sockets: i32_of(topo.sockets),
+        dies: i32_of(topo.dies),
+        clusters: i32_of(topo.clusters.len()),
+        numa_node_count: i32_of(topo.nodes.len()),
+        cpu_count: i32_of(topo.online.len()),
+        online_cpus: topo.online.to_string(),
+        isolated_cpus: topo.isolated.to_string(),
+        numa_nodes: topo
+            .nodes
+            .iter()
+            .map(|n| NumaNodeSummary {
+                id: i32::try_from(n.id).unwrap_or(i32::MAX),
+                cpus: n.cpus.to_string(),
+                memory_bytes: i64_of(n.memory_bytes),
+            })
+            .collect(),
+        devices: topo
+            .devices
+            .iter()
+            .map(|d| DeviceSummary {
+                address: d.address.clone(),
+                class: format!("0x{:06x}", d.class),
+                vendor: format!("0x{:04x}", d.vendor),
+                device: format!("0x{:04x}", d.device),
+                numa_node: d.numa_node.map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
+            })
+            .collect(),
+    };
+    let pools = engine.pool_status();
+    let zones: Vec<ZoneStatus> = pools
+        .iter()
+        .map(|p| ZoneStatus {
+            name: p.name.clone(),
+            level: p.level.as_str().to_string(),
+            cpus: p.cpus.clone(),
+            capacity_milli: i64_of(p.capacity_milli),
+            allocated_milli: i64_of(p.request_milli),
+            limit_milli: i64_of(p.limit_milli),
+            shared_cpus: p.shared_cpus.clone(),
+            exclusive_cpus: p.exclusive_cpus.clone(),
+            containers: i32::try_from(p.containers).unwrap_or(i32::MAX),
+        })
+        .collect();
+    let root = topo.root().id;
+    let allocated = pools
+        .get(root)
+        .map(|r| format!("{}/{}", milli(r.request_milli), milli(r.capacity_milli)));
+
+    let (ready, reason, message) = match (&facts.invalid, facts.source) {
+        (Some(why), _) => (
+            false,
+            "InvalidPolicy",
+            format!("the NodeTopology policy was not applied: {why}"),
+        ),
+        (None, ConfigSource::NodeTopology) => (
+            true,
+            "PolicyApplied",
+            format!("{} from the NodeTopology spec", cfg.policy),
+        ),
+        (None, ConfigSource::Cache) => (
+            true,
+            "CachedPolicy",
+            format!("{} from the on-disk cache", cfg.policy),
+        ),
+        (None, ConfigSource::Flags) => (
+            true,
+            "NoPolicy",
+            format!("no policy assigned; {} from the agent's flags", cfg.policy),
+        ),
+    };
+    let status = if ready { "True" } else { "False" };
+    let since = previous
+        .and_then(|p| p.conditions.iter().find(|c| c.type_ == CONDITION_READY))
+        .filter(|c| c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    NodeTopologyStatus {
+        topology: Some(summary),
+        zones,
+        containers: i32::try_from(engine.len()).unwrap_or(i32::MAX),
+        allocated,
+        agent: Some(AgentStatus {
+            mode: facts.mode.clone(),
+            version: facts.version.clone(),
+            policy: cfg.policy.as_str().to_string(),
+            memory_topology: cfg.memory_topology,
+            cluster_affinity: cfg.cluster_affinity,
+            reserved_cpus: cfg.reserved.to_string(),
+            annotations_allowed: cfg.annotations_allowed,
+            config_source: facts.source.as_str().to_string(),
+            observed_generation: facts.generation,
+        }),
+        conditions: vec![Condition {
+            type_: CONDITION_READY.to_string(),
+            status: status.to_string(),
+            reason: reason.to_string(),
+            message,
+            observed_generation: facts.generation,
+            last_transition_time: since,
+        }],
+    }
+}
+
+/// Writes on change only, and at most once per interval (a failed write is retried after the
+/// interval too).
+#[derive(Debug)]
+pub struct RateLimiter {
+    interval: Duration,
+    last_attempt: Option<Instant>,
+    last_sent: Option<NodeTopologyStatus>,
+}
+
+fn without_times(s: &NodeTopologyStatus) -> NodeTopologyStatus {
+    let mut s = s.clone();
+    for c in &mut s.conditions {
+        c.last_transition_time = Time(jiff::Timestamp::UNIX_EPOCH);
+    }
+    s
+}
+
+impl RateLimiter {
+    pub fn new(interval: Duration) -> RateLimiter {
+        RateLimiter {
+            interval,
+            last_attempt: None,
+            last_sent: None,
+        }
+    }
+
+    pub fn should_send(&self, now: Instant, st: &NodeTopologyStatus) -> bool {
+        if self
+            .last_sent
+            .as_ref()
+            .is_some_and(|l| without_times(l) == without_times(st))
+        {
+            return false;
+        }
+        self.last_attempt
+            .is_none_or(|t| now.saturating_duration_since(t) >= self.interval)
+    }
+
+    pub fn sent(&mut self, now: Instant, st: &NodeTopologyStatus) {
+        self.last_attempt = Some(now);
+        self.last_sent = Some(st.clone());
+    }
+
+    pub fn failed(&mut self, now: Instant) {
+        self.last_attempt = Some(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use tap_engine::sysfs::discover_dir;
+    use tap_engine::{ContainerRequest, EngineConfig, Qos, Topology};
+
+    fn engine() -> Engine {
+        let root = std::env::var_os("TAP_FIXTURES")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/sysfs")
+            })
+            .join("synthetic-2s-4numa-96c-gpu");
+        let topo = Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap());
+        Engine::new(topo, EngineConfig::default())
+    }
+
+    fn facts(source: ConfigSource) -> Facts {
+        Facts {
+            source,
+            generation: Some(4),
+            invalid: None,
+            mode: "NRI".into(),
+            version: "0.1.0".into(),
+        }
+    }
+
+    fn t(s: i64) -> Time {
+        Time(jiff::Timestamp::from_second(s).unwrap())
+    }
+
+    #[test]
+    fn status_describes_topology_usage_and_agent() {
+        let mut e = engine();
+        let req = ContainerRequest {
+            id: "c1".into(),
+            pod_uid: "u".into(),
+            pod_name: "p".into(),
+            namespace: "default".into(),
+            container_name: "app".into(),
+            qos: Some(Qos::Burstable),
+            cpu_request_milli: 4000,
+            cpu_limit_milli: Some(8000),
+            memory_limit_bytes: None,
+            device_nodes: vec![],
+            overrides: Default::default(),
+        };
+        e.create(&req);
+        let st = node_status(&e, &facts(ConfigSource::NodeTopology), None, &t(10));
+        let topo = st.topology.as_ref().unwrap();
+        assert_eq!(
+            (topo.sockets, topo.numa_node_count, topo.cpu_count),
+            (2, 4, 96)
+        );
+        assert_eq!(topo.numa_nodes[1].cpus, "24-47");
+        assert!(topo.devices.iter().any(|d| d.numa_node == Some(1)));
+        assert_eq!(st.containers, 1);
+        assert_eq!(st.allocated.as_deref(), Some("4/96"));
+        let numa0 = st
+            .zones
+            .iter()
+            .find(|z| z.cpus == "0-23" && z.level == "numa")
+            .unwrap();
+        assert_eq!(numa0.allocated_milli, 4000);
+        let agent = st.agent.as_ref().unwrap();
+        assert_eq!(
+            (agent.mode.as_str(), agent.policy.as_str()),
+            ("NRI", "topology-aware")
+        );
+        assert_eq!(agent.config_source, "NodeTopology");
+        assert_eq!(agent.observed_generation, Some(4));
+        assert_eq!(st.conditions[0].status, "True");
+        assert_eq!(st.conditions[0].reason, "PolicyApplied");
+
+        // Same facts later: same transition time; an invalid policy flips Ready.
+        let again = node_status(&e, &facts(ConfigSource::NodeTopology), Some(&st), &t(20));
+        assert_eq!(again.conditions[0].last_transition_time, t(10));
+        let mut f = facts(ConfigSource::NodeTopology);
+        f.invalid = Some("bad".into());
+        let bad = node_status(&e, &f, Some(&st), &t(30));
+        assert_eq!(bad.conditions[0].status, "False");
+        assert_eq!(bad.conditions[0].last_transition_time, t(30));
+    }
+
+    #[test]
+    fn milli_formatting() {
+        assert_eq!(milli(0), "0");
+        assert_eq!(milli(4000), "4");
+        assert_eq!(milli(4500), "4.5");
+        assert_eq!(milli(250), "0.25");
+    }
+
+    #[test]
+    fn rate_limiter_sends_on_change_at_most_once_per_interval() {
+        let e = engine();
+        let a = node_status(&e, &facts(ConfigSource::Flags), None, &t(1));
+        let b = node_status(&e, &facts(ConfigSource::NodeTopology), None, &t(1));
+        let mut rl = RateLimiter::new(Duration::from_secs(5));
+        let t0 = Instant::now();
+        assert!(rl.should_send(t0, &a));
+        rl.sent(t0, &a);
+        // Unchanged (even with a new timestamp): never.
+        let a_later = node_status(&e, &facts(ConfigSource::Flags), None, &t(99));
+        assert!(!rl.should_send(t0 + Duration::from_secs(60), &a_later));
+        // Changed: only after the interval.
+        assert!(!rl.should_send(t0 + Duration::from_secs(2), &b));
+        assert!(rl.should_send(t0 + Duration::from_secs(5), &b));
+        rl.failed(t0 + Duration::from_secs(5));
+        assert!(!rl.should_send(t0 + Duration::from_secs(6), &b));
+        assert!(rl.should_send(t0 + Duration::from_secs(10), &b));
+    }
+}

@@ -1,0 +1,14 @@
+//! kunpeng-tap operator: resolves TopologyPolicies onto Nodes as NodeTopology objects.
+//!
+//! - [`selector`], [`resolve`], [`plan`]: pure logic (observed state -> desired objects),
+//!   unit-tested and benchmarked.
+//! - [`controller`]: the kube-runtime Controllers (thin I/O layer).
+//! - [`lease`]: leader election on a Lease.
+//! - [`metrics`]: Prometheus metrics, health and readiness.
+
+pub mod controller;
+pub mod lease;
+pub mod metrics;
+pub mod plan;
+pub mod resolve;
+pub mod selector;

@@ -1,0 +1,278 @@
+use anyhow::Context;
+use clap::Parser;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tap_operator::lease::LeaderElector;
+use tap_operator::metrics::{self, Metrics};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// kunpeng-tap operator: resolves TopologyPolicies onto Nodes as NodeTopology objects.
+///
+/// The API server is found through KUBECONFIG (or ~/.kube/config), else the in-cluster
+/// service account.
+#[derive(Debug, Parser)]
+#[command(name = "kunpeng-tap-operator", version, about)]
+struct Flags {
+    /// Path to a kubeconfig (default: $KUBECONFIG, ~/.kube/config, then in-cluster).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// Take a Lease before writing, so only one replica writes at a time.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    #[arg(long, default_value = "kunpeng-tap-operator")]
+    lease_name: String,
+    /// Namespace of the Lease (default: the pod's namespace, else kube-system).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
+    lease_namespace: String,
+    /// How long a lease stays valid without renewal.
+    #[arg(long, default_value = "15s", value_parser = humantime_secs)]
+    lease_duration: Duration,
+    /// A leader that could not renew for this long stops (must be < lease duration).
+    #[arg(long, default_value = "10s", value_parser = humantime_secs)]
+    renew_deadline: Duration,
+    /// How often to try to acquire or renew.
+    #[arg(long, default_value = "2s", value_parser = humantime_secs)]
+    retry_period: Duration,
+    /// This replica's identity in the Lease (default: $POD_NAME or the hostname, plus the pid).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Address for /metrics (empty = off).
+    #[arg(long, default_value = ":8080")]
+    metrics_bind_address: String,
+    /// Address for /healthz and /readyz (empty = off).
+    #[arg(long, default_value = ":8081")]
+    health_probe_bind_address: String,
+    /// Log verbosity: 0-1 warnings, 2 info, 3 debug, 4+ trace.
+    #[arg(short = 'v', long = "verbose", default_value_t = 2)]
+    verbose: u8,
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+fn humantime_secs(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (num, mul) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (t, 1.0)
+    };
+    num.parse::<f64>()
+        .ok()
+        .filter(|v| *v >= 0.0 && v.is_finite())
+        .map(|v| Duration::from_secs_f64(v * mul))
+        .ok_or_else(|| format!("invalid duration {s:?} (e.g. 15s, 500ms, 1m)"))
+}
+
+fn parse_bind(s: &str) -> anyhow::Result<std::net::SocketAddr> {
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_string()
+    };
+    full.parse()
+        .with_context(|| format!("invalid bind address {s:?}"))
+}
+
+fn init_logging(f: &Flags) {
+    let level = match f.verbose {
+        0 | 1 => "warn",
+        2 => "info",
+        3 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TAP_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match f.log_format {
+        LogFormat::Json => b.json().init(),
+        LogFormat::Text => b.init(),
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+async fn client(f: &Flags) -> anyhow::Result<kube::Client> {
+    let config = match &f.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+fn main() -> std::process::ExitCode {
+    let f = Flags::parse();
+    init_logging(&f);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kunpeng-tap-operator: starting the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(f)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("kunpeng-tap-operator: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(f: Flags) -> anyhow::Result<()> {
+    if f.renew_deadline >= f.lease_duration {
+        anyhow::bail!("--renew-deadline must be shorter than --lease-duration");
+    }
+    let client = client(&f).await.context("connecting to the API server")?;
+    let metrics = Arc::new(Metrics::new());
+    if !f.metrics_bind_address.is_empty() {
+        let addr = parse_bind(&f.metrics_bind_address)?;
+        let m = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = metrics::serve_metrics(addr, m).await {
+                tracing::error!("metrics endpoint: {e:#}");
+            }
+        });
+    }
+    if !f.health_probe_bind_address.is_empty() {
+        let addr = parse_bind(&f.health_probe_bind_address)?;
+        let m = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = metrics::serve_health(addr, m).await {
+                tracing::error!("health endpoint: {e:#}");
+            }
+        });
+    }
+    let shutdown = CancellationToken::new();
+    {
+        let s = shutdown.clone();
+        tokio::spawn(async move {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::warn!("cannot watch SIGTERM: {e}");
+                        return;
+                    }
+                };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+            tracing::info!("shutting down");
+            s.cancel();
+        });
+    }
+    let identity = format!(
+        "{}_{}",
+        f.identity.clone().unwrap_or_else(hostname),
+        std::process::id()
+    );
+    tracing::info!(identity = %identity, leader_elect = f.leader_elect, version = env!("CARGO_PKG_VERSION"), "kunpeng-tap-operator starting");
+
+    if !f.leader_elect {
+        metrics.leader.set(1);
+        return tap_operator::controller::run(client, metrics, &identity, shutdown).await;
+    }
+
+    let elector = Arc::new(LeaderElector::new(
+        kube::Api::namespaced(client.clone(), &f.lease_namespace),
+        &f.lease_name,
+        &identity,
+        f.lease_duration,
+    ));
+    // A standby is healthy and ready: it does its job by waiting.
+    metrics
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    loop {
+        match elector.try_acquire_or_renew().await {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(e) => tracing::warn!("leader election: {e}"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(f.retry_period) => {}
+            _ = shutdown.cancelled() => return Ok(()),
+        }
+    }
+    metrics.leader.set(1);
+    metrics
+        .ready
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+
+    let lost = CancellationToken::new();
+    let renewer = {
+        let (elector, lost, shutdown) = (elector.clone(), lost.clone(), shutdown.clone());
+        let (retry, deadline) = (f.retry_period, f.renew_deadline);
+        tokio::spawn(async move {
+            let mut last_ok = Instant::now();
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(retry) => {}
+                    _ = shutdown.cancelled() => return,
+                }
+                match elector.try_acquire_or_renew().await {
+                    Ok(true) => last_ok = Instant::now(),
+                    Ok(false) => {
+                        tracing::error!("leader lease taken by another replica");
+                        lost.cancel();
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!("renewing the leader lease: {e}");
+                        if last_ok.elapsed() > deadline {
+                            tracing::error!("could not renew the leader lease within {deadline:?}");
+                            lost.cancel();
+                            return;
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let controllers_stop = CancellationToken::new();
+    {
+        let (c, s, l) = (controllers_stop.clone(), shutdown.clone(), lost.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = s.cancelled() => {},
+                _ = l.cancelled() => {},
+            }
+            c.cancel();
+        });
+    }
+    let result =
+        tap_operator::controller::run(client, metrics.clone(), &identity, controllers_stop).await;
+    renewer.abort();
+    metrics.leader.set(0);
+    if lost.is_cancelled() {
+        anyhow::bail!("lost the leader lease; exiting so that no two replicas write");
+    }
+    elector.release().await;
+    result
+}
