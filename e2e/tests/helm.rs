@@ -1,0 +1,400 @@
+//! e2e: the Helm chart with the real `helm` (built from helm.sh/helm/v3 by
+//! hack/e2e/setup-helm.sh): lint, render with several value sets and check what comes out, and
+//! apply the rendered manifests to the real kube-apiserver of the e2e tier (server-side dry
+//! run, then a real `helm install`, `kubectl get nodetopology`, `helm uninstall`).
+
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use tap_e2e::util::{skip_unless_enabled, workspace_root};
+
+const NS: &str = "kunpeng-tap";
+const RELEASE: &str = "tap";
+
+fn helm_bin() -> PathBuf {
+    let p = std::env::var_os("TAP_HELM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/kunpeng-tap/bin/helm"));
+    assert!(
+        p.exists(),
+        "{} not found: run hack/e2e/setup-helm.sh",
+        p.display()
+    );
+    p
+}
+
+fn chart() -> String {
+    workspace_root()
+        .join("charts/kunpeng-tap")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A private HELM_* home so the machine's helm config and cache are never touched.
+fn helm() -> Command {
+    let mut c = Command::new(helm_bin());
+    let home = std::env::temp_dir().join(format!("tap-e2e-helm-home-{}", std::process::id()));
+    c.env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    c
+}
+
+fn run(mut c: Command) -> Output {
+    c.output().unwrap_or_else(|e| panic!("running {c:?}: {e}"))
+}
+
+fn ok(c: Command) -> String {
+    let desc = format!("{c:?}");
+    let out = run(c);
+    assert!(
+        out.status.success(),
+        "{desc} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `helm template` with `--set` values; the YAML text.
+fn template_text(sets: &[&str], extra: &[&str]) -> String {
+    let mut c = helm();
+    c.args(["template", RELEASE, &chart(), "--namespace", NS]);
+    for s in sets {
+        c.args(["--set", s]);
+    }
+    c.args(extra);
+    ok(c)
+}
+
+/// Every document of a multi-document YAML text, as JSON values (empty ones dropped).
+fn docs(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .filter_map(|d| {
+            let v: serde_yaml::Value =
+                serde::Deserialize::deserialize(d).expect("rendered YAML parses");
+            let j: Value = serde_json::to_value(v).expect("YAML to JSON");
+            (!j.is_null()).then_some(j)
+        })
+        .collect()
+}
+
+fn render(sets: &[&str]) -> Vec<Value> {
+    docs(&template_text(sets, &[]))
+}
+
+fn kinds(objs: &[Value]) -> Vec<String> {
+    let mut k: Vec<String> = objs
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap_or("?").to_string())
+        .collect();
+    k.sort();
+    k
+}
+
+fn one<'a>(objs: &'a [Value], kind: &str) -> &'a Value {
+    let v: Vec<&Value> = objs.iter().filter(|o| o["kind"] == kind).collect();
+    assert_eq!(v.len(), 1, "exactly one {kind} expected, got {}", v.len());
+    v[0]
+}
+
+fn args_of(container: &Value) -> Vec<String> {
+    container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("string arg").to_string())
+        .collect()
+}
+
+fn has_arg(args: &[String], a: &str) -> bool {
+    args.iter().any(|x| x == a)
+}
+
+#[test]
+fn chart_lints_clean_with_each_value_set() {
+    if skip_unless_enabled("chart_lints_clean_with_each_value_set") {
+        return;
+    }
+    for sets in [
+        vec![],
+        vec!["agent.enableNri.enabled=true"],
+        vec!["agent.flags.containerRuntimeMode=Containerd"],
+        vec!["agent.flags.containerRuntimeMode=Docker,agent.flags.containerRuntimeServiceEndpoint=/var/run/docker.sock"],
+        vec!["metrics.serviceMonitor.enabled=true", "agent.flags.metricsBindAddress="],
+        vec!["operator.enabled=false", "rbac.create=false"],
+    ] {
+        let mut c = helm();
+        c.args(["lint", "--strict", &chart(), "--namespace", NS]);
+        for s in &sets {
+            c.args(["--set", s]);
+        }
+        let out = ok(c);
+        assert!(out.contains("0 chart(s) failed"), "helm lint {sets:?}:\n{out}");
+        eprintln!("helm lint --strict {sets:?}: ok");
+    }
+}
+
+#[test]
+fn default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator() {
+    if skip_unless_enabled("default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator") {
+        return;
+    }
+    let objs = render(&[]);
+    assert_eq!(
+        kinds(&objs),
+        [
+            "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ClusterRoleBinding",
+            "DaemonSet",
+            "Deployment",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "Service",
+            "ServiceAccount",
+            "ServiceAccount"
+        ]
+    );
+    for o in &objs {
+        let ns = &o["metadata"]["namespace"];
+        let cluster_scoped = ["ClusterRole", "ClusterRoleBinding"].contains(&o["kind"].as_str().unwrap());
+        assert_eq!(ns.is_null(), cluster_scoped, "namespace of {o}");
+        if !cluster_scoped {
+            assert_eq!(ns, NS);
+        }
+    }
+
+    // Agent.
+    let ds = one(&objs, "DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let args = args_of(c);
+    for a in [
+        "--container-runtime-mode=NRI",
+        "--nri-socket-path=/var/run/nri/nri.sock",
+        "--resource-policy=topology-aware",
+        "--sysfs-root=/host/sys",
+        "--metrics-bind-address=:9091",
+        "--enable-node-topology=true",
+        "--log-format=json",
+        "--verbose=2",
+    ] {
+        assert!(has_arg(&args, a), "{a} not in {args:?}");
+    }
+    assert!(!args.iter().any(|a| a.starts_with("--fold-cpus-to-host") || a == "--explain"));
+    assert_eq!(
+        c["env"][0],
+        json!({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    );
+    let sc = &c["securityContext"];
+    assert_eq!(sc["privileged"], false);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert!(sc["capabilities"]["add"].is_null());
+    assert!(pod["hostPID"].is_null() && pod["hostNetwork"].is_null() && pod["hostIPC"].is_null());
+    assert!(pod["initContainers"].is_null());
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    let vols = pod["volumes"].as_array().unwrap();
+    let host_path = |name: &str| {
+        vols.iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("volume {name}"))["hostPath"]["path"]
+            .clone()
+    };
+    let mount = |name: &str| {
+        mounts
+            .iter()
+            .find(|m| m["name"] == name)
+            .unwrap_or_else(|| panic!("mount {name}"))
+            .clone()
+    };
+    assert_eq!(host_path("host-sys"), "/sys");
+    assert_eq!(mount("host-sys")["mountPath"], "/host/sys");
+    assert_eq!(mount("host-sys")["readOnly"], true);
+    assert_eq!(host_path("nri-socket-dir"), "/var/run/nri");
+    assert_eq!(mount("nri-socket-dir")["mountPath"], "/var/run/nri");
+    assert_eq!(host_path("state"), "/var/lib/kunpeng-tap");
+    assert_eq!(mounts.len(), 3, "{mounts:?}");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["ports"][0]["containerPort"], 9091);
+    assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    assert_eq!(
+        ds["spec"]["template"]["metadata"]["labels"]["tap.kunpeng.huawei.com/skip"],
+        "true"
+    );
+    let app_version = "0.1.0";
+    assert_eq!(
+        c["image"],
+        format!("kunpeng-tap/kunpeng-tap-agent:{app_version}")
+    );
+
+    // Operator: 2 replicas, leader election, non-root.
+    let dep = one(&objs, "Deployment");
+    assert_eq!(dep["spec"]["replicas"], 2);
+    let pod = &dep["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    assert!(has_arg(&args_of(c), "--leader-elect=true"));
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(
+        pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+            ["podAffinityTerm"]["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+
+    // RBAC: each binding names the ServiceAccount the workload runs as.
+    let sas: Vec<&str> = objs
+        .iter()
+        .filter(|o| o["kind"] == "ServiceAccount")
+        .map(|o| o["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert!(sas.contains(&ds["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap()));
+    assert!(sas.contains(&pod["serviceAccountName"].as_str().unwrap()));
+    for b in objs
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding")
+    {
+        let sa = b["subjects"][0]["name"].as_str().unwrap();
+        assert!(sas.contains(&sa), "{b}");
+    }
+    let role = one(&objs, "Role");
+    assert_eq!(role["rules"][0]["resources"], json!(["leases"]));
+}
+
+#[test]
+fn value_sets_change_what_is_rendered() {
+    if skip_unless_enabled("value_sets_change_what_is_rendered") {
+        return;
+    }
+    // Flags reach the args.
+    let objs = render(&[
+        "agent.flags.resourcePolicy=numa-aware",
+        "agent.flags.enableMemoryTopology=true",
+        "agent.flags.reservedCpus=0-1",
+        "agent.flags.verbose=4",
+        "agent.flags.nodeName=n1",
+        "agent.flags.foldCpusToHost=true",
+        "agent.extraArgs={--exclusive-cpus=false}",
+        "agent.image.tag=dev",
+    ]);
+    let c = &one(&objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
+    let args = args_of(c);
+    for a in [
+        "--resource-policy=numa-aware",
+        "--enable-memory-topology=true",
+        "--reserved-cpus=0-1",
+        "--verbose=4",
+        "--node-name=n1",
+        "--fold-cpus-to-host",
+        "--exclusive-cpus=false",
+    ] {
+        assert!(has_arg(&args, a), "{a} not in {args:?}");
+    }
+    assert_eq!(c["image"], "kunpeng-tap/kunpeng-tap-agent:dev");
+
+    // The opt-in NRI enabler: a privileged init container in the host PID namespace running
+    // the chart's script from a ConfigMap.
+    let objs = render(&["agent.enableNri.enabled=true"]);
+    let pod = &one(&objs, "DaemonSet")["spec"]["template"]["spec"];
+    assert_eq!(pod["hostPID"], true);
+    let init = &pod["initContainers"][0];
+    assert_eq!(init["name"], "enable-nri");
+    assert_eq!(init["securityContext"]["privileged"], true);
+    assert!(init["command"][2]
+        .as_str()
+        .unwrap()
+        .contains("nsenter -t 1 -m -u -i -n -p -- sh -s < /scripts/enable-nri.sh"));
+    let cm = one(&objs, "ConfigMap");
+    let script = std::fs::read_to_string(workspace_root().join("charts/kunpeng-tap/files/enable-nri.sh")).unwrap();
+    assert_eq!(cm["data"]["enable-nri.sh"].as_str().unwrap().trim_end(), script.trim_end());
+    // The agent container itself stays unprivileged.
+    assert_eq!(pod["containers"][0]["securityContext"]["privileged"], false);
+
+    // Proxy mode: the runtime's socket folder and the proxy socket folder instead of NRI's.
+    let objs = render(&["agent.flags.containerRuntimeMode=Containerd"]);
+    let pod = &one(&objs, "DaemonSet")["spec"]["template"]["spec"];
+    let paths: Vec<&str> = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["hostPath"]["path"].as_str())
+        .collect();
+    assert_eq!(
+        paths,
+        ["/sys", "/var/lib/kunpeng-tap", "/var/run/containerd", "/var/run/kunpeng"]
+    );
+
+    // Metrics off: no port, no probes, no agent Service; ServiceMonitors on request.
+    let objs = render(&["agent.flags.metricsBindAddress=", "metrics.serviceMonitor.enabled=true"]);
+    let c = &one(&objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
+    assert!(c["ports"].is_null() && c["readinessProbe"].is_null());
+    let sm: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "ServiceMonitor").collect();
+    assert_eq!(sm.len(), 1, "only the operator has a metrics port now");
+    let objs = render(&["metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prom"]);
+    let sm: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "ServiceMonitor").collect();
+    assert_eq!(sm.len(), 2);
+    for s in sm {
+        assert_eq!(s["metadata"]["labels"]["release"], "prom");
+        assert_eq!(s["spec"]["endpoints"][0]["path"], "/metrics");
+    }
+
+    // Nonsense values fail at render time with a message saying what to use.
+    for (set, msg) in [
+        ("agent.flags.containerRuntimeMode=crio", "use NRI, Containerd or Docker"),
+        ("agent.flags.resourcePolicy=best", "use topology-aware or numa-aware"),
+        ("agent.flags.nriPluginIndex=7", "two digits"),
+        ("operator.leaderElection.enabled=false", "needs operator.leaderElection.enabled=true"),
+    ] {
+        let mut c = helm();
+        c.args(["template", RELEASE, &chart(), "--set", set]);
+        let out = run(c);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(msg), "{set}: {err}");
+    }
+}
+
+#[test]
+fn crds_ship_with_the_chart() {
+    if skip_unless_enabled("crds_ship_with_the_chart") {
+        return;
+    }
+    let with = docs(&template_text(&[], &["--include-crds"]));
+    let crds: Vec<&Value> = with
+        .iter()
+        .filter(|o| o["kind"] == "CustomResourceDefinition")
+        .collect();
+    let names: Vec<&str> = crds
+        .iter()
+        .map(|c| c["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("nodetopologies.")),
+        "{names:?}"
+    );
+    assert!(
+        names.iter().any(|n| n.starts_with("topologypolicies.")),
+        "{names:?}"
+    );
+    // The RBAC rules name the CRDs' group and plural.
+    let objs = render(&[]);
+    for crd in crds {
+        let group = crd["spec"]["group"].as_str().unwrap();
+        let plural = crd["spec"]["names"]["plural"].as_str().unwrap();
+        let covered = objs
+            .iter()
+            .filter(|o| o["kind"] == "ClusterRole")
+            .flat_map(|r| r["rules"].as_array().unwrap().iter())
+            .any(|rule| {
+                rule["apiGroups"].as_array().unwrap().contains(&json!(group))
+                    && rule["resources"].as_array().unwrap().contains(&json!(plural))
+            });
+        assert!(covered, "no ClusterRole rule for {plural}.{group}");
+    }
+}
