@@ -106,7 +106,9 @@ fn every_agent_flag_has_a_value_and_reaches_the_daemonset() {
     );
     let values = read(&chart().join("values.yaml"));
     // The keys of `agent.flags:` (4-space indented block).
-    let block_start = values.find("\n  flags:\n").expect("agent.flags in values.yaml");
+    let block_start = values
+        .find("\n  flags:\n")
+        .expect("agent.flags in values.yaml");
     let block: Vec<&str> = values[block_start + 10..]
         .lines()
         .take_while(|l| l.is_empty() || l.starts_with("    "))
@@ -145,7 +147,10 @@ fn every_agent_flag_has_a_value_and_reaches_the_daemonset() {
         .iter()
         .filter(|k| !fields.iter().any(|f| camel(f) == **k))
         .collect();
-    assert!(stale.is_empty(), "values.yaml agent.flags has keys that are no flag: {stale:?}");
+    assert!(
+        stale.is_empty(),
+        "values.yaml agent.flags has keys that are no flag: {stale:?}"
+    );
 }
 
 #[test]
@@ -167,7 +172,10 @@ fn chart_app_version_is_the_workspace_version() {
         .trim()
         .trim_matches('"')
         .to_string();
-    assert_eq!(app, ws, "Chart.yaml appVersion (the default image tag) must be the release version");
+    assert_eq!(
+        app, ws,
+        "Chart.yaml appVersion (the default image tag) must be the release version"
+    );
 }
 
 /// Runs files/enable-nri.sh on `config` with a restart command that records each call.
@@ -178,7 +186,10 @@ fn enable_nri(dir: &Path, config: &Path) -> (String, usize) {
         .arg(&script)
         .env("CONTAINERD_CONFIG", config)
         .env("NRI_SOCKET_PATH", dir.join("nri.sock"))
-        .env("RESTART_COMMAND", format!("echo restart >> '{}'", log.display()))
+        .env(
+            "RESTART_COMMAND",
+            format!("echo restart >> '{}'", log.display()),
+        )
         .output()
         .expect("running sh");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -187,7 +198,9 @@ fn enable_nri(dir: &Path, config: &Path) -> (String, usize) {
         "enable-nri.sh failed: {stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let restarts = fs::read_to_string(&log).map(|s| s.lines().count()).unwrap_or(0);
+    let restarts = fs::read_to_string(&log)
+        .map(|s| s.lines().count())
+        .unwrap_or(0);
     (stdout, restarts)
 }
 
@@ -228,8 +241,15 @@ fn enable_nri_script_flips_a_disabled_nri_table_and_restarts_once() {
     fs::write(&cfg, original).unwrap();
     let (out, restarts) = enable_nri(&d, &cfg);
     let new = read(&cfg);
-    assert_eq!(nri_value(&new, "disable").as_deref(), Some("false"), "{new}");
-    assert_eq!(nri_value(&new, "disable_connections").as_deref(), Some("false"));
+    assert_eq!(
+        nri_value(&new, "disable").as_deref(),
+        Some("false"),
+        "{new}"
+    );
+    assert_eq!(
+        nri_value(&new, "disable_connections").as_deref(),
+        Some("false")
+    );
     assert_eq!(
         nri_value(&new, "socket_path").as_deref(),
         Some("\"/var/run/nri/nri.sock\"")
@@ -261,7 +281,11 @@ fn enable_nri_script_appends_a_missing_table_and_creates_a_missing_file() {
     let (_, restarts) = enable_nri(&d, &cfg);
     let new = read(&cfg);
     assert!(new.starts_with("version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \"overlayfs\"\n"), "{new}");
-    assert_eq!(nri_value(&new, "disable").as_deref(), Some("false"), "{new}");
+    assert_eq!(
+        nri_value(&new, "disable").as_deref(),
+        Some("false"),
+        "{new}"
+    );
     let sock = format!("\"{}\"", d.join("nri.sock").display());
     assert_eq!(nri_value(&new, "socket_path"), Some(sock.clone()));
     assert_eq!(restarts, 1);
@@ -274,8 +298,15 @@ fn enable_nri_script_appends_a_missing_table_and_creates_a_missing_file() {
     .unwrap();
     let (_, restarts) = enable_nri(&d, &cfg);
     let new = read(&cfg);
-    assert_eq!(nri_value(&new, "disable").as_deref(), Some("false"), "{new}");
-    assert!(new.contains("[plugins.'io.containerd.cri.v1.images']\n  x = 1\n"), "{new}");
+    assert_eq!(
+        nri_value(&new, "disable").as_deref(),
+        Some("false"),
+        "{new}"
+    );
+    assert!(
+        new.contains("[plugins.'io.containerd.cri.v1.images']\n  x = 1\n"),
+        "{new}"
+    );
     assert_eq!(restarts, 2);
 
     // No file at all: created with the NRI table only.

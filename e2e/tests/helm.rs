@@ -138,7 +138,9 @@ fn chart_lints_clean_with_each_value_set() {
 
 #[test]
 fn default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator() {
-    if skip_unless_enabled("default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator") {
+    if skip_unless_enabled(
+        "default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator",
+    ) {
         return;
     }
     let objs = render(&[]);
@@ -161,7 +163,8 @@ fn default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator
     );
     for o in &objs {
         let ns = &o["metadata"]["namespace"];
-        let cluster_scoped = ["ClusterRole", "ClusterRoleBinding"].contains(&o["kind"].as_str().unwrap());
+        let cluster_scoped =
+            ["ClusterRole", "ClusterRoleBinding"].contains(&o["kind"].as_str().unwrap());
         assert_eq!(ns.is_null(), cluster_scoped, "namespace of {o}");
         if !cluster_scoped {
             assert_eq!(ns, NS);
@@ -185,7 +188,9 @@ fn default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator
     ] {
         assert!(has_arg(&args, a), "{a} not in {args:?}");
     }
-    assert!(!args.iter().any(|a| a.starts_with("--fold-cpus-to-host") || a == "--explain"));
+    assert!(!args
+        .iter()
+        .any(|a| a.starts_with("--fold-cpus-to-host") || a == "--explain"));
     assert_eq!(
         c["env"][0],
         json!({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
@@ -255,7 +260,11 @@ fn default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator
         .filter(|o| o["kind"] == "ServiceAccount")
         .map(|o| o["metadata"]["name"].as_str().unwrap())
         .collect();
-    assert!(sas.contains(&ds["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap()));
+    assert!(sas.contains(
+        &ds["spec"]["template"]["spec"]["serviceAccountName"]
+            .as_str()
+            .unwrap()
+    ));
     assert!(sas.contains(&pod["serviceAccountName"].as_str().unwrap()));
     for b in objs
         .iter()
@@ -312,8 +321,13 @@ fn value_sets_change_what_is_rendered() {
         .unwrap()
         .contains("nsenter -t 1 -m -u -i -n -p -- sh -s < /scripts/enable-nri.sh"));
     let cm = one(&objs, "ConfigMap");
-    let script = std::fs::read_to_string(workspace_root().join("charts/kunpeng-tap/files/enable-nri.sh")).unwrap();
-    assert_eq!(cm["data"]["enable-nri.sh"].as_str().unwrap().trim_end(), script.trim_end());
+    let script =
+        std::fs::read_to_string(workspace_root().join("charts/kunpeng-tap/files/enable-nri.sh"))
+            .unwrap();
+    assert_eq!(
+        cm["data"]["enable-nri.sh"].as_str().unwrap().trim_end(),
+        script.trim_end()
+    );
     // The agent container itself stays unprivileged.
     assert_eq!(pod["containers"][0]["securityContext"]["privileged"], false);
 
@@ -328,17 +342,34 @@ fn value_sets_change_what_is_rendered() {
         .collect();
     assert_eq!(
         paths,
-        ["/sys", "/var/lib/kunpeng-tap", "/var/run/containerd", "/var/run/kunpeng"]
+        [
+            "/sys",
+            "/var/lib/kunpeng-tap",
+            "/var/run/containerd",
+            "/var/run/kunpeng"
+        ]
     );
 
     // Metrics off: no port, no probes, no agent Service; ServiceMonitors on request.
-    let objs = render(&["agent.flags.metricsBindAddress=", "metrics.serviceMonitor.enabled=true"]);
+    let objs = render(&[
+        "agent.flags.metricsBindAddress=",
+        "metrics.serviceMonitor.enabled=true",
+    ]);
     let c = &one(&objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
     assert!(c["ports"].is_null() && c["readinessProbe"].is_null());
-    let sm: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "ServiceMonitor").collect();
+    let sm: Vec<&Value> = objs
+        .iter()
+        .filter(|o| o["kind"] == "ServiceMonitor")
+        .collect();
     assert_eq!(sm.len(), 1, "only the operator has a metrics port now");
-    let objs = render(&["metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prom"]);
-    let sm: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "ServiceMonitor").collect();
+    let objs = render(&[
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.serviceMonitor.labels.release=prom",
+    ]);
+    let sm: Vec<&Value> = objs
+        .iter()
+        .filter(|o| o["kind"] == "ServiceMonitor")
+        .collect();
     assert_eq!(sm.len(), 2);
     for s in sm {
         assert_eq!(s["metadata"]["labels"]["release"], "prom");
@@ -347,10 +378,19 @@ fn value_sets_change_what_is_rendered() {
 
     // Nonsense values fail at render time with a message saying what to use.
     for (set, msg) in [
-        ("agent.flags.containerRuntimeMode=crio", "use NRI, Containerd or Docker"),
-        ("agent.flags.resourcePolicy=best", "use topology-aware or numa-aware"),
+        (
+            "agent.flags.containerRuntimeMode=crio",
+            "use NRI, Containerd or Docker",
+        ),
+        (
+            "agent.flags.resourcePolicy=best",
+            "use topology-aware or numa-aware",
+        ),
         ("agent.flags.nriPluginIndex=7", "two digits"),
-        ("operator.leaderElection.enabled=false", "needs operator.leaderElection.enabled=true"),
+        (
+            "operator.leaderElection.enabled=false",
+            "needs operator.leaderElection.enabled=true",
+        ),
     ] {
         let mut c = helm();
         c.args(["template", RELEASE, &chart(), "--set", set]);
@@ -392,8 +432,14 @@ fn crds_ship_with_the_chart() {
             .filter(|o| o["kind"] == "ClusterRole")
             .flat_map(|r| r["rules"].as_array().unwrap().iter())
             .any(|rule| {
-                rule["apiGroups"].as_array().unwrap().contains(&json!(group))
-                    && rule["resources"].as_array().unwrap().contains(&json!(plural))
+                rule["apiGroups"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!(group))
+                    && rule["resources"]
+                        .as_array()
+                        .unwrap()
+                        .contains(&json!(plural))
             });
         assert!(covered, "no ClusterRole rule for {plural}.{group}");
     }

@@ -53,7 +53,10 @@ impl Dockerd {
         fs::write(dir.join("daemon.json"), "{}").expect("daemon.json");
         let log = fs::File::create(dir.join("dockerd.log")).expect("dockerd.log");
         let child = Command::new(&bin)
-            .arg(format!("--config-file={}", dir.join("daemon.json").display()))
+            .arg(format!(
+                "--config-file={}",
+                dir.join("daemon.json").display()
+            ))
             .arg(format!("--data-root={}", dir.join("data").display()))
             .arg(format!("--exec-root={}", dir.join("exec").display()))
             .arg(format!("--pidfile={}", dir.join("dockerd.pid").display()))
@@ -198,7 +201,11 @@ impl Drop for Dockerd {
 /// Whether an ELF file has no program interpreter (PT_INTERP), i.e. is statically linked.
 fn is_static_elf(path: &Path) -> bool {
     let b = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert!(b.len() > 64 && &b[..4] == b"\x7fELF", "{} is no ELF", path.display());
+    assert!(
+        b.len() > 64 && &b[..4] == b"\x7fELF",
+        "{} is no ELF",
+        path.display()
+    );
     assert_eq!(b[4], 2, "64-bit ELF expected");
     let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as usize;
     let phoff = u64::from_le_bytes(b[0x20..0x28].try_into().unwrap()) as usize;
@@ -216,7 +223,15 @@ fn build_static(package: &str, bin: &str) -> PathBuf {
     let start = Instant::now();
     let status = Command::new(env!("CARGO"))
         .current_dir(&root)
-        .args(["build", "--release", "--locked", "-p", package, "--bin", bin])
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            package,
+            "--bin",
+            bin,
+        ])
         .args(["--target", &triple()])
         .env("CARGO_TARGET_DIR", &target_dir)
         .env(
@@ -273,8 +288,12 @@ fn build_image(d: &Dockerd, dockerfile: &str, tag: &str) -> Value {
 
 /// The long flags the chart passes in a template's `args:` (`- --flag=...` lines).
 fn chart_flags(template: &str) -> Vec<String> {
-    let text = fs::read_to_string(workspace_root().join("charts/kunpeng-tap/templates").join(template))
-        .expect("chart template");
+    let text = fs::read_to_string(
+        workspace_root()
+            .join("charts/kunpeng-tap/templates")
+            .join(template),
+    )
+    .expect("chart template");
     let mut flags: Vec<String> = text
         .lines()
         .filter_map(|l| l.trim().strip_prefix("- --"))
@@ -315,7 +334,14 @@ fn agent_image_builds_from_dockerfile_and_runs_on_scratch() {
     check_final_image(&img, "/usr/local/bin/kunpeng-tap");
 
     // Runs as the image's non-root user, no network, read-only root.
-    let v = d.ok(&["run", "--rm", "--network=none", "--read-only", tag, "--version"]);
+    let v = d.ok(&[
+        "run",
+        "--rm",
+        "--network=none",
+        "--read-only",
+        tag,
+        "--version",
+    ]);
     assert_eq!(
         v.trim(),
         format!("kunpeng-tap {}", env!("CARGO_PKG_VERSION")),
@@ -327,7 +353,10 @@ fn agent_image_builds_from_dockerfile_and_runs_on_scratch() {
     let flags = chart_flags("agent-daemonset.yaml");
     assert!(flags.len() >= 20, "parsed {flags:?}");
     for f in &flags {
-        assert!(help.contains(f.as_str()), "chart passes {f}, the agent image does not know it:\n{help}");
+        assert!(
+            help.contains(f.as_str()),
+            "chart passes {f}, the agent image does not know it:\n{help}"
+        );
     }
 
     // With the chart's security context (uid 0, every capability dropped, no privilege
@@ -335,7 +364,10 @@ fn agent_image_builds_from_dockerfile_and_runs_on_scratch() {
     // the host's /sys: discovery and placement work inside the image.
     let fixture = fixtures_dir().join("synthetic-2s-4numa-96c-gpu");
     assert!(fixture.is_dir(), "{} missing", fixture.display());
-    let mount = format!("type=bind,source={},target=/host/sys,readonly", fixture.display());
+    let mount = format!(
+        "type=bind,source={},target=/host/sys,readonly",
+        fixture.display()
+    );
     let out = d.ok(&[
         "run",
         "--rm",
@@ -372,7 +404,14 @@ fn operator_image_builds_from_dockerfile_and_runs_on_scratch() {
     let tag = "kunpeng-tap-operator:e2e";
     let img = build_image(&d, "Dockerfile.operator", tag);
     check_final_image(&img, "/usr/local/bin/kunpeng-tap-operator");
-    let v = d.ok(&["run", "--rm", "--network=none", "--read-only", tag, "--version"]);
+    let v = d.ok(&[
+        "run",
+        "--rm",
+        "--network=none",
+        "--read-only",
+        tag,
+        "--version",
+    ]);
     assert!(
         v.trim().starts_with("kunpeng-tap-operator "),
         "version line: {v}"
