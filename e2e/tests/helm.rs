@@ -444,3 +444,146 @@ fn crds_ship_with_the_chart() {
         assert!(covered, "no ClusterRole rule for {plural}.{group}");
     }
 }
+
+/// containerd 1.7 from hack/e2e/setup-containerd.sh (or `TAP_CONTAINERD`).
+fn containerd_bin() -> PathBuf {
+    let p = std::env::var_os("TAP_CONTAINERD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from("/var/cache/kunpeng-tap/containerd/root/usr/bin/containerd")
+        });
+    assert!(
+        p.exists(),
+        "{} not found: run hack/e2e/setup-containerd.sh (containerd 1.7) or set TAP_CONTAINERD",
+        p.display()
+    );
+    p
+}
+
+/// A containerd on private sockets and dirs; killed on drop.
+struct Containerd(std::process::Child);
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(path: &std::path::Path, secs: u64) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if path.exists() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    path.exists()
+}
+
+/// Starts containerd with `config`, waits for its API socket, says whether the NRI socket came.
+fn nri_socket_appears(dir: &std::path::Path, config: &std::path::Path, run: &str) -> bool {
+    let sock = dir.join(format!("{run}.sock"));
+    let nri = dir.join("nri.sock");
+    let _ = std::fs::remove_file(&nri);
+    let log = std::fs::File::create(dir.join(format!("{run}.log"))).unwrap();
+    let child = Command::new(containerd_bin())
+        .arg("--config")
+        .arg(config)
+        .arg("--root")
+        .arg(dir.join(format!("{run}-root")))
+        .arg("--state")
+        .arg(dir.join(format!("{run}-state")))
+        .arg("--address")
+        .arg(&sock)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("starting containerd");
+    let _guard = Containerd(child);
+    assert!(
+        wait_for(&sock, 30),
+        "containerd did not come up:\n{}",
+        std::fs::read_to_string(dir.join(format!("{run}.log"))).unwrap_or_default()
+    );
+    // NRI starts with the other plugins; give it a moment after the API socket.
+    wait_for(&nri, 3)
+}
+
+#[test]
+fn enable_nri_script_turns_on_nri_in_a_real_containerd_1_7() {
+    if skip_unless_enabled("enable_nri_script_turns_on_nri_in_a_real_containerd_1_7") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tap-e2e-enable-nri-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = run({
+        let mut c = Command::new(containerd_bin());
+        c.args(["config", "default"]);
+        c
+    });
+    assert!(out.status.success(), "containerd config default failed");
+    let default = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        default.contains("[plugins.\"io.containerd.nri.v1.nri\"]\n    disable = true"),
+        "containerd 1.7's default config should ship NRI disabled"
+    );
+    // Keep this containerd away from the machine's paths. (The CRI plugin stays: containerd
+    // 1.7 opens the NRI socket when CRI starts.)
+    let d = dir.display();
+    let config = default
+        .replace("/var/run/nri/nri.sock", &format!("{d}/nri.sock"))
+        .replace("/etc/nri/conf.d", &format!("{d}/nri-conf.d"))
+        .replace("/opt/nri/plugins", &format!("{d}/nri-plugins"))
+        .replace("/opt/containerd", &format!("{d}/opt"))
+        .replace("/etc/cni/net.d", &format!("{d}/cni-conf"))
+        .replace("/opt/cni/bin", &format!("{d}/cni-bin"))
+        .replace("\"/var/lib/containerd\"", &format!("\"{d}/root\""))
+        .replace("\"/run/containerd", &format!("\"{d}/run"));
+    let cfg = dir.join("config.toml");
+    std::fs::write(&cfg, &config).unwrap();
+
+    // As shipped: no NRI socket.
+    assert!(
+        !nri_socket_appears(&dir, &cfg, "before"),
+        "NRI socket present with NRI disabled"
+    );
+
+    // The chart's script, as the init container runs it (restart recorded instead of done).
+    let marker = dir.join("restarted");
+    let out = run({
+        let mut c = Command::new("sh");
+        c.arg(workspace_root().join("charts/kunpeng-tap/files/enable-nri.sh"))
+            .env("CONTAINERD_CONFIG", &cfg)
+            .env("RESTART_COMMAND", format!("touch '{}'", marker.display()));
+        c
+    });
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        marker.exists(),
+        "containerd restart not requested after a change"
+    );
+
+    // containerd loads the result and serves NRI.
+    let dump = run({
+        let mut c = Command::new(containerd_bin());
+        c.arg("--config").arg(&cfg).args(["config", "dump"]);
+        c
+    });
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(
+        dump.contains("[plugins.\"io.containerd.nri.v1.nri\"]\n    disable = false"),
+        "{dump}"
+    );
+    assert!(
+        nri_socket_appears(&dir, &cfg, "after"),
+        "no NRI socket after enable-nri.sh:\n{}",
+        std::fs::read_to_string(dir.join("after.log")).unwrap_or_default()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
