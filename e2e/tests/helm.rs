@@ -515,9 +515,8 @@ fn enable_nri_script_turns_on_nri_in_a_real_containerd_1_7() {
     if skip_unless_enabled("enable_nri_script_turns_on_nri_in_a_real_containerd_1_7") {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("tap-e2e-enable-nri-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = TempDir::new("enable-nri");
+    let dir = tmp.0.clone();
     let out = run({
         let mut c = Command::new(containerd_bin());
         c.args(["config", "default"]);
@@ -585,5 +584,22 @@ fn enable_nri_script_turns_on_nri_in_a_real_containerd_1_7() {
         "no NRI socket after enable-nri.sh:\n{}",
         std::fs::read_to_string(dir.join("after.log")).unwrap_or_default()
     );
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A temp dir removed on drop (test failures included).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("tap-e2e-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("temp dir");
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

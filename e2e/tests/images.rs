@@ -363,7 +363,9 @@ fn agent_image_builds_from_dockerfile_and_runs_on_scratch() {
     // escalation, read-only root) and a sysfs tree mounted read-only the way the chart mounts
     // the host's /sys: discovery and placement work inside the image.
     let fixture = fixtures_dir().join("synthetic-2s-4numa-96c-gpu");
-    assert!(fixture.is_dir(), "{} missing", fixture.display());
+    let fixture = fixture
+        .canonicalize()
+        .unwrap_or_else(|e| panic!("{}: {e} (set TAP_FIXTURES)", fixture.display()));
     let mount = format!(
         "type=bind,source={},target=/host/sys,readonly",
         fixture.display()
