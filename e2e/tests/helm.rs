@@ -1,11 +1,13 @@
 //! e2e: the Helm chart with the real `helm` (built from helm.sh/helm/v3 by
 //! hack/e2e/setup-helm.sh): lint, render with several value sets and check what comes out, and
 //! apply the rendered manifests to the real kube-apiserver of the e2e tier (server-side dry
-//! run, then a real `helm install`, `kubectl get nodetopology`, `helm uninstall`).
+//! run, then a real `helm install`, `kubectl get nodetopology`, `helm uninstall`), using the
+//! shared kube-apiserver harness (`tap_e2e::kube`, hack/e2e/setup-kube.sh).
 
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use tap_e2e::kube::{kubectl_bin, KubeCluster};
 use tap_e2e::util::{skip_unless_enabled, workspace_root};
 
 const NS: &str = "kunpeng-tap";
@@ -604,19 +606,7 @@ impl Drop for TempDir {
     }
 }
 
-/// kubectl built by hack/e2e/setup-kube.sh (matches the API server), or `TAP_KUBECTL`.
-fn kubectl_bin() -> PathBuf {
-    let p = std::env::var_os("TAP_KUBECTL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/kunpeng-tap/bin/kubectl"));
-    assert!(
-        p.exists(),
-        "{} not found: run hack/e2e/setup-kube.sh",
-        p.display()
-    );
-    p
-}
-
+/// kubectl (built by hack/e2e/setup-kube.sh, matching the API server) with a kubeconfig.
 fn kubectl(kubeconfig: &std::path::Path) -> Command {
     let mut c = Command::new(kubectl_bin());
     c.arg("--kubeconfig").arg(kubeconfig);
@@ -811,150 +801,14 @@ fn install_path(kubeconfig: &std::path::Path, work: &std::path::Path) {
     kc(&["get", "tpol", "kunpeng-920-numa"]);
 }
 
-/// A private etcd + kube-apiserver (RBAC on, client-certificate admin) for this test; every
-/// process is killed and the temp dir removed on drop.
-/// TODO(merge): switch to the shared harness in e2e/src/kube.rs once it is on main.
-struct ApiServer {
-    procs: Vec<std::process::Child>,
-    kubeconfig: PathBuf,
-}
-
-impl Drop for ApiServer {
-    fn drop(&mut self) {
-        for p in self.procs.iter_mut().rev() {
-            let _ = p.kill();
-            let _ = p.wait();
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-fn sh_ok(dir: &std::path::Path, script: &str) {
-    let out = Command::new("sh")
-        .args(["-ec", script])
-        .current_dir(dir)
-        .output()
-        .expect("sh");
-    assert!(
-        out.status.success(),
-        "{script}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl ApiServer {
-    fn start(dir: &std::path::Path) -> ApiServer {
-        let apiserver = PathBuf::from("/var/cache/kunpeng-tap/bin/kube-apiserver");
-        assert!(
-            apiserver.exists(),
-            "{} not found: run hack/e2e/setup-kube.sh",
-            apiserver.display()
-        );
-        // Certificates: a CA, the server's (127.0.0.1), an admin client (system:masters), and
-        // the service-account signing key.
-        sh_ok(
-            dir,
-            "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=tap-e2e-ca 2>/dev/null
-             openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=kube-apiserver 2>/dev/null
-             printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > san.ext
-             openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 1 -extfile san.ext 2>/dev/null
-             openssl req -newkey rsa:2048 -nodes -keyout admin.key -out admin.csr -subj '/O=system:masters/CN=tap-e2e-admin' 2>/dev/null
-             openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out admin.crt -days 1 2>/dev/null
-             openssl genrsa -out sa.key 2048 2>/dev/null
-             openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null",
-        );
-        let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
-        let log = |name: &str| std::fs::File::create(dir.join(name)).expect("log file");
-        let mut s = ApiServer {
-            procs: Vec::new(),
-            kubeconfig: dir.join("kubeconfig"),
-        };
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        s.procs.push(
-            Command::new("etcd")
-                .arg(format!("--data-dir={}", dir.join("etcd").display()))
-                .arg(format!("--listen-client-urls={etcd_url}"))
-                .arg(format!("--advertise-client-urls={etcd_url}"))
-                .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"))
-                .stdout(log("etcd.log"))
-                .stderr(log("etcd.err"))
-                .spawn()
-                .expect("starting etcd (apt install etcd-server)"),
-        );
-        let p = |f: &str| dir.join(f).to_string_lossy().into_owned();
-        s.procs.push(
-            Command::new(&apiserver)
-                .arg(format!("--etcd-servers={etcd_url}"))
-                .arg("--bind-address=127.0.0.1")
-                .arg("--advertise-address=127.0.0.1")
-                .arg(format!("--secure-port={api_port}"))
-                .arg(format!("--cert-dir={}", p("certs")))
-                .arg(format!("--tls-cert-file={}", p("server.crt")))
-                .arg(format!("--tls-private-key-file={}", p("server.key")))
-                .arg(format!("--client-ca-file={}", p("ca.crt")))
-                .arg(format!("--service-account-key-file={}", p("sa.pub")))
-                .arg(format!(
-                    "--service-account-signing-key-file={}",
-                    p("sa.key")
-                ))
-                .arg("--service-account-issuer=https://kubernetes.default.svc")
-                .arg("--service-cluster-ip-range=10.0.0.0/24")
-                .arg("--authorization-mode=RBAC")
-                .stdout(log("apiserver.log"))
-                .stderr(log("apiserver.err"))
-                .spawn()
-                .expect("starting kube-apiserver"),
-        );
-        let kubeconfig = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: https://127.0.0.1:{api_port}\n    certificate-authority: {ca}\nusers:\n- name: admin\n  user:\n    client-certificate: {crt}\n    client-key: {key}\ncontexts:\n- name: e2e\n  context: {{cluster: e2e, user: admin}}\ncurrent-context: e2e\n",
-            ca = p("ca.crt"),
-            crt = p("admin.crt"),
-            key = p("admin.key"),
-        );
-        std::fs::write(&s.kubeconfig, kubeconfig).unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
-        loop {
-            let mut c = kubectl(&s.kubeconfig);
-            c.args(["get", "--raw", "/readyz"]);
-            if run(c).status.success() {
-                break;
-            }
-            for (i, pr) in s.procs.iter_mut().enumerate() {
-                if let Ok(Some(st)) = pr.try_wait() {
-                    let f = if i == 0 { "etcd.err" } else { "apiserver.err" };
-                    panic!(
-                        "{f}: exited {st}:\n{}",
-                        std::fs::read_to_string(dir.join(f)).unwrap_or_default()
-                    );
-                }
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "kube-apiserver not ready in 90s:\n{}",
-                std::fs::read_to_string(dir.join("apiserver.err")).unwrap_or_default()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(500));
-        }
-        s
-    }
-}
-
 #[test]
 fn helm_install_path_on_a_real_kube_apiserver() {
     if skip_unless_enabled("helm_install_path_on_a_real_kube_apiserver") {
         return;
     }
     let t0 = std::time::Instant::now();
-    let tmp = TempDir::new("helm-apiserver");
-    let api = ApiServer::start(&tmp.0);
-    eprintln!("kube-apiserver ready in {:.1}s", t0.elapsed().as_secs_f64());
-    install_path(&api.kubeconfig, &tmp.0);
+    let cluster = KubeCluster::start().expect("kube-apiserver (hack/e2e/setup-kube.sh)");
+    let work = TempDir::new("helm-install");
+    install_path(&cluster.kubeconfig, &work.0);
     eprintln!("helm install path: {:.1}s", t0.elapsed().as_secs_f64());
-    drop(api);
 }
