@@ -319,3 +319,56 @@ fn enable_nri_script_appends_a_missing_table_and_creates_a_missing_file() {
     assert_eq!(restarts, 3);
     let _ = fs::remove_dir_all(&d);
 }
+
+/// The `rules:` blocks of a chart template, in order (plain YAML inside the template).
+fn template_rules(template: &str) -> Vec<serde_yaml::Value> {
+    let text = read(&chart().join("templates").join(template));
+    let mut out = Vec::new();
+    let mut rest = text.as_str();
+    while let Some(i) = rest.find("\nrules:\n") {
+        let block: Vec<&str> = rest[i + 1..]
+            .lines()
+            .enumerate()
+            .take_while(|(n, l)| *n == 0 || l.starts_with("  "))
+            .map(|(_, l)| l)
+            .collect();
+        let v: serde_yaml::Value =
+            serde_yaml::from_str(&block.join("\n")).expect("rules block parses");
+        out.push(v["rules"].clone());
+        rest = &rest[i + 1..];
+    }
+    out
+}
+
+/// The rules of the `kind` objects in deploy/rbac/<file>, in order.
+fn plain_rules(file: &str, kind: &str) -> Vec<serde_yaml::Value> {
+    let text = read(&root().join("deploy/rbac").join(file));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).expect("YAML"))
+        .filter(|v| v["kind"].as_str() == Some(kind))
+        .map(|v| v["rules"].clone())
+        .collect()
+}
+
+#[test]
+fn chart_rbac_rules_are_those_of_deploy_rbac() {
+    let agent = template_rules("agent-rbac.yaml");
+    assert_eq!(agent.len(), 1);
+    assert_eq!(
+        agent,
+        plain_rules("agent.yaml", "ClusterRole"),
+        "agent ClusterRole rules differ from deploy/rbac/agent.yaml"
+    );
+    let op = template_rules("operator-rbac.yaml");
+    assert_eq!(op.len(), 2, "operator ClusterRole and leader-election Role");
+    assert_eq!(
+        op[..1],
+        plain_rules("operator.yaml", "ClusterRole")[..],
+        "operator ClusterRole rules differ from deploy/rbac/operator.yaml"
+    );
+    assert_eq!(
+        op[1..],
+        plain_rules("operator.yaml", "Role")[..],
+        "operator Role rules differ from deploy/rbac/operator.yaml"
+    );
+}
