@@ -626,25 +626,33 @@ fn install_path(kubeconfig: &std::path::Path, work: &std::path::Path) {
     };
     kc(&["create", "namespace", NS]);
 
-    // 1. Server-side dry run of everything the chart renders (CRDs included, every optional
-    //    object on except the ServiceMonitors, which need prometheus-operator's CRDs), with
-    //    strict field validation: an unknown or misspelt field fails.
-    let rendered = template_text(&["agent.enableNri.enabled=true"], &["--include-crds"]);
-    let file = work.join("rendered.yaml");
-    std::fs::write(&file, &rendered).unwrap();
-    let n_rendered = docs(&rendered).len();
-    let out = kc(&[
-        "apply",
-        "--server-side",
-        "--dry-run=server",
-        "--validate=strict",
-        "--field-manager=tap-e2e",
-        "-f",
-        &file.to_string_lossy(),
-        "-o",
-        "json",
-    ]);
-    let list: Value = serde_json::from_str(&out).expect("kubectl -o json");
+    // 1. Server-side dry run of everything the chart renders by default (CRDs included),
+    //    with strict field validation: an unknown or misspelt field fails.
+    let dry_run = |sets: &[&str], name: &str| -> (Output, usize) {
+        let rendered = template_text(sets, &["--include-crds"]);
+        let file = work.join(name);
+        std::fs::write(&file, &rendered).unwrap();
+        let mut c = kubectl(kubeconfig);
+        c.args([
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--validate=strict",
+            "--field-manager=tap-e2e",
+            "-f",
+            &file.to_string_lossy(),
+            "-o",
+            "json",
+        ]);
+        (run(c), docs(&rendered).len())
+    };
+    let (out, n_rendered) = dry_run(&[], "rendered.yaml");
+    assert!(
+        out.status.success(),
+        "server-side dry run refused the default chart: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: Value = serde_json::from_slice(&out.stdout).expect("kubectl -o json");
     let items = list["items"]
         .as_array()
         .cloned()
@@ -663,6 +671,36 @@ fn install_path(kubeconfig: &std::path::Path, work: &std::path::Path) {
     assert_eq!(ds["spec"]["template"]["spec"]["dnsPolicy"], "ClusterFirst");
     assert_eq!(ds["spec"]["revisionHistoryLimit"], 10);
     eprintln!("server-side dry run: {n_rendered} objects accepted");
+
+    // The other value sets pass too; the opt-in enable-NRI step needs privileged Pods, which
+    // an API server without --allow-privileged (as here) refuses, for that reason only.
+    for sets in [
+        vec!["agent.flags.containerRuntimeMode=Containerd"],
+        vec!["operator.enabled=false", "agent.flags.metricsBindAddress="],
+    ] {
+        let (out, _) = dry_run(&sets, "variant.yaml");
+        assert!(
+            out.status.success(),
+            "dry run {sets:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (out, _) = dry_run(&["agent.enableNri.enabled=true"], "enable-nri.yaml");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success()
+            || (err.contains("initContainers[0].securityContext.privileged: Forbidden")
+                && !err.contains("containers[0]")),
+        "dry run with agent.enableNri.enabled=true: {err}"
+    );
+    eprintln!(
+        "enable-NRI variant: {}",
+        if out.status.success() {
+            "accepted".into()
+        } else {
+            err.trim().to_string()
+        }
+    );
 
     // 2. helm install for real (no --wait: there are no nodes or controllers here).
     let mut c = helm();
