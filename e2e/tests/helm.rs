@@ -715,6 +715,7 @@ fn install_path(kubeconfig: &std::path::Path, work: &std::path::Path) {
     .arg(kubeconfig);
     let out = ok(c);
     assert!(out.contains("STATUS: deployed"), "{out}");
+    assert!(out.contains("kubectl get nodetopology"), "NOTES: {out}");
     let ds = kc(&["-n", NS, "get", "daemonset", "-o", "name"]);
     assert_eq!(ds.trim(), "daemonset.apps/tap-kunpeng-tap-agent");
     let dep: Value = serde_json::from_str(&kc(&[
