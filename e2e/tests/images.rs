@@ -243,14 +243,16 @@ fn build_static(package: &str, bin: &str) -> PathBuf {
         )
         .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
         .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+        .env("CARGO_PROFILE_DEV_DEBUG", "0")
+        .env("CARGO_PROFILE_DEV_STRIP", "symbols")
         .status()
         .expect("running cargo");
     assert!(status.success(), "cargo build -p {package} (static) failed");
     eprintln!(
-        "built static {bin} in {:.1}s",
+        "built static {bin} ({profile}) in {:.1}s",
         start.elapsed().as_secs_f64()
     );
-    let built = target_dir.join(triple()).join("release").join(bin);
+    let built = target_dir.join(triple()).join(profile_dir).join(bin);
     assert!(
         is_static_elf(&built),
         "{} is not statically linked",
