@@ -216,22 +216,25 @@ fn is_static_elf(path: &Path) -> bool {
     })
 }
 
+/// Cargo profile of the image binaries: `release` (what the Dockerfiles ship) unless
+/// `TAP_IMAGE_PROFILE=dev` trades image size for build time (CI budget).
+fn image_profile() -> (String, &'static str) {
+    match std::env::var("TAP_IMAGE_PROFILE").as_deref() {
+        Ok("dev") => ("dev".into(), "debug"),
+        _ => ("release".into(), "release"),
+    }
+}
+
 /// Builds `bin` of `package` static on the host and copies it to `target/image/<bin>`.
 fn build_static(package: &str, bin: &str) -> PathBuf {
     let root = workspace_root();
     let target_dir = root.join("target/image-build");
+    let (profile, profile_dir) = image_profile();
     let start = Instant::now();
     let status = Command::new(env!("CARGO"))
         .current_dir(&root)
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "-p",
-            package,
-            "--bin",
-            bin,
-        ])
+        .args(["build", "--profile", &profile, "--locked", "-p", package])
+        .args(["--bin", bin])
         .args(["--target", &triple()])
         .env("CARGO_TARGET_DIR", &target_dir)
         .env(
