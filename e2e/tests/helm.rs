@@ -1,0 +1,853 @@
+//! e2e: the Helm chart with the real `helm` (built from helm.sh/helm/v3 by
+//! hack/e2e/setup-helm.sh): lint, render with several value sets and check what comes out, and
+//! apply the rendered manifests to the real kube-apiserver of the e2e tier (server-side dry
+//! run, then a real `helm install`, `kubectl get nodetopology`, `helm uninstall`), using the
+//! shared kube-apiserver harness (`tap_e2e::kube`, hack/e2e/setup-kube.sh).
+
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use tap_e2e::kube::{kubectl_bin, KubeCluster};
+use tap_e2e::util::{skip_unless_enabled, workspace_root};
+
+const NS: &str = "kunpeng-tap";
+const RELEASE: &str = "tap";
+
+fn helm_bin() -> PathBuf {
+    let p = std::env::var_os("TAP_HELM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/kunpeng-tap/bin/helm"));
+    assert!(
+        p.exists(),
+        "{} not found: run hack/e2e/setup-helm.sh",
+        p.display()
+    );
+    p
+}
+
+fn chart() -> String {
+    workspace_root()
+        .join("charts/kunpeng-tap")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A private HELM_* home so the machine's helm config and cache are never touched.
+fn helm() -> Command {
+    let mut c = Command::new(helm_bin());
+    let home = std::env::temp_dir().join(format!("tap-e2e-helm-home-{}", std::process::id()));
+    c.env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    c
+}
+
+fn run(mut c: Command) -> Output {
+    c.output().unwrap_or_else(|e| panic!("running {c:?}: {e}"))
+}
+
+fn ok(c: Command) -> String {
+    let desc = format!("{c:?}");
+    let out = run(c);
+    assert!(
+        out.status.success(),
+        "{desc} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `helm template` with `--set` values; the YAML text.
+fn template_text(sets: &[&str], extra: &[&str]) -> String {
+    let mut c = helm();
+    c.args(["template", RELEASE, &chart(), "--namespace", NS]);
+    for s in sets {
+        c.args(["--set", s]);
+    }
+    c.args(extra);
+    ok(c)
+}
+
+/// Every document of a multi-document YAML text, as JSON values (empty ones dropped).
+fn docs(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .filter_map(|d| {
+            let v: serde_yaml::Value =
+                serde::Deserialize::deserialize(d).expect("rendered YAML parses");
+            let j: Value = serde_json::to_value(v).expect("YAML to JSON");
+            (!j.is_null()).then_some(j)
+        })
+        .collect()
+}
+
+fn render(sets: &[&str]) -> Vec<Value> {
+    docs(&template_text(sets, &[]))
+}
+
+fn kinds(objs: &[Value]) -> Vec<String> {
+    let mut k: Vec<String> = objs
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap_or("?").to_string())
+        .collect();
+    k.sort();
+    k
+}
+
+fn one<'a>(objs: &'a [Value], kind: &str) -> &'a Value {
+    let v: Vec<&Value> = objs.iter().filter(|o| o["kind"] == kind).collect();
+    assert_eq!(v.len(), 1, "exactly one {kind} expected, got {}", v.len());
+    v[0]
+}
+
+fn args_of(container: &Value) -> Vec<String> {
+    container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("string arg").to_string())
+        .collect()
+}
+
+fn has_arg(args: &[String], a: &str) -> bool {
+    args.iter().any(|x| x == a)
+}
+
+#[test]
+fn chart_lints_clean_with_each_value_set() {
+    if skip_unless_enabled("chart_lints_clean_with_each_value_set") {
+        return;
+    }
+    for sets in [
+        vec![],
+        vec!["agent.enableNri.enabled=true"],
+        vec!["agent.flags.containerRuntimeMode=Containerd"],
+        vec!["agent.flags.containerRuntimeMode=Docker,agent.flags.containerRuntimeServiceEndpoint=/var/run/docker.sock"],
+        vec!["metrics.serviceMonitor.enabled=true", "agent.flags.metricsBindAddress="],
+        vec!["operator.enabled=false", "rbac.create=false"],
+    ] {
+        let mut c = helm();
+        c.args(["lint", "--strict", &chart(), "--namespace", NS]);
+        for s in &sets {
+            c.args(["--set", s]);
+        }
+        let out = ok(c);
+        assert!(out.contains("0 chart(s) failed"), "helm lint {sets:?}:\n{out}");
+        eprintln!("helm lint --strict {sets:?}: ok");
+    }
+}
+
+#[test]
+fn default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator() {
+    if skip_unless_enabled(
+        "default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator",
+    ) {
+        return;
+    }
+    let objs = render(&[]);
+    assert_eq!(
+        kinds(&objs),
+        [
+            "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ClusterRoleBinding",
+            "DaemonSet",
+            "Deployment",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "Service",
+            "ServiceAccount",
+            "ServiceAccount"
+        ]
+    );
+    for o in &objs {
+        let ns = &o["metadata"]["namespace"];
+        let cluster_scoped =
+            ["ClusterRole", "ClusterRoleBinding"].contains(&o["kind"].as_str().unwrap());
+        assert_eq!(ns.is_null(), cluster_scoped, "namespace of {o}");
+        if !cluster_scoped {
+            assert_eq!(ns, NS);
+        }
+    }
+
+    // Agent.
+    let ds = one(&objs, "DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let args = args_of(c);
+    for a in [
+        "--container-runtime-mode=NRI",
+        "--nri-socket-path=/var/run/nri/nri.sock",
+        "--resource-policy=topology-aware",
+        "--sysfs-root=/host/sys",
+        "--metrics-bind-address=:9091",
+        "--enable-node-topology=true",
+        "--log-format=json",
+        "--verbose=2",
+    ] {
+        assert!(has_arg(&args, a), "{a} not in {args:?}");
+    }
+    assert!(!args
+        .iter()
+        .any(|a| a.starts_with("--fold-cpus-to-host") || a == "--explain"));
+    assert_eq!(
+        c["env"][0],
+        json!({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    );
+    let sc = &c["securityContext"];
+    assert_eq!(sc["privileged"], false);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert!(sc["capabilities"]["add"].is_null());
+    assert!(pod["hostPID"].is_null() && pod["hostNetwork"].is_null() && pod["hostIPC"].is_null());
+    assert!(pod["initContainers"].is_null());
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    let vols = pod["volumes"].as_array().unwrap();
+    let host_path = |name: &str| {
+        vols.iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("volume {name}"))["hostPath"]["path"]
+            .clone()
+    };
+    let mount = |name: &str| {
+        mounts
+            .iter()
+            .find(|m| m["name"] == name)
+            .unwrap_or_else(|| panic!("mount {name}"))
+            .clone()
+    };
+    assert_eq!(host_path("host-sys"), "/sys");
+    assert_eq!(mount("host-sys")["mountPath"], "/host/sys");
+    assert_eq!(mount("host-sys")["readOnly"], true);
+    assert_eq!(host_path("nri-socket-dir"), "/var/run/nri");
+    assert_eq!(mount("nri-socket-dir")["mountPath"], "/var/run/nri");
+    assert_eq!(host_path("state"), "/var/lib/kunpeng-tap");
+    assert_eq!(mounts.len(), 3, "{mounts:?}");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["ports"][0]["containerPort"], 9091);
+    assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    assert_eq!(
+        ds["spec"]["template"]["metadata"]["labels"]["tap.kunpeng.huawei.com/skip"],
+        "true"
+    );
+    let app_version = "0.1.0";
+    assert_eq!(
+        c["image"],
+        format!("kunpeng-tap/kunpeng-tap-agent:{app_version}")
+    );
+
+    // Operator: 2 replicas, leader election, non-root.
+    let dep = one(&objs, "Deployment");
+    assert_eq!(dep["spec"]["replicas"], 2);
+    let pod = &dep["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    assert!(has_arg(&args_of(c), "--leader-elect=true"));
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(
+        pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+            ["podAffinityTerm"]["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+
+    // RBAC: each binding names the ServiceAccount the workload runs as.
+    let sas: Vec<&str> = objs
+        .iter()
+        .filter(|o| o["kind"] == "ServiceAccount")
+        .map(|o| o["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert!(sas.contains(
+        &ds["spec"]["template"]["spec"]["serviceAccountName"]
+            .as_str()
+            .unwrap()
+    ));
+    assert!(sas.contains(&pod["serviceAccountName"].as_str().unwrap()));
+    for b in objs
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding")
+    {
+        let sa = b["subjects"][0]["name"].as_str().unwrap();
+        assert!(sas.contains(&sa), "{b}");
+    }
+    let role = one(&objs, "Role");
+    assert_eq!(role["rules"][0]["resources"], json!(["leases"]));
+}
+
+#[test]
+fn value_sets_change_what_is_rendered() {
+    if skip_unless_enabled("value_sets_change_what_is_rendered") {
+        return;
+    }
+    // Flags reach the args.
+    let objs = render(&[
+        "agent.flags.resourcePolicy=numa-aware",
+        "agent.flags.enableMemoryTopology=true",
+        "agent.flags.reservedCpus=0-1",
+        "agent.flags.verbose=4",
+        "agent.flags.nodeName=n1",
+        "agent.flags.foldCpusToHost=true",
+        "agent.extraArgs={--exclusive-cpus=false}",
+        "agent.image.tag=dev",
+    ]);
+    let c = &one(&objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
+    let args = args_of(c);
+    for a in [
+        "--resource-policy=numa-aware",
+        "--enable-memory-topology=true",
+        "--reserved-cpus=0-1",
+        "--verbose=4",
+        "--node-name=n1",
+        "--fold-cpus-to-host",
+        "--exclusive-cpus=false",
+    ] {
+        assert!(has_arg(&args, a), "{a} not in {args:?}");
+    }
+    assert_eq!(c["image"], "kunpeng-tap/kunpeng-tap-agent:dev");
+
+    // The opt-in NRI enabler: a privileged init container in the host PID namespace running
+    // the chart's script from a ConfigMap.
+    let objs = render(&["agent.enableNri.enabled=true"]);
+    let pod = &one(&objs, "DaemonSet")["spec"]["template"]["spec"];
+    assert_eq!(pod["hostPID"], true);
+    let init = &pod["initContainers"][0];
+    assert_eq!(init["name"], "enable-nri");
+    assert_eq!(init["securityContext"]["privileged"], true);
+    assert!(init["command"][2]
+        .as_str()
+        .unwrap()
+        .contains("nsenter -t 1 -m -u -i -n -p -- sh -s < /scripts/enable-nri.sh"));
+    let cm = one(&objs, "ConfigMap");
+    let script =
+        std::fs::read_to_string(workspace_root().join("charts/kunpeng-tap/files/enable-nri.sh"))
+            .unwrap();
+    assert_eq!(
+        cm["data"]["enable-nri.sh"].as_str().unwrap().trim_end(),
+        script.trim_end()
+    );
+    // The agent container itself stays unprivileged.
+    assert_eq!(pod["containers"][0]["securityContext"]["privileged"], false);
+
+    // Proxy mode: the runtime's socket folder and the proxy socket folder instead of NRI's.
+    let objs = render(&["agent.flags.containerRuntimeMode=Containerd"]);
+    let pod = &one(&objs, "DaemonSet")["spec"]["template"]["spec"];
+    let paths: Vec<&str> = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["hostPath"]["path"].as_str())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/sys",
+            "/var/lib/kunpeng-tap",
+            "/var/run/containerd",
+            "/var/run/kunpeng"
+        ]
+    );
+
+    // Metrics off: no port, no probes, no agent Service; ServiceMonitors on request.
+    let objs = render(&[
+        "agent.flags.metricsBindAddress=",
+        "metrics.serviceMonitor.enabled=true",
+    ]);
+    let c = &one(&objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
+    assert!(c["ports"].is_null() && c["readinessProbe"].is_null());
+    let sm: Vec<&Value> = objs
+        .iter()
+        .filter(|o| o["kind"] == "ServiceMonitor")
+        .collect();
+    assert_eq!(sm.len(), 1, "only the operator has a metrics port now");
+    let objs = render(&[
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.serviceMonitor.labels.release=prom",
+    ]);
+    let sm: Vec<&Value> = objs
+        .iter()
+        .filter(|o| o["kind"] == "ServiceMonitor")
+        .collect();
+    assert_eq!(sm.len(), 2);
+    for s in sm {
+        assert_eq!(s["metadata"]["labels"]["release"], "prom");
+        assert_eq!(s["spec"]["endpoints"][0]["path"], "/metrics");
+    }
+
+    // Nonsense values fail at render time with a message saying what to use.
+    for (set, msg) in [
+        (
+            "agent.flags.containerRuntimeMode=crio",
+            "use NRI, Containerd or Docker",
+        ),
+        (
+            "agent.flags.resourcePolicy=best",
+            "use topology-aware or numa-aware",
+        ),
+        ("agent.flags.nriPluginIndex=7", "two digits"),
+        (
+            "operator.leaderElection.enabled=false",
+            "needs operator.leaderElection.enabled=true",
+        ),
+    ] {
+        let mut c = helm();
+        c.args(["template", RELEASE, &chart(), "--set", set]);
+        let out = run(c);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(msg), "{set}: {err}");
+    }
+}
+
+#[test]
+fn crds_ship_with_the_chart() {
+    if skip_unless_enabled("crds_ship_with_the_chart") {
+        return;
+    }
+    let with = docs(&template_text(&[], &["--include-crds"]));
+    let crds: Vec<&Value> = with
+        .iter()
+        .filter(|o| o["kind"] == "CustomResourceDefinition")
+        .collect();
+    let names: Vec<&str> = crds
+        .iter()
+        .map(|c| c["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("nodetopologies.")),
+        "{names:?}"
+    );
+    assert!(
+        names.iter().any(|n| n.starts_with("topologypolicies.")),
+        "{names:?}"
+    );
+    // The RBAC rules name the CRDs' group and plural.
+    let objs = render(&[]);
+    for crd in crds {
+        let group = crd["spec"]["group"].as_str().unwrap();
+        let plural = crd["spec"]["names"]["plural"].as_str().unwrap();
+        let covered = objs
+            .iter()
+            .filter(|o| o["kind"] == "ClusterRole")
+            .flat_map(|r| r["rules"].as_array().unwrap().iter())
+            .any(|rule| {
+                rule["apiGroups"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!(group))
+                    && rule["resources"]
+                        .as_array()
+                        .unwrap()
+                        .contains(&json!(plural))
+            });
+        assert!(covered, "no ClusterRole rule for {plural}.{group}");
+    }
+}
+
+/// containerd 1.7 from hack/e2e/setup-containerd.sh (or `TAP_CONTAINERD`).
+fn containerd_bin() -> PathBuf {
+    let p = std::env::var_os("TAP_CONTAINERD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from("/var/cache/kunpeng-tap/containerd/root/usr/bin/containerd")
+        });
+    assert!(
+        p.exists(),
+        "{} not found: run hack/e2e/setup-containerd.sh (containerd 1.7) or set TAP_CONTAINERD",
+        p.display()
+    );
+    p
+}
+
+/// A containerd on private sockets and dirs; killed on drop.
+struct Containerd(std::process::Child);
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(path: &std::path::Path, secs: u64) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if path.exists() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    path.exists()
+}
+
+/// Starts containerd with `config`, waits for its API socket, says whether the NRI socket came.
+fn nri_socket_appears(dir: &std::path::Path, config: &std::path::Path, run: &str) -> bool {
+    let sock = dir.join(format!("{run}.sock"));
+    let nri = dir.join("nri.sock");
+    let _ = std::fs::remove_file(&nri);
+    let log = std::fs::File::create(dir.join(format!("{run}.log"))).unwrap();
+    let child = Command::new(containerd_bin())
+        .arg("--config")
+        .arg(config)
+        .arg("--root")
+        .arg(dir.join(format!("{run}-root")))
+        .arg("--state")
+        .arg(dir.join(format!("{run}-state")))
+        .arg("--address")
+        .arg(&sock)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("starting containerd");
+    let _guard = Containerd(child);
+    assert!(
+        wait_for(&sock, 30),
+        "containerd did not come up:\n{}",
+        std::fs::read_to_string(dir.join(format!("{run}.log"))).unwrap_or_default()
+    );
+    // NRI starts with the other plugins; give it a moment after the API socket.
+    wait_for(&nri, 3)
+}
+
+#[test]
+fn enable_nri_script_turns_on_nri_in_a_real_containerd_1_7() {
+    if skip_unless_enabled("enable_nri_script_turns_on_nri_in_a_real_containerd_1_7") {
+        return;
+    }
+    let tmp = TempDir::new("enable-nri");
+    let dir = tmp.0.clone();
+    let out = run({
+        let mut c = Command::new(containerd_bin());
+        c.args(["config", "default"]);
+        c
+    });
+    assert!(out.status.success(), "containerd config default failed");
+    let default = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        default.contains("[plugins.\"io.containerd.nri.v1.nri\"]\n    disable = true"),
+        "containerd 1.7's default config should ship NRI disabled"
+    );
+    // Keep this containerd away from the machine's paths. (The CRI plugin stays: containerd
+    // 1.7 opens the NRI socket when CRI starts.)
+    let d = dir.display();
+    let config = default
+        .replace("/var/run/nri/nri.sock", &format!("{d}/nri.sock"))
+        .replace("/etc/nri/conf.d", &format!("{d}/nri-conf.d"))
+        .replace("/opt/nri/plugins", &format!("{d}/nri-plugins"))
+        .replace("/opt/containerd", &format!("{d}/opt"))
+        .replace("/etc/cni/net.d", &format!("{d}/cni-conf"))
+        .replace("/opt/cni/bin", &format!("{d}/cni-bin"))
+        .replace("\"/var/lib/containerd\"", &format!("\"{d}/root\""))
+        .replace("\"/run/containerd", &format!("\"{d}/run"));
+    let cfg = dir.join("config.toml");
+    std::fs::write(&cfg, &config).unwrap();
+
+    // As shipped: no NRI socket.
+    assert!(
+        !nri_socket_appears(&dir, &cfg, "before"),
+        "NRI socket present with NRI disabled"
+    );
+
+    // The chart's script, as the init container runs it (restart recorded instead of done).
+    let marker = dir.join("restarted");
+    let out = run({
+        let mut c = Command::new("sh");
+        c.arg(workspace_root().join("charts/kunpeng-tap/files/enable-nri.sh"))
+            .env("CONTAINERD_CONFIG", &cfg)
+            .env("RESTART_COMMAND", format!("touch '{}'", marker.display()));
+        c
+    });
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        marker.exists(),
+        "containerd restart not requested after a change"
+    );
+
+    // containerd loads the result and serves NRI.
+    let dump = run({
+        let mut c = Command::new(containerd_bin());
+        c.arg("--config").arg(&cfg).args(["config", "dump"]);
+        c
+    });
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(
+        dump.contains("[plugins.\"io.containerd.nri.v1.nri\"]\n    disable = false"),
+        "{dump}"
+    );
+    assert!(
+        nri_socket_appears(&dir, &cfg, "after"),
+        "no NRI socket after enable-nri.sh:\n{}",
+        std::fs::read_to_string(dir.join("after.log")).unwrap_or_default()
+    );
+}
+
+/// A temp dir removed on drop (test failures included).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("tap-e2e-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("temp dir");
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// kubectl (built by hack/e2e/setup-kube.sh, matching the API server) with a kubeconfig.
+fn kubectl(kubeconfig: &std::path::Path) -> Command {
+    let mut c = Command::new(kubectl_bin());
+    c.arg("--kubeconfig").arg(kubeconfig);
+    c
+}
+
+/// The platform team's path against a real kube-apiserver: the rendered manifests pass a
+/// strict server-side dry run, `helm install` creates everything, the CRDs serve
+/// (`kubectl get nodetopology`), the documented TopologyPolicy example is accepted, the
+/// ServiceAccounts have exactly the rights the components need, and `helm uninstall` removes
+/// the release but keeps the CRDs.
+fn install_path(kubeconfig: &std::path::Path, work: &std::path::Path) {
+    let kc = |args: &[&str]| {
+        let mut c = kubectl(kubeconfig);
+        c.args(args);
+        ok(c)
+    };
+    kc(&["create", "namespace", NS]);
+
+    // 1. Server-side dry run of everything the chart renders by default (CRDs included),
+    //    with strict field validation: an unknown or misspelt field fails.
+    let dry_run = |sets: &[&str], name: &str| -> (Output, usize) {
+        let rendered = template_text(sets, &["--include-crds"]);
+        let file = work.join(name);
+        std::fs::write(&file, &rendered).unwrap();
+        let mut c = kubectl(kubeconfig);
+        c.args([
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--validate=strict",
+            "--field-manager=tap-e2e",
+            "-f",
+            &file.to_string_lossy(),
+            "-o",
+            "json",
+        ]);
+        (run(c), docs(&rendered).len())
+    };
+    let (out, n_rendered) = dry_run(&[], "rendered.yaml");
+    assert!(
+        out.status.success(),
+        "server-side dry run refused the default chart: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: Value = serde_json::from_slice(&out.stdout).expect("kubectl -o json");
+    let items = list["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_else(|| vec![list.clone()]);
+    assert_eq!(
+        items.len(),
+        n_rendered,
+        "server returned {} of {n_rendered} objects",
+        items.len()
+    );
+    let ds = items
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet")
+        .expect("DaemonSet");
+    // Defaulted by the server: the object really went through the API server's pipeline.
+    assert_eq!(ds["spec"]["template"]["spec"]["dnsPolicy"], "ClusterFirst");
+    assert_eq!(ds["spec"]["revisionHistoryLimit"], 10);
+    eprintln!("server-side dry run: {n_rendered} objects accepted");
+
+    // The other value sets pass too; the opt-in enable-NRI step needs privileged Pods, which
+    // an API server without --allow-privileged (as here) refuses, for that reason only.
+    for sets in [
+        vec!["agent.flags.containerRuntimeMode=Containerd"],
+        vec!["operator.enabled=false", "agent.flags.metricsBindAddress="],
+    ] {
+        let (out, _) = dry_run(&sets, "variant.yaml");
+        assert!(
+            out.status.success(),
+            "dry run {sets:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (out, _) = dry_run(&["agent.enableNri.enabled=true"], "enable-nri.yaml");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success()
+            || (err.contains("initContainers[0].securityContext.privileged: Forbidden")
+                && !err.contains("containers[0]")),
+        "dry run with agent.enableNri.enabled=true: {err}"
+    );
+    eprintln!(
+        "enable-NRI variant: {}",
+        if out.status.success() {
+            "accepted".into()
+        } else {
+            err.trim().to_string()
+        }
+    );
+
+    // 2. helm install for real (no --wait: there are no nodes or controllers here).
+    let mut c = helm();
+    c.args([
+        "install",
+        RELEASE,
+        &chart(),
+        "--namespace",
+        NS,
+        "--kubeconfig",
+    ])
+    .arg(kubeconfig);
+    let out = ok(c);
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    assert!(out.contains("kubectl get nodetopology"), "NOTES: {out}");
+    let ds = kc(&["-n", NS, "get", "daemonset", "-o", "name"]);
+    assert_eq!(ds.trim(), "daemonset.apps/tap-kunpeng-tap-agent");
+    let dep: Value = serde_json::from_str(&kc(&[
+        "-n",
+        NS,
+        "get",
+        "deployment",
+        "tap-kunpeng-tap-operator",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    assert_eq!(dep["spec"]["replicas"], 2);
+
+    // 3. The CRDs serve: the commands the docs tell users to run.
+    for res in ["nodetopology", "ntopo", "topologypolicy", "tpol"] {
+        let mut c = kubectl(kubeconfig);
+        c.args(["get", res]);
+        let out = run(c);
+        assert!(
+            out.status.success(),
+            "kubectl get {res}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The TopologyPolicy example of docs/install.md is valid against the installed CRD.
+    let install_md =
+        std::fs::read_to_string(workspace_root().join("docs/install.md")).expect("docs/install.md");
+    let example = install_md
+        .split("```yaml\n")
+        .find(|b| b.starts_with("apiVersion: tap.kunpeng.io/v1alpha1\nkind: TopologyPolicy"))
+        .and_then(|b| b.split("```").next())
+        .expect("TopologyPolicy example in docs/install.md");
+    let ex = work.join("policy.yaml");
+    std::fs::write(&ex, example).unwrap();
+    kc(&["apply", "--validate=strict", "-f", &ex.to_string_lossy()]);
+    let got = kc(&[
+        "get",
+        "tpol",
+        "kunpeng-920-numa",
+        "-o",
+        "jsonpath={.spec.policy}",
+    ]);
+    assert_eq!(got, "numa-aware");
+    // And an invalid one is refused by the CRD's validation.
+    let bad = example.replace("policy: numa-aware", "policy: fastest");
+    std::fs::write(&ex, bad).unwrap();
+    let mut c = kubectl(kubeconfig);
+    c.args(["apply", "-f", &ex.to_string_lossy()]);
+    assert!(!run(c).status.success(), "policy: fastest was accepted");
+
+    // 4. RBAC: what each ServiceAccount may do (the API server authorizes with RBAC).
+    let can = |sa: &str, args: &[&str]| -> bool {
+        let mut c = kubectl(kubeconfig);
+        c.args(["auth", "can-i"])
+            .args(args)
+            .arg(format!("--as=system:serviceaccount:{NS}:{sa}"));
+        let out = run(c);
+        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    };
+    let agent = "tap-kunpeng-tap-agent";
+    let op = "tap-kunpeng-tap-operator";
+    assert!(can(agent, &["watch", "nodetopologies.tap.kunpeng.io"]));
+    assert!(can(
+        agent,
+        &[
+            "patch",
+            "nodetopologies.tap.kunpeng.io",
+            "--subresource=status"
+        ]
+    ));
+    assert!(
+        !can(agent, &["patch", "nodetopologies.tap.kunpeng.io"]),
+        "agent must not write specs"
+    );
+    assert!(!can(agent, &["list", "topologypolicies.tap.kunpeng.io"]));
+    assert!(!can(agent, &["get", "secrets", "-n", NS]));
+    assert!(can(op, &["watch", "topologypolicies.tap.kunpeng.io"]));
+    assert!(can(
+        op,
+        &[
+            "patch",
+            "topologypolicies.tap.kunpeng.io",
+            "--subresource=status"
+        ]
+    ));
+    assert!(can(op, &["create", "nodetopologies.tap.kunpeng.io"]));
+    assert!(can(op, &["delete", "nodetopologies.tap.kunpeng.io"]));
+    assert!(can(op, &["watch", "nodes"]));
+    assert!(!can(op, &["patch", "nodes"]));
+    assert!(can(op, &["update", "leases.coordination.k8s.io", "-n", NS]));
+    assert!(!can(
+        op,
+        &["update", "leases.coordination.k8s.io", "-n", "kube-system"]
+    ));
+
+    // 5. Uninstall: the release's objects go, the CRDs (and so the user's policies) stay.
+    let mut c = helm();
+    c.args(["uninstall", RELEASE, "--namespace", NS, "--kubeconfig"])
+        .arg(kubeconfig);
+    ok(c);
+    let left = kc(&[
+        "-n",
+        NS,
+        "get",
+        "daemonset,deployment,serviceaccount,role",
+        "-o",
+        "name",
+    ]);
+    assert!(
+        !left.contains("tap-kunpeng-tap"),
+        "left after uninstall: {left}"
+    );
+    let crs = kc(&["get", "clusterrole", "-o", "name"]);
+    assert!(!crs.contains("tap-kunpeng-tap"), "{crs}");
+    kc(&[
+        "get",
+        "crd",
+        "nodetopologies.tap.kunpeng.io",
+        "topologypolicies.tap.kunpeng.io",
+    ]);
+    kc(&["get", "tpol", "kunpeng-920-numa"]);
+}
+
+#[test]
+fn helm_install_path_on_a_real_kube_apiserver() {
+    if skip_unless_enabled("helm_install_path_on_a_real_kube_apiserver") {
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    let cluster = KubeCluster::start().expect("kube-apiserver (hack/e2e/setup-kube.sh)");
+    let work = TempDir::new("helm-install");
+    install_path(&cluster.kubeconfig, &work.0);
+    eprintln!("helm install path: {:.1}s", t0.elapsed().as_secs_f64());
+}

@@ -1,0 +1,434 @@
+//! e2e: `Dockerfile.agent` and `Dockerfile.operator` build on a real Docker engine and the
+//! images run.
+//!
+//! There is no registry here, so the binaries are built on the host (static glibc,
+//! `-C target-feature=+crt-static`), placed in `target/image/`, and the Dockerfiles' `prebuilt`
+//! path copies them onto `scratch` (`--build-arg BINARIES=prebuilt`, BuildKit skips the Rust
+//! stage). Each test starts its own dockerd (own data root, exec root, pid file and unix socket
+//! in a temp dir, no iptables, no bridge) and stops it on drop, failure included.
+//!
+//! Needs: dockerd and its CLI (Debian `docker.io`, hack/e2e/setup-docker.sh), containerd and
+//! runc. `TAP_DOCKER_CLI` / `TAP_DOCKERD` override the binaries (the CLI must build with
+//! `DOCKER_BUILDKIT=1` without buildx, as Docker 20.10's does).
+
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use tap_e2e::util::{fixtures_dir, skip_unless_enabled, workspace_root};
+
+/// This machine's glibc target (x86_64 here, aarch64 on Kunpeng).
+fn triple() -> String {
+    format!("{}-unknown-linux-gnu", std::env::consts::ARCH)
+}
+
+fn dockerd_bin() -> String {
+    std::env::var("TAP_DOCKERD").unwrap_or_else(|_| "/usr/sbin/dockerd".into())
+}
+
+fn docker_cli() -> String {
+    std::env::var("TAP_DOCKER_CLI").unwrap_or_else(|_| "/usr/bin/docker".into())
+}
+
+/// A private dockerd on a unix socket in a temp dir; stopped and cleaned on drop.
+struct Dockerd {
+    child: Option<Child>,
+    dir: PathBuf,
+    sock: PathBuf,
+}
+
+impl Dockerd {
+    fn start(tag: &str) -> Dockerd {
+        let bin = dockerd_bin();
+        assert!(
+            Path::new(&bin).exists(),
+            "{bin} not found: install docker.io (hack/e2e/setup-docker.sh) or set TAP_DOCKERD"
+        );
+        let dir = std::env::temp_dir().join(format!("tap-e2e-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("temp dir");
+        let sock = dir.join("docker.sock");
+        // An empty config file: never read the machine's /etc/docker/daemon.json.
+        fs::write(dir.join("daemon.json"), "{}").expect("daemon.json");
+        let log = fs::File::create(dir.join("dockerd.log")).expect("dockerd.log");
+        let child = Command::new(&bin)
+            .arg(format!(
+                "--config-file={}",
+                dir.join("daemon.json").display()
+            ))
+            .arg(format!("--data-root={}", dir.join("data").display()))
+            .arg(format!("--exec-root={}", dir.join("exec").display()))
+            .arg(format!("--pidfile={}", dir.join("dockerd.pid").display()))
+            .arg(format!("--host=unix://{}", sock.display()))
+            .args([
+                "--iptables=false",
+                "--ip-masq=false",
+                "--bridge=none",
+                "--storage-driver=vfs",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {bin}: {e}"));
+        let mut d = Dockerd {
+            child: Some(child),
+            dir,
+            sock,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if d.sock.exists() {
+                let out = d.docker(&["version", "--format", "{{.Server.Version}}"]);
+                if out.status.success() {
+                    eprintln!(
+                        "dockerd {} on {}",
+                        String::from_utf8_lossy(&out.stdout).trim(),
+                        d.sock.display()
+                    );
+                    break;
+                }
+            }
+            if let Some(Ok(Some(st))) = d.child.as_mut().map(|c| c.try_wait()) {
+                panic!("dockerd exited ({st}) at start:\n{}", d.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "dockerd not ready in 60s:\n{}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        d
+    }
+
+    fn log(&self) -> String {
+        let s = fs::read_to_string(self.dir.join("dockerd.log")).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(docker_cli());
+        c.arg(format!("--host=unix://{}", self.sock.display()))
+            .env("DOCKER_BUILDKIT", "1")
+            .env("DOCKER_CONFIG", self.dir.join("cli"))
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn docker(&self, args: &[&str]) -> Output {
+        self.cmd()
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("running {} {args:?}: {e}", docker_cli()))
+    }
+
+    /// Runs docker and fails the test with its output when it fails.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.docker(args);
+        assert!(
+            out.status.success(),
+            "docker {args:?} failed ({}):\n{}{}\n--- dockerd log ---\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.contains(") Z "))
+            .unwrap_or(false)
+}
+
+impl Drop for Dockerd {
+    fn drop(&mut self) {
+        // The containerd dockerd started for itself (it normally stops it on exit).
+        let containerd_pid = fs::read_to_string(self.dir.join("exec/containerd/containerd.pid"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok());
+        if let Some(mut child) = self.child.take() {
+            signal(child.id(), "-TERM");
+            let deadline = Instant::now() + Duration::from_secs(15);
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(100))
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(pid) = containerd_pid {
+            if alive(pid) {
+                signal(pid, "-KILL");
+            }
+        }
+        // Whatever is still mounted under the temp dir (netns files, shm), deepest first.
+        let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let prefix = self.dir.to_string_lossy().into_owned();
+        let mut points: Vec<&str> = mounts
+            .lines()
+            .filter_map(|l| l.split(' ').nth(1))
+            .filter(|p| p.starts_with(&prefix))
+            .collect();
+        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for p in points {
+            let _ = Command::new("umount").args(["-l", p]).status();
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Whether an ELF file has no program interpreter (PT_INTERP), i.e. is statically linked.
+fn is_static_elf(path: &Path) -> bool {
+    let b = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        b.len() > 64 && &b[..4] == b"\x7fELF",
+        "{} is no ELF",
+        path.display()
+    );
+    assert_eq!(b[4], 2, "64-bit ELF expected");
+    let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(b[0x20..0x28].try_into().unwrap()) as usize;
+    let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
+    (0..phnum).all(|i| {
+        let o = phoff + i * phentsize;
+        u32::from_le_bytes(b[o..o + 4].try_into().unwrap()) != 3
+    })
+}
+
+/// Cargo profile of the image binaries: `release` (what the Dockerfiles ship) unless
+/// `TAP_IMAGE_PROFILE=dev` trades image size for build time (CI budget).
+fn image_profile() -> (String, &'static str) {
+    match std::env::var("TAP_IMAGE_PROFILE").as_deref() {
+        Ok("dev") => ("dev".into(), "debug"),
+        _ => ("release".into(), "release"),
+    }
+}
+
+/// Builds `bin` of `package` static on the host and copies it to `target/image/<bin>`.
+fn build_static(package: &str, bin: &str) -> PathBuf {
+    let root = workspace_root();
+    let target_dir = root.join("target/image-build");
+    let (profile, profile_dir) = image_profile();
+    let start = Instant::now();
+    let status = Command::new(env!("CARGO"))
+        .current_dir(&root)
+        .args(["build", "--profile", &profile, "--locked", "-p", package])
+        .args(["--bin", bin])
+        .args(["--target", &triple()])
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .env(
+            format!(
+                "CARGO_TARGET_{}_RUSTFLAGS",
+                triple().to_uppercase().replace('-', "_")
+            ),
+            "-C target-feature=+crt-static",
+        )
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
+        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+        .env("CARGO_PROFILE_DEV_DEBUG", "0")
+        .env("CARGO_PROFILE_DEV_STRIP", "symbols")
+        .status()
+        .expect("running cargo");
+    assert!(status.success(), "cargo build -p {package} (static) failed");
+    eprintln!(
+        "built static {bin} ({profile}) in {:.1}s",
+        start.elapsed().as_secs_f64()
+    );
+    let built = target_dir.join(triple()).join(profile_dir).join(bin);
+    assert!(
+        is_static_elf(&built),
+        "{} is not statically linked",
+        built.display()
+    );
+    let dest = root.join("target/image").join(bin);
+    fs::create_dir_all(dest.parent().unwrap()).expect("target/image");
+    fs::copy(&built, &dest).expect("copying the binary into target/image");
+    dest
+}
+
+/// `docker build` of one Dockerfile's prebuilt path; returns `docker image inspect` of it.
+fn build_image(d: &Dockerd, dockerfile: &str, tag: &str) -> Value {
+    let root = workspace_root();
+    let start = Instant::now();
+    d.ok(&[
+        "build",
+        "--progress=plain",
+        "--build-arg",
+        "BINARIES=prebuilt",
+        "-f",
+        &root.join(dockerfile).to_string_lossy(),
+        "-t",
+        tag,
+        &root.to_string_lossy(),
+    ]);
+    eprintln!(
+        "docker build -f {dockerfile}: {:.1}s",
+        start.elapsed().as_secs_f64()
+    );
+    let inspect: Value =
+        serde_json::from_str(&d.ok(&["image", "inspect", tag])).expect("image inspect JSON");
+    inspect[0].clone()
+}
+
+/// The long flags the chart passes in a template's `args:` (`- --flag=...` lines).
+fn chart_flags(template: &str) -> Vec<String> {
+    let text = fs::read_to_string(
+        workspace_root()
+            .join("charts/kunpeng-tap/templates")
+            .join(template),
+    )
+    .expect("chart template");
+    let mut flags: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- --"))
+        .map(|f| {
+            let end = f.find(['=', ' ', '"']).unwrap_or(f.len());
+            format!("--{}", &f[..end])
+        })
+        .collect();
+    flags.dedup();
+    flags
+}
+
+fn check_final_image(img: &Value, entrypoint: &str) {
+    let cfg = &img["Config"];
+    assert_eq!(cfg["User"], "65532:65532", "image must default to non-root");
+    assert_eq!(cfg["Entrypoint"], serde_json::json!([entrypoint]));
+    let layers = img["RootFS"]["Layers"].as_array().expect("layers");
+    assert_eq!(
+        layers.len(),
+        1,
+        "scratch + one binary = one layer, got {layers:?}"
+    );
+    let size = img["Size"].as_u64().expect("image size");
+    eprintln!("image {entrypoint}: {:.1} MiB", size as f64 / 1048576.0);
+    assert!(size < 64 << 20, "image unexpectedly large: {size} bytes");
+}
+
+#[test]
+fn agent_image_builds_from_dockerfile_and_runs_on_scratch() {
+    if skip_unless_enabled("agent_image_builds_from_dockerfile_and_runs_on_scratch") {
+        return;
+    }
+    let t0 = Instant::now();
+    build_static("node-agent", "kunpeng-tap");
+    let d = Dockerd::start("agent-image");
+    let tag = "kunpeng-tap-agent:e2e";
+    let img = build_image(&d, "Dockerfile.agent", tag);
+    check_final_image(&img, "/usr/local/bin/kunpeng-tap");
+
+    // Runs as the image's non-root user, no network, read-only root.
+    let v = d.ok(&[
+        "run",
+        "--rm",
+        "--network=none",
+        "--read-only",
+        tag,
+        "--version",
+    ]);
+    assert_eq!(
+        v.trim(),
+        format!("kunpeng-tap {}", env!("CARGO_PKG_VERSION")),
+        "version line"
+    );
+
+    // Every flag the chart passes exists in this binary.
+    let help = d.ok(&["run", "--rm", "--network=none", tag, "--help"]);
+    let flags = chart_flags("agent-daemonset.yaml");
+    assert!(flags.len() >= 20, "parsed {flags:?}");
+    for f in &flags {
+        assert!(
+            help.contains(f.as_str()),
+            "chart passes {f}, the agent image does not know it:\n{help}"
+        );
+    }
+
+    // With the chart's security context (uid 0, every capability dropped, no privilege
+    // escalation, read-only root) and a sysfs tree mounted read-only the way the chart mounts
+    // the host's /sys: discovery and placement work inside the image.
+    let fixture = fixtures_dir().join("synthetic-2s-4numa-96c-gpu");
+    let fixture = fixture
+        .canonicalize()
+        .unwrap_or_else(|e| panic!("{}: {e} (set TAP_FIXTURES)", fixture.display()));
+    let mount = format!(
+        "type=bind,source={},target=/host/sys,readonly",
+        fixture.display()
+    );
+    let out = d.ok(&[
+        "run",
+        "--rm",
+        "--network=none",
+        "--read-only",
+        "--user=0:0",
+        "--cap-drop=ALL",
+        "--security-opt=no-new-privileges",
+        "--mount",
+        &mount,
+        tag,
+        "--explain",
+        "--sysfs-root=/host/sys",
+    ]);
+    assert!(
+        out.contains("96 CPUs online") && out.contains("4 NUMA nodes"),
+        "explain output inside the image:\n{out}"
+    );
+    eprintln!("agent image test: {:.1}s", t0.elapsed().as_secs_f64());
+}
+
+#[test]
+fn operator_image_builds_from_dockerfile_and_runs_on_scratch() {
+    if skip_unless_enabled("operator_image_builds_from_dockerfile_and_runs_on_scratch") {
+        return;
+    }
+    let t0 = Instant::now();
+    assert!(
+        workspace_root().join("operator/Cargo.toml").exists(),
+        "operator/ crate (tap-operator, binary kunpeng-tap-operator) is not in this checkout"
+    );
+    build_static("tap-operator", "kunpeng-tap-operator");
+    let d = Dockerd::start("operator-image");
+    let tag = "kunpeng-tap-operator:e2e";
+    let img = build_image(&d, "Dockerfile.operator", tag);
+    check_final_image(&img, "/usr/local/bin/kunpeng-tap-operator");
+    let v = d.ok(&[
+        "run",
+        "--rm",
+        "--network=none",
+        "--read-only",
+        tag,
+        "--version",
+    ]);
+    assert!(
+        v.trim().starts_with("kunpeng-tap-operator "),
+        "version line: {v}"
+    );
+    let help = d.ok(&["run", "--rm", "--network=none", tag, "--help"]);
+    for f in chart_flags("operator-deployment.yaml") {
+        assert!(
+            help.contains(f.as_str()),
+            "chart passes {f}, the operator image does not know it:\n{help}"
+        );
+    }
+    eprintln!("operator image test: {:.1}s", t0.elapsed().as_secs_f64());
+}
