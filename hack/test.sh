@@ -5,6 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tier="${1:-all}"
+# CI keeps Cargo's build output outside the fresh clone so later runs on the same machine
+# start warm; locally the usual ./target is used.
+if [ "${CI:-}" = "true" ] && [ -z "${CARGO_TARGET_DIR:-}" ]; then
+  export CARGO_TARGET_DIR=/var/cache/kunpeng-tap/target
+  mkdir -p "$CARGO_TARGET_DIR"
+fi
 bash hack/ensure-protoc.sh
 
 unit() {

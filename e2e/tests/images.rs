@@ -228,7 +228,10 @@ fn image_profile() -> (String, &'static str) {
 /// Builds `bin` of `package` static on the host and copies it to `target/image/<bin>`.
 fn build_static(package: &str, bin: &str) -> PathBuf {
     let root = workspace_root();
-    let target_dir = root.join("target/image-build");
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("image-build");
     let (profile, profile_dir) = image_profile();
     let start = Instant::now();
     let status = Command::new(env!("CARGO"))
