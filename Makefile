@@ -5,7 +5,7 @@
 #   make kunpeng-tap-install-service            the same for RUNTIME=docker|containerd (docker)
 #   make kunpeng-tap-start-service              enable and start it
 #   make kunpeng-tap-uninstall-service          stop, disable, remove unit and binary
-#   make kunpeng-tap-nri-deploy / -undeploy     NRI mode DaemonSet via kubectl
+#   make kunpeng-tap-nri-deploy / -undeploy     NRI mode DaemonSet via the Helm chart (or kubectl, NRI_MANIFEST=...)
 
 CARGO       ?= cargo
 SYSTEMCTL   ?= systemctl
@@ -18,7 +18,11 @@ RUNTIME     ?= docker
 SERVICE     := kunpeng-tap.service
 BIN         := target/release/kunpeng-tap
 UNIT_SRC    := hack/kunpeng-tap
-NRI_MANIFEST ?= deploy/nri/kunpeng-tap-nri.yaml
+HELM        ?= helm
+NAMESPACE   ?= kunpeng-tap
+# NRI mode is deployed with the Helm chart; set NRI_MANIFEST to apply a rendered manifest with
+# kubectl instead (e.g. from `helm template`).
+NRI_MANIFEST ?=
 
 .PHONY: kunpeng-tap-build kunpeng-tap-install-service kunpeng-tap-install-service-docker \
 	kunpeng-tap-install-service-containerd kunpeng-tap-start-service \
@@ -48,12 +52,18 @@ kunpeng-tap-uninstall-service:
 uninstall-service: kunpeng-tap-uninstall-service
 
 kunpeng-tap-nri-deploy:
-	@test -f $(NRI_MANIFEST) || { echo "$(NRI_MANIFEST) not found (set NRI_MANIFEST=...)"; exit 2; }
+ifeq ($(NRI_MANIFEST),)
+	$(HELM) upgrade --install kunpeng-tap charts/kunpeng-tap --namespace $(NAMESPACE) --create-namespace $(HELM_ARGS)
+else
 	$(KUBECTL) apply -f $(NRI_MANIFEST)
+endif
 
 kunpeng-tap-nri-undeploy:
-	@test -f $(NRI_MANIFEST) || { echo "$(NRI_MANIFEST) not found (set NRI_MANIFEST=...)"; exit 2; }
+ifeq ($(NRI_MANIFEST),)
+	$(HELM) uninstall kunpeng-tap --namespace $(NAMESPACE)
+else
 	$(KUBECTL) delete --ignore-not-found -f $(NRI_MANIFEST)
+endif
 
 test: test-unit test-e2e
 test-unit:
