@@ -863,25 +863,5 @@ fn cgroup_file(pid: u32, file: &str) -> Result<String> {
 /// Removes the e2e cgroup tree ([`CGROUP_ROOT`]) from every hierarchy, deepest first. Only
 /// empty cgroups can go; call after the containers are gone.
 pub fn remove_cgroup_tree() {
-    let mut roots = vec![PathBuf::from(format!("/sys/fs/cgroup{CGROUP_ROOT}"))];
-    if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
-        for e in rd.flatten() {
-            roots.push(e.path().join(CGROUP_ROOT.trim_start_matches('/')));
-        }
-    }
-    fn rm(p: &Path) {
-        if let Ok(rd) = std::fs::read_dir(p) {
-            for e in rd.flatten() {
-                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                    rm(&e.path());
-                }
-            }
-        }
-        let _ = std::fs::remove_dir(p);
-    }
-    for r in roots {
-        if r.is_dir() {
-            rm(&r);
-        }
-    }
+    crate::util::remove_cgroup_dirs(CGROUP_ROOT);
 }

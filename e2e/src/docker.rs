@@ -15,7 +15,6 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The busybox rootfs tarball setup-docker.sh builds.
@@ -253,29 +252,7 @@ impl Dockerd {
     }
 
     fn remove_cgroups(&self) {
-        let rel = self.cgroup_root.trim_start_matches('/');
-        let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") else {
-            return;
-        };
-        let mut roots = vec![PathBuf::from("/sys/fs/cgroup").join(rel)];
-        for e in rd.flatten() {
-            roots.push(e.path().join(rel));
-        }
-        fn rm(p: &Path) {
-            if let Ok(rd) = std::fs::read_dir(p) {
-                for e in rd.flatten() {
-                    if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                        rm(&e.path());
-                    }
-                }
-            }
-            let _ = std::fs::remove_dir(p);
-        }
-        for r in roots {
-            if r.is_dir() {
-                rm(&r);
-            }
-        }
+        crate::util::remove_cgroup_dirs(&self.cgroup_root);
     }
 }
 
@@ -340,31 +317,6 @@ pub fn cgroup_cpuset(pid: u32) -> Result<String> {
     bail!("no cpuset cgroup for pid {pid}")
 }
 
-/// The `kunpeng-tap` binary, built once per test process (`TAP_BIN` overrides).
-pub fn tap_binary() -> Result<PathBuf> {
-    static BIN: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("TAP_BIN") {
-            return Ok(PathBuf::from(p));
-        }
-        let root = crate::util::workspace_root();
-        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(["build", "-q", "-p", "node-agent", "--bin", "kunpeng-tap"])
-            .current_dir(&root)
-            .status()
-            .map_err(|e| format!("running cargo build: {e}"))?;
-        if !status.success() {
-            return Err("cargo build -p node-agent failed".into());
-        }
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("target"));
-        Ok(target.join("debug/kunpeng-tap"))
-    })
-    .clone()
-    .map_err(anyhow::Error::msg)
-}
-
 /// A free loopback TCP port (for the agent's metrics endpoint).
 pub fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
@@ -384,7 +336,7 @@ impl TapAgent {
     /// Starts `kunpeng-tap <args> --metrics-bind-address 127.0.0.1:<free>`, logging to `log`,
     /// and waits until /readyz answers 200 (the mode finished its start-up sync).
     pub fn start(args: &[String], log: &Path) -> Result<TapAgent> {
-        let bin = tap_binary()?;
+        let bin = crate::util::agent_binary()?;
         let metrics_addr = format!("127.0.0.1:{}", free_port()?);
         let out = std::fs::OpenOptions::new()
             .create(true)

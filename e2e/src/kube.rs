@@ -513,29 +513,4 @@ fn write_kubeconfig(path: &Path, port: u16, pki: &Path, stem: &str) -> Result<()
     Ok(())
 }
 
-/// Builds a binary of this workspace (`cargo build -p <package> --bin <bin>`) and returns its
-/// path; cargo's own lock makes concurrent calls safe.
-pub fn cargo_bin(package: &str, bin: &str) -> Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let root = crate::util::workspace_root();
-    let out = Command::new(cargo)
-        .current_dir(&root)
-        .args(["build", "-q", "-p", package, "--bin", bin])
-        .stdin(Stdio::null())
-        .output()
-        .context("running cargo build")?;
-    if !out.status.success() {
-        bail!(
-            "cargo build -p {package} --bin {bin} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let p = target.join("debug").join(bin);
-    if !p.exists() {
-        bail!("{} not found after cargo build", p.display());
-    }
-    Ok(p)
-}
+pub use crate::util::cargo_bin;

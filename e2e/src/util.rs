@@ -28,3 +28,90 @@ pub fn fixtures_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("../shared/fixtures/sysfs"))
 }
+
+/// Builds a binary of this workspace (`cargo build -p <package> --bin <bin>`) and returns its
+/// path under `CARGO_TARGET_DIR` (or `./target`); cargo's own lock makes concurrent calls safe.
+pub fn cargo_bin(package: &str, bin: &str) -> anyhow::Result<PathBuf> {
+    use anyhow::Context;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let root = workspace_root();
+    let out = std::process::Command::new(cargo)
+        .current_dir(&root)
+        .args(["build", "-q", "-p", package, "--bin", bin])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("running cargo build")?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "cargo build -p {package} --bin {bin} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let p = target.join("debug").join(bin);
+    anyhow::ensure!(p.exists(), "{} not found after cargo build", p.display());
+    Ok(p)
+}
+
+/// The `kunpeng-tap` agent binary, built once per test process; `TAP_BIN` (or the older
+/// `TAP_AGENT_BIN`) names a prebuilt one instead.
+pub fn agent_binary() -> anyhow::Result<PathBuf> {
+    static BIN: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("TAP_BIN").or_else(|| std::env::var_os("TAP_AGENT_BIN")) {
+            return Ok(PathBuf::from(p));
+        }
+        cargo_bin("node-agent", "kunpeng-tap").map_err(|e| format!("{e:#}"))
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
+/// Drops ANSI colour sequences from a log.
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c == '\u{1b}' {
+            for d in it.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Removes the cgroup directories at `rel` (relative to the hierarchy root) in every mounted
+/// hierarchy (`/sys/fs/cgroup/<rel>` for v2, `/sys/fs/cgroup/<controller>/<rel>` for v1),
+/// children first. Errors are ignored: this is cleanup.
+pub fn remove_cgroup_dirs(rel: &str) {
+    use std::path::Path;
+    let rel = rel.trim_start_matches('/');
+    let mut roots = vec![PathBuf::from("/sys/fs/cgroup").join(rel)];
+    if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
+        for e in rd.flatten() {
+            roots.push(e.path().join(rel));
+        }
+    }
+    fn rm(p: &Path) {
+        if let Ok(rd) = std::fs::read_dir(p) {
+            for e in rd.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    rm(&e.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(p);
+    }
+    for r in roots {
+        if r.is_dir() {
+            rm(&r);
+        }
+    }
+}

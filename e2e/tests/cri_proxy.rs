@@ -44,23 +44,6 @@ fn numa_containers(agent: &TapAgent) -> Result<i64> {
         .sum())
 }
 
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut it = s.chars();
-    while let Some(c) = it.next() {
-        if c == '\u{1b}' {
-            for d in it.by_ref() {
-                if d.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 struct RmDir(PathBuf);
 impl Drop for RmDir {
     fn drop(&mut self) {
@@ -209,7 +192,7 @@ async fn scenario(ctd: &Containerd, dir: &Path) -> Result<()> {
     drop(agent);
     let mut agent = TapAgent::start(&args, &log)?;
     assert_eq!(before, agent.state()?, "state changed across a restart");
-    let text = strip_ansi(&std::fs::read_to_string(&log)?);
+    let text = tap_e2e::util::strip_ansi(&std::fs::read_to_string(&log)?);
     assert!(
         text.contains("from_record=2"),
         "restore did not use the records"

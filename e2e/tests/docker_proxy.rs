@@ -382,7 +382,7 @@ fn scenario(env: &Env) -> Result<()> {
     let mut agent = env.start_agent()?;
     let after = agent.state()?;
     assert_eq!(before, after, "state changed across a restart");
-    let log = strip_ansi(&std::fs::read_to_string(env.dir.join("agent.log"))?);
+    let log = tap_e2e::util::strip_ansi(&std::fs::read_to_string(env.dir.join("agent.log"))?);
     assert!(
         log.contains("from_record=2"),
         "restore did not use the records"
@@ -412,22 +412,4 @@ fn scenario(env: &Env) -> Result<()> {
     );
     agent.stop();
     Ok(())
-}
-
-/// Drops ANSI colour sequences from a log.
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut it = s.chars();
-    while let Some(c) = it.next() {
-        if c == '\u{1b}' {
-            for d in it.by_ref() {
-                if d.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }

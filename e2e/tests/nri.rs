@@ -66,29 +66,6 @@ fn record_fields(rec: &str) -> HashMap<String, String> {
         .collect()
 }
 
-/// The kunpeng-tap binary: built once (`cargo build -p node-agent`), or `TAP_AGENT_BIN`.
-fn agent_binary() -> PathBuf {
-    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("TAP_AGENT_BIN") {
-            return PathBuf::from(p);
-        }
-        let root = util::workspace_root();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
-            .args(["build", "-p", "node-agent", "--bin", "kunpeng-tap"])
-            .current_dir(&root)
-            .status()
-            .expect("running cargo build for kunpeng-tap");
-        assert!(st.success(), "building kunpeng-tap failed");
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("target"));
-        target.join("debug/kunpeng-tap")
-    })
-    .clone()
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -109,7 +86,7 @@ impl Agent {
         let log = ctd.dir().join(format!("agent-{tag}.log"));
         let f = std::fs::File::create(&log)?;
         let metrics_port = free_port();
-        let child = Command::new(agent_binary())
+        let child = Command::new(util::agent_binary().expect("building kunpeng-tap"))
             .arg("--container-runtime-mode=NRI")
             .arg(format!("--nri-socket-path={}", ctd.nri_socket().display()))
             .arg("--resource-policy=topology-aware")
