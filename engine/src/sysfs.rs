@@ -81,7 +81,7 @@ impl FileSource for MapSource {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         path: String,
         #[source]

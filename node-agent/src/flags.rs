@@ -154,6 +154,39 @@ pub struct Flags {
 }
 
 impl Flags {
+    /// Sets up `tracing`: `-v` 0-1 warn, 2 info (the reference's default), 3 debug, 4+ trace;
+    /// `TAP_LOG` (an env-filter directive) overrides; text or JSON to stderr.
+    pub fn init_logging(&self) {
+        let level = match self.verbose {
+            0 | 1 => "warn",
+            2 => "info",
+            3 => "debug",
+            _ => "trace",
+        };
+        let filter = tracing_subscriber::EnvFilter::try_from_env("TAP_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr);
+        match self.log_format {
+            LogFormat::Json => builder.json().init(),
+            LogFormat::Text => builder.init(),
+        }
+    }
+
+    /// Discovers the topology under `--sysfs-root` and builds its model.
+    pub fn load_topology(&self) -> anyhow::Result<std::sync::Arc<tap_engine::Topology>> {
+        use anyhow::Context;
+        let raw = tap_engine::sysfs::discover_dir(&self.sysfs_root).with_context(|| {
+            format!(
+                "discovering the topology under {}",
+                self.sysfs_root.display()
+            )
+        })?;
+        let topo = tap_engine::Topology::build(&raw).context("building the topology model")?;
+        Ok(std::sync::Arc::new(topo))
+    }
+
     /// The engine configuration these flags ask for.
     pub fn engine_config(&self) -> EngineConfig {
         EngineConfig {

@@ -1,32 +1,13 @@
 use anyhow::Context;
 use clap::Parser;
 use node_agent::agent::{Agent, HostFold};
-use node_agent::flags::{Flags, LogFormat, RuntimeMode};
+use node_agent::flags::{Flags, RuntimeMode};
 use node_agent::metrics::Metrics;
 use node_agent::{cri_proxy, docker_proxy, explain, kube_link, nri};
 use std::sync::Arc;
 use tap_engine::sysfs::discover_dir;
-use tap_engine::{CpuSet, Engine, NodeSet, Topology};
+use tap_engine::{CpuSet, Engine, NodeSet};
 use tokio_util::sync::CancellationToken;
-
-fn init_logging(flags: &Flags) {
-    // -v 2 = info (the reference's default), 3 = debug, 4+ = trace, 0-1 = warn.
-    let level = match flags.verbose {
-        0 | 1 => "warn",
-        2 => "info",
-        3 => "debug",
-        _ => "trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TAP_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match flags.log_format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
-}
 
 /// The real host's CPUs and NUMA nodes, for `--fold-cpus-to-host`.
 fn host_fold() -> anyhow::Result<HostFold> {
@@ -44,7 +25,7 @@ fn host_fold() -> anyhow::Result<HostFold> {
 
 fn main() -> std::process::ExitCode {
     let flags = Flags::parse();
-    init_logging(&flags);
+    flags.init_logging();
     if let Err(msg) = flags.validate() {
         eprintln!("kunpeng-tap: {msg}");
         return std::process::ExitCode::from(2);
@@ -60,13 +41,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(flags: Flags) -> anyhow::Result<()> {
-    let raw = discover_dir(&flags.sysfs_root).with_context(|| {
-        format!(
-            "discovering the topology under {}",
-            flags.sysfs_root.display()
-        )
-    })?;
-    let topo = Arc::new(Topology::build(&raw).context("building the topology model")?);
+    let topo = flags.load_topology()?;
     let fold = if flags.fold_cpus_to_host {
         Some(host_fold()?)
     } else {

@@ -12,19 +12,12 @@ use node_agent::agent::Agent;
 use node_agent::flags::Flags;
 use node_agent::metrics::Metrics;
 use std::sync::Arc;
-use tap_engine::sysfs::discover_dir;
-use tap_engine::{Engine, Topology};
+use tap_engine::Engine;
 use tokio_util::sync::CancellationToken;
 
 fn main() -> std::process::ExitCode {
     let flags = Flags::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TAP_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(if flags.verbose >= 3 { "debug" } else { "info" })
-    });
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    flags.init_logging();
     match run(flags) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -35,13 +28,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(flags: Flags) -> anyhow::Result<()> {
-    let raw = discover_dir(&flags.sysfs_root).with_context(|| {
-        format!(
-            "discovering the topology under {}",
-            flags.sysfs_root.display()
-        )
-    })?;
-    let topo = Arc::new(Topology::build(&raw).context("building the topology model")?);
+    let topo = flags.load_topology()?;
     let metrics = Arc::new(Metrics::new());
     let agent = Arc::new(Agent::new(
         Engine::new(topo, flags.engine_config()),
