@@ -159,8 +159,6 @@ pub enum TopologyError {
     NoCpus,
     #[error("CPU {cpu} is listed twice")]
     DuplicateCpu { cpu: usize },
-    #[error("NUMA node {node} lists CPU {cpu}, which is not online")]
-    UnknownCpu { node: u32, cpu: usize },
 }
 
 /// The discovered machine and its pool tree. Immutable once built; shared by reference.
@@ -203,15 +201,8 @@ impl Topology {
         // NUMA nodes: sorted by id; a CPU without a node goes to node 0 (or a synthetic node 0).
         let mut raw_nodes = raw.nodes.clone();
         raw_nodes.sort_by_key(|n| n.id);
-        for n in &raw_nodes {
-            if let Some(cpu) = n.cpus.difference(&online).first() {
-                // Offline CPUs in a node's cpulist are normal (the kernel keeps them there);
-                // only a CPU that was never enumerated is an error.
-                if cpu > max_cpu + 4096 {
-                    return Err(TopologyError::UnknownCpu { node: n.id, cpu });
-                }
-            }
-        }
+        // Offline CPUs in a node's cpulist are normal (the kernel keeps them there): the
+        // model keeps only online ones.
         let node_ids: Vec<u32> = raw_nodes.iter().map(|n| n.id).collect();
         let mut nodes: Vec<NumaNode> = raw_nodes
             .iter()
@@ -305,10 +296,7 @@ impl Topology {
             dies.entry((c.package, c.die)).or_default().insert(c.id);
         }
 
-        let mut b = TreeBuilder {
-            pools: Vec::new(),
-            nodes: &nodes,
-        };
+        let mut b = TreeBuilder { pools: Vec::new() };
         // Root: the machine. It is a real pool only with several sockets; with one socket the
         // socket is the root (named after its level), as in the reference.
         let socket_sets: Vec<CpuSet> = sockets.values().copied().collect();
@@ -540,13 +528,11 @@ fn attach_memory(pools: &mut [Pool], nodes: &[NumaNode]) {
     }
 }
 
-struct TreeBuilder<'a> {
+struct TreeBuilder {
     pools: Vec<Pool>,
-    #[allow(dead_code)]
-    nodes: &'a [NumaNode],
 }
 
-impl TreeBuilder<'_> {
+impl TreeBuilder {
     fn push(&mut self, level: Level, index: usize, parent: Option<PoolId>, cpus: CpuSet) -> PoolId {
         let id = self.pools.len();
         let depth = parent.map(|p| self.pools[p].depth + 1).unwrap_or(0);

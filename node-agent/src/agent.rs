@@ -222,16 +222,10 @@ impl Agent {
                 continue;
             }
             for item in v.split(',') {
-                let digits: String = item
-                    .trim()
-                    .chars()
-                    .rev()
-                    .take_while(|c| c.is_ascii_digit())
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                let node = if item.trim() == "all" {
+                // The index is the item's trailing digits: `2`, `/dev/vacc2`, `nvidia2`.
+                let item = item.trim();
+                let digits = &item[item.trim_end_matches(|c: char| c.is_ascii_digit()).len()..];
+                let node = if item == "all" {
                     None
                 } else {
                     digits
