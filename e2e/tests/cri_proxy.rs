@@ -98,6 +98,41 @@ async fn scenario(ctd: &Containerd, dir: &Path) -> Result<()> {
         "busybox image not listed through the proxy: {list:?}"
     );
 
+    // Calls this build does not model pass through to the runtime untouched: the v1alpha2 API
+    // containerd 1.7 still serves, and a method no runtime has (containerd itself answers).
+    let mut raw = tonic::client::Grpc::new(ch.clone());
+    raw.ready().await.context("raw gRPC client")?;
+    let v: cri::VersionResponse = raw
+        .unary(
+            tonic::Request::new(cri::VersionRequest {
+                version: "0.1.0".into(),
+            }),
+            tonic::codegen::http::uri::PathAndQuery::from_static(
+                "/runtime.v1alpha2.RuntimeService/Version",
+            ),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .context("v1alpha2 Version through the proxy")?
+        .into_inner();
+    assert_eq!(v.runtime_name, "containerd", "{v:?}");
+    raw.ready().await.context("raw gRPC client")?;
+    let unknown = raw
+        .unary::<_, cri::VersionResponse, _>(
+            tonic::Request::new(cri::VersionRequest::default()),
+            tonic::codegen::http::uri::PathAndQuery::from_static(
+                "/runtime.v1.RuntimeService/NoSuchMethod",
+            ),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .expect_err("an unknown method cannot succeed");
+    assert_eq!(unknown.code(), tonic::Code::Unimplemented, "{unknown:?}");
+    assert!(
+        unknown.message().contains("NoSuchMethod"),
+        "not the runtime's own answer: {unknown:?}"
+    );
+
     // Server-streaming GetContainerEvents passes through: an event arrives for a new sandbox.
     // (containerd sends the response headers with the first event, so the call runs aside.)
     let mut ev_client = cri::runtime_service_client::RuntimeServiceClient::new(ch);

@@ -1,26 +1,33 @@
 //! CRI proxy mode (`--container-runtime-mode=Containerd`).
 //!
-//! Serves the CRI RuntimeService and ImageService (v1) on a unix socket and forwards every call
-//! to the runtime's socket. CreateContainer gets its cpuset (and mems) and the grant record
-//! annotation; UpdateContainerResources is re-placed; StopContainer and RemoveContainer release
-//! (idempotently). At start the state is rebuilt from ListPodSandbox/PodSandboxStatus and
-//! ListContainers/ContainerStatus (verbose). Every other call, the server-streaming
-//! GetContainerEvents included, passes through untouched.
+//! Serves the CRI (v1) on a unix socket and forwards every call to the runtime's socket.
+//! Calls pass through at the HTTP/2 level ([`grpc`]): not decoded, so streaming calls, methods
+//! and fields newer than this build reach the runtime unchanged, and a pass-through call costs
+//! no more than relaying its frames. Four calls are looked into:
+//! - CreateContainer gets its cpuset (and mems) and the grant record annotation, written as an
+//!   overlay after the kubelet's bytes (see [`grpc`]);
+//! - UpdateContainerResources is re-placed the same way;
+//! - StopContainer and RemoveContainer release (idempotently).
+//!
+//! At start the state is rebuilt from ListPodSandbox/PodSandboxStatus and
+//! ListContainers/ContainerStatus (verbose).
 //!
 //! The engine knows a container by `<sandbox id>/<name>/<attempt>`, a key that exists before
 //! the runtime assigns the container id (and that restore rebuilds from ContainerStatus); the
 //! proxy maps ids to keys.
 
+pub mod grpc;
+
 use crate::agent::{Agent, ContainerInfo, PodInfo, Update};
 use crate::docker_proxy::RecordFile;
 use crate::flags::Flags;
 use anyhow::Context;
-use hyper_util::rt::TokioIo;
+use grpc::{error_response, frame, read_unary, ProxyBody, Unary, Upstream};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_cri::v1 as cri;
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::image_service_server::{ImageService, ImageServiceServer};
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use k8s_cri::v1::runtime_service_server::{RuntimeService, RuntimeServiceServer};
+use prost::Message;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -29,7 +36,7 @@ use std::time::{Duration, Instant};
 use tap_engine::request::GRANT_KEY;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint, Uri};
-use tonic::{Request, Response, Status};
+use tonic::{Code, Status};
 
 /// Message size limit both ways (the kubelet's).
 pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
@@ -96,30 +103,54 @@ pub fn info_from_create(req: &cri::CreateContainerRequest, pod: PodInfo) -> Opti
     Some(info)
 }
 
-/// Writes an adjustment into a CreateContainer request: `linux.resources.cpuset_cpus/mems` and
-/// the grant record annotation. Returns whether anything changed.
-pub fn rewrite_create(req: &mut cri::CreateContainerRequest, adj: &crate::Adjustment) -> bool {
+/// The overlay that gives a CreateContainer request an adjustment: `config.linux.resources`
+/// `cpuset_cpus`/`cpuset_mems` and the grant record annotation (`None` if there is nothing to
+/// change). Sent after the kubelet's message bytes, it replaces those fields and keeps the rest.
+pub fn create_overlay(adj: &crate::Adjustment) -> Option<Vec<u8>> {
     if adj.cpus.is_none() && adj.mems.is_none() {
-        return false;
+        return None;
     }
-    let Some(cfg) = req.config.as_mut() else {
-        return false;
+    let overlay = cri::CreateContainerRequest {
+        config: Some(cri::ContainerConfig {
+            linux: Some(cri::LinuxContainerConfig {
+                resources: Some(cpuset_resources(adj)),
+                ..Default::default()
+            }),
+            annotations: record_annotation(adj),
+            ..Default::default()
+        }),
+        ..Default::default()
     };
-    let res = cfg
-        .linux
-        .get_or_insert_with(Default::default)
-        .resources
-        .get_or_insert_with(Default::default);
-    if let Some(c) = &adj.cpus {
-        res.cpuset_cpus = c.clone();
+    Some(overlay.encode_to_vec())
+}
+
+/// The overlay for an UpdateContainerResources request: `linux.cpuset_cpus/mems` and the
+/// grant record annotation.
+pub fn update_overlay(adj: &crate::Adjustment) -> Option<Vec<u8>> {
+    if adj.cpus.is_none() && adj.mems.is_none() && adj.record.is_none() {
+        return None;
     }
-    if let Some(m) = &adj.mems {
-        res.cpuset_mems = m.clone();
+    let overlay = cri::UpdateContainerResourcesRequest {
+        linux: Some(cpuset_resources(adj)),
+        annotations: record_annotation(adj),
+        ..Default::default()
+    };
+    Some(overlay.encode_to_vec())
+}
+
+fn cpuset_resources(adj: &crate::Adjustment) -> cri::LinuxContainerResources {
+    cri::LinuxContainerResources {
+        cpuset_cpus: adj.cpus.clone().unwrap_or_default(),
+        cpuset_mems: adj.mems.clone().unwrap_or_default(),
+        ..Default::default()
     }
-    if let Some(r) = &adj.record {
-        cfg.annotations.insert(GRANT_KEY.to_string(), r.clone());
-    }
-    true
+}
+
+fn record_annotation(adj: &crate::Adjustment) -> HashMap<String, String> {
+    adj.record
+        .iter()
+        .map(|r| (GRANT_KEY.to_string(), r.clone()))
+        .collect()
 }
 
 /// The resources to send for an [`Update`] of another container: what it has, new cpuset.
@@ -213,8 +244,10 @@ struct Inner {
     agent: Arc<Agent>,
     /// Records changed by UpdateContainerResources (annotations are fixed at create).
     records: Option<RecordFile>,
+    /// Where the calls of the kubelet go, as HTTP/2 streams.
+    upstream: Upstream,
+    /// The calls the proxy makes itself (restore, sandbox lookups, updates of other containers).
     runtime: RuntimeServiceClient<Channel>,
-    images: ImageServiceClient<Channel>,
     known: Mutex<Known>,
 }
 
@@ -240,10 +273,8 @@ impl CriProxy {
             inner: Arc::new(Inner {
                 agent,
                 records: state_dir.map(|d| RecordFile::new(d.join("cri-grants.json"))),
-                runtime: RuntimeServiceClient::new(ch.clone())
-                    .max_decoding_message_size(MAX_MESSAGE)
-                    .max_encoding_message_size(MAX_MESSAGE),
-                images: ImageServiceClient::new(ch)
+                upstream: Upstream::new(backend),
+                runtime: RuntimeServiceClient::new(ch)
                     .max_decoding_message_size(MAX_MESSAGE)
                     .max_encoding_message_size(MAX_MESSAGE),
                 known: Mutex::new(Known::default()),
@@ -253,10 +284,6 @@ impl CriProxy {
 
     fn rt(&self) -> RuntimeServiceClient<Channel> {
         self.inner.runtime.clone()
-    }
-
-    fn img(&self) -> ImageServiceClient<Channel> {
-        self.inner.images.clone()
     }
 
     fn agent(&self) -> &Agent {
@@ -440,106 +467,204 @@ impl CriProxy {
     }
 }
 
-macro_rules! forward {
-    ($client:ident; $($name:ident($req:ty) -> $resp:ty;)*) => {
-        $(
-            // The shape `#[async_trait]` gives trait methods (it cannot see into a macro).
-            fn $name<'life0, 'async_trait>(
-                &'life0 self,
-                r: Request<$req>,
-            ) -> std::pin::Pin<
-                Box<dyn std::future::Future<Output = Result<Response<$resp>, Status>> + Send + 'async_trait>,
-            >
-            where
-                'life0: 'async_trait,
-                Self: 'async_trait,
-            {
-                let mut c = self.$client();
-                Box::pin(async move { c.$name(r.into_inner()).await })
-            }
-        )*
-    };
+/// The CRI calls the proxy looks into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Intercept {
+    Create,
+    Update,
+    Stop,
+    Remove,
 }
 
-#[tonic::async_trait]
-impl RuntimeService for CriProxy {
-    forward! { rt;
-        version(cri::VersionRequest) -> cri::VersionResponse;
-        run_pod_sandbox(cri::RunPodSandboxRequest) -> cri::RunPodSandboxResponse;
-        stop_pod_sandbox(cri::StopPodSandboxRequest) -> cri::StopPodSandboxResponse;
-        remove_pod_sandbox(cri::RemovePodSandboxRequest) -> cri::RemovePodSandboxResponse;
-        pod_sandbox_status(cri::PodSandboxStatusRequest) -> cri::PodSandboxStatusResponse;
-        list_pod_sandbox(cri::ListPodSandboxRequest) -> cri::ListPodSandboxResponse;
-        start_container(cri::StartContainerRequest) -> cri::StartContainerResponse;
-        list_containers(cri::ListContainersRequest) -> cri::ListContainersResponse;
-        container_status(cri::ContainerStatusRequest) -> cri::ContainerStatusResponse;
-        reopen_container_log(cri::ReopenContainerLogRequest) -> cri::ReopenContainerLogResponse;
-        exec_sync(cri::ExecSyncRequest) -> cri::ExecSyncResponse;
-        exec(cri::ExecRequest) -> cri::ExecResponse;
-        attach(cri::AttachRequest) -> cri::AttachResponse;
-        port_forward(cri::PortForwardRequest) -> cri::PortForwardResponse;
-        container_stats(cri::ContainerStatsRequest) -> cri::ContainerStatsResponse;
-        list_container_stats(cri::ListContainerStatsRequest) -> cri::ListContainerStatsResponse;
-        pod_sandbox_stats(cri::PodSandboxStatsRequest) -> cri::PodSandboxStatsResponse;
-        list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest) -> cri::ListPodSandboxStatsResponse;
-        update_runtime_config(cri::UpdateRuntimeConfigRequest) -> cri::UpdateRuntimeConfigResponse;
-        status(cri::StatusRequest) -> cri::StatusResponse;
-        checkpoint_container(cri::CheckpointContainerRequest) -> cri::CheckpointContainerResponse;
-        list_metric_descriptors(cri::ListMetricDescriptorsRequest) -> cri::ListMetricDescriptorsResponse;
-        list_pod_sandbox_metrics(cri::ListPodSandboxMetricsRequest) -> cri::ListPodSandboxMetricsResponse;
-        runtime_config(cri::RuntimeConfigRequest) -> cri::RuntimeConfigResponse;
+const RUNTIME_SERVICE: &str = "/runtime.v1.RuntimeService/";
+const IMAGE_SERVICE: &str = "/runtime.v1.ImageService/";
+
+/// CRI v1 method names, for the metric label (anything else is `other`, so a client cannot
+/// grow the label set).
+const METHODS: &[&str] = &[
+    "Version",
+    "RunPodSandbox",
+    "StopPodSandbox",
+    "RemovePodSandbox",
+    "PodSandboxStatus",
+    "ListPodSandbox",
+    "CreateContainer",
+    "StartContainer",
+    "StopContainer",
+    "RemoveContainer",
+    "ListContainers",
+    "ContainerStatus",
+    "UpdateContainerResources",
+    "ReopenContainerLog",
+    "ExecSync",
+    "Exec",
+    "Attach",
+    "PortForward",
+    "ContainerStats",
+    "ListContainerStats",
+    "PodSandboxStats",
+    "ListPodSandboxStats",
+    "UpdateRuntimeConfig",
+    "Status",
+    "CheckpointContainer",
+    "GetContainerEvents",
+    "ListMetricDescriptors",
+    "ListPodSandboxMetrics",
+    "RuntimeConfig",
+    "UpdatePodSandboxResources",
+    "ListImages",
+    "ImageStatus",
+    "PullImage",
+    "RemoveImage",
+    "ImageFsInfo",
+];
+
+/// The metric label of a request path.
+pub fn method_label(path: &str) -> &'static str {
+    let name = path
+        .strip_prefix(RUNTIME_SERVICE)
+        .or_else(|| path.strip_prefix(IMAGE_SERVICE));
+    name.and_then(|n| METHODS.iter().find(|m| **m == n).copied())
+        .unwrap_or("other")
+}
+
+fn intercept_of(path: &str) -> Option<Intercept> {
+    match path.strip_prefix(RUNTIME_SERVICE)? {
+        "CreateContainer" => Some(Intercept::Create),
+        "UpdateContainerResources" => Some(Intercept::Update),
+        "StopContainer" => Some(Intercept::Stop),
+        "RemoveContainer" => Some(Intercept::Remove),
+        _ => None,
+    }
+}
+
+impl CriProxy {
+    /// Answers one call of the kubelet.
+    pub async fn handle(&self, req: hyper::Request<Incoming>) -> hyper::Response<ProxyBody> {
+        let start = Instant::now();
+        let path = req.uri().path();
+        let method = method_label(path);
+        let resp = match intercept_of(path) {
+            None => self.inner.upstream.forward(req).await,
+            Some(kind) => {
+                // Runs to the end even if the kubelet gives up waiting: the runtime may have
+                // acted on the call, and the state must follow the runtime.
+                let p = self.clone();
+                match tokio::spawn(async move { p.intercepted(kind, req).await }).await {
+                    Ok(r) => r,
+                    Err(e) => error_response(Status::internal(format!("CRI proxy: {e}"))),
+                }
+            }
+        };
+        self.observe(method, start);
+        resp
     }
 
-    type GetContainerEventsStream = tonic::Streaming<cri::ContainerEventResponse>;
-
-    async fn get_container_events(
+    async fn intercepted(
         &self,
-        r: Request<cri::GetEventsRequest>,
-    ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
-        self.rt().get_container_events(r.into_inner()).await
+        kind: Intercept,
+        req: hyper::Request<Incoming>,
+    ) -> hyper::Response<ProxyBody> {
+        let call = match read_unary(req, MAX_MESSAGE).await {
+            Ok(c) => c,
+            Err(s) => return error_response(s),
+        };
+        match kind {
+            Intercept::Create => self.create_container(call).await,
+            Intercept::Update => self.update_container_resources(call).await,
+            Intercept::Stop => self.stop_or_remove(call, false).await,
+            Intercept::Remove => self.stop_or_remove(call, true).await,
+        }
+    }
+
+    /// The message of an intercepted call, or why it is forwarded without a look.
+    fn decode_call<M: Message + Default>(
+        &self,
+        hook: &str,
+        call: &Unary<hyper::http::request::Parts>,
+    ) -> Option<M> {
+        let decoded = call
+            .message()
+            .map_err(|e| e.to_string())
+            .and_then(|m| M::decode(m).map_err(|e| e.to_string()));
+        match decoded {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::warn!(path = %call.head.uri.path(), "forwarded without adjustment: {e}");
+                self.agent().metrics().count_error(hook, "request");
+                None
+            }
+        }
+    }
+
+    /// Sends an intercepted call with `body` and returns the runtime's answer, read whole.
+    async fn send(
+        &self,
+        call: Unary<hyper::http::request::Parts>,
+        body: bytes::Bytes,
+    ) -> Result<Unary<hyper::http::response::Parts>, Status> {
+        self.inner
+            .upstream
+            .call(call.into_request(body), MAX_MESSAGE)
+            .await
+    }
+
+    async fn pod_of(&self, req: &cri::CreateContainerRequest) -> Option<PodInfo> {
+        if let Some(sc) = &req.sandbox_config {
+            return Some(pod_from_config(sc));
+        }
+        let st = self
+            .rt()
+            .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: req.pod_sandbox_id.clone(),
+                verbose: true,
+            })
+            .await
+            .ok()?
+            .into_inner();
+        let cgroup_parent = cgroup_parent_from_verbose(&st.info);
+        let s = st.status.unwrap_or_default();
+        let md = s.metadata.unwrap_or_default();
+        Some(PodInfo {
+            uid: md.uid,
+            name: md.name,
+            namespace: md.namespace,
+            labels: s.labels,
+            annotations: s.annotations,
+            cgroup_parent,
+        })
     }
 
     async fn create_container(
         &self,
-        r: Request<cri::CreateContainerRequest>,
-    ) -> Result<Response<cri::CreateContainerResponse>, Status> {
-        let start = Instant::now();
-        let mut req = r.into_inner();
-        let pod = match &req.sandbox_config {
-            Some(sc) => Some(pod_from_config(sc)),
-            None => self
-                .rt()
-                .pod_sandbox_status(cri::PodSandboxStatusRequest {
-                    pod_sandbox_id: req.pod_sandbox_id.clone(),
-                    verbose: true,
-                })
-                .await
-                .ok()
-                .map(|st| {
-                    let st = st.into_inner();
-                    let cg = cgroup_parent_from_verbose(&st.info);
-                    let s = st.status.unwrap_or_default();
-                    let md = s.metadata.unwrap_or_default();
-                    PodInfo {
-                        uid: md.uid,
-                        name: md.name,
-                        namespace: md.namespace,
-                        labels: s.labels,
-                        annotations: s.annotations,
-                        cgroup_parent: cg,
-                    }
-                }),
+        call: Unary<hyper::http::request::Parts>,
+    ) -> hyper::Response<ProxyBody> {
+        let original = call.body.clone();
+        let Some(req) = self.decode_call::<cri::CreateContainerRequest>("create", &call) else {
+            return reply(self.send(call, original).await);
         };
         // An unknown sandbox is forwarded unmodified.
-        let placed = pod.and_then(|pod| info_from_create(&req, pod)).map(|info| {
-            let adj = self.agent().create(&info);
-            rewrite_create(&mut req, &adj);
-            (info, adj)
-        });
-        let res = self.rt().create_container(req).await;
+        let placed = match self.pod_of(&req).await {
+            Some(pod) => info_from_create(&req, pod).map(|info| {
+                let adj = self.agent().create(&info);
+                (info, adj)
+            }),
+            None => None,
+        };
+        let body = match placed.as_ref().and_then(|(_, adj)| create_overlay(adj)) {
+            // `decode_call` succeeded, so the body is one message.
+            Some(overlay) => frame(&[&original[5..], &overlay]),
+            None => original,
+        };
+        let res = self.send(call, body).await;
         if let Some((mut info, adj)) = placed {
-            match &res {
-                Ok(resp) => {
+            let created = res
+                .as_ref()
+                .ok()
+                .filter(|r| r.code() == Code::Ok)
+                .map(|r| r.decode::<cri::CreateContainerResponse>());
+            match created {
+                Some(resp) => {
                     info.cpus = adj.cpus.clone();
                     info.mems = adj.mems.clone();
                     if let Some(r) = &adj.record {
@@ -547,29 +672,39 @@ impl RuntimeService for CriProxy {
                     }
                     {
                         let mut k = self.known();
-                        k.ids
-                            .insert(resp.get_ref().container_id.clone(), info.id.clone());
+                        match resp {
+                            Some(resp) => {
+                                k.ids.insert(resp.container_id, info.id.clone());
+                            }
+                            None => tracing::warn!(
+                                container = %info.id,
+                                "created, but the runtime's answer has no readable container id; \
+                                 its CPUs are released when the agent restarts"
+                            ),
+                        }
                         k.by_key.insert(info.id.clone(), info);
                     }
                     self.apply_updates(&adj.updates).await;
                 }
-                Err(_) => {
-                    // The runtime refused: give the CPUs back.
+                None => {
+                    // The runtime refused (or could not be reached): give the CPUs back.
                     let ups = self.agent().remove(&info.id);
                     self.apply_updates(&ups).await;
                 }
             }
         }
-        self.observe("CreateContainer", start);
-        res
+        reply(res)
     }
 
     async fn update_container_resources(
         &self,
-        r: Request<cri::UpdateContainerResourcesRequest>,
-    ) -> Result<Response<cri::UpdateContainerResourcesResponse>, Status> {
-        let start = Instant::now();
-        let mut req = r.into_inner();
+        call: Unary<hyper::http::request::Parts>,
+    ) -> hyper::Response<ProxyBody> {
+        let original = call.body.clone();
+        let Some(req) = self.decode_call::<cri::UpdateContainerResourcesRequest>("update", &call)
+        else {
+            return reply(self.send(call, original).await);
+        };
         let known = {
             let k = self.known();
             k.ids
@@ -578,100 +713,111 @@ impl RuntimeService for CriProxy {
                 .cloned()
         };
         let mut updates = Vec::new();
-        if let (Some(mut info), Some(linux)) = (known, req.linux.as_mut()) {
+        let mut body = original.clone();
+        if let (Some(mut info), Some(linux)) = (known, req.linux.as_ref()) {
             apply_linux_resources(&mut info, linux);
             let adj = self.agent().update(&info);
             if let Some(c) = &adj.cpus {
-                linux.cpuset_cpus = c.clone();
                 info.cpus = Some(c.clone());
             }
             if let Some(m) = &adj.mems {
-                linux.cpuset_mems = m.clone();
                 info.mems = Some(m.clone());
             }
             if let Some(rec) = &adj.record {
                 info.annotations.insert(GRANT_KEY.into(), rec.clone());
-                req.annotations.insert(GRANT_KEY.into(), rec.clone());
                 self.store_record(&info.id, Some(rec));
+            }
+            if let Some(overlay) = update_overlay(&adj) {
+                body = frame(&[&original[5..], &overlay]);
             }
             self.known().by_key.insert(info.id.clone(), info);
             updates = adj.updates;
         }
-        let res = self.rt().update_container_resources(req).await;
-        if res.is_ok() {
+        let res = self.send(call, body).await;
+        if matches!(&res, Ok(r) if r.code() == Code::Ok) {
             self.apply_updates(&updates).await;
         }
-        self.observe("UpdateContainerResources", start);
-        res
+        reply(res)
     }
 
-    async fn stop_container(
+    async fn stop_or_remove(
         &self,
-        r: Request<cri::StopContainerRequest>,
-    ) -> Result<Response<cri::StopContainerResponse>, Status> {
-        let start = Instant::now();
-        let req = r.into_inner();
-        let id = req.container_id.clone();
-        let res = self.rt().stop_container(req).await;
-        match &res {
-            Ok(_) => self.release(&id, false).await,
-            Err(s) if s.code() == tonic::Code::NotFound => self.release(&id, true).await,
-            Err(_) => {}
+        call: Unary<hyper::http::request::Parts>,
+        remove: bool,
+    ) -> hyper::Response<ProxyBody> {
+        let original = call.body.clone();
+        // StopContainerRequest and RemoveContainerRequest both carry the id as field 1.
+        let id = self
+            .decode_call::<cri::RemoveContainerRequest>("remove", &call)
+            .map(|r| r.container_id);
+        let res = self.send(call, original).await;
+        if let Some(id) = id {
+            match res.as_ref().map(|r| r.code()) {
+                Ok(Code::Ok) => self.release(&id, remove).await,
+                Ok(Code::NotFound) => self.release(&id, true).await,
+                _ => {}
+            }
         }
-        self.observe("StopContainer", start);
-        res
-    }
-
-    async fn remove_container(
-        &self,
-        r: Request<cri::RemoveContainerRequest>,
-    ) -> Result<Response<cri::RemoveContainerResponse>, Status> {
-        let start = Instant::now();
-        let req = r.into_inner();
-        let id = req.container_id.clone();
-        let res = self.rt().remove_container(req).await;
-        match &res {
-            Ok(_) => self.release(&id, true).await,
-            Err(s) if s.code() == tonic::Code::NotFound => self.release(&id, true).await,
-            Err(_) => {}
-        }
-        self.observe("RemoveContainer", start);
-        res
+        reply(res)
     }
 }
 
-#[tonic::async_trait]
-impl ImageService for CriProxy {
-    forward! { img;
-        list_images(cri::ListImagesRequest) -> cri::ListImagesResponse;
-        image_status(cri::ImageStatusRequest) -> cri::ImageStatusResponse;
-        pull_image(cri::PullImageRequest) -> cri::PullImageResponse;
-        remove_image(cri::RemoveImageRequest) -> cri::RemoveImageResponse;
-        image_fs_info(cri::ImageFsInfoRequest) -> cri::ImageFsInfoResponse;
+/// The kubelet's answer to an intercepted call.
+fn reply(res: Result<Unary<hyper::http::response::Parts>, Status>) -> hyper::Response<ProxyBody> {
+    match res {
+        Ok(r) => r.into_response(),
+        Err(s) => error_response(s),
     }
 }
 
-/// Serves both services on `listener` until `shutdown`.
+/// Serves the CRI on `listener` until `shutdown`; connections then finish their calls.
 pub async fn serve(
     proxy: CriProxy,
     listener: tokio::net::UnixListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-    tonic::transport::Server::builder()
-        .add_service(
-            RuntimeServiceServer::new(proxy.clone())
-                .max_decoding_message_size(MAX_MESSAGE)
-                .max_encoding_message_size(MAX_MESSAGE),
-        )
-        .add_service(
-            ImageServiceServer::new(proxy)
-                .max_decoding_message_size(MAX_MESSAGE)
-                .max_encoding_message_size(MAX_MESSAGE),
-        )
-        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
-        .await
-        .context("serving CRI")
+    let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    h2.initial_stream_window_size(grpc::STREAM_WINDOW)
+        .initial_connection_window_size(grpc::CONNECTION_WINDOW);
+    let h2 = Arc::new(h2);
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            acc = listener.accept() => {
+                let stream = match acc {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let p = proxy.clone();
+                let stop = shutdown.clone();
+                let h2 = h2.clone();
+                conns.spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let p = p.clone();
+                        async move { Ok::<_, std::convert::Infallible>(p.handle(req).await) }
+                    });
+                    let conn = h2.serve_connection(TokioIo::new(stream), svc);
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        r = conn.as_mut() => if let Err(e) = r { tracing::debug!("kubelet connection: {e}") },
+                        _ = stop.cancelled() => {
+                            conn.as_mut().graceful_shutdown();
+                            let _ = conn.await;
+                        }
+                    }
+                });
+            }
+            // Reap finished connections.
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    while conns.join_next().await.is_some() {}
+    Ok(())
 }
 
 /// Runs until `shutdown` is cancelled.
@@ -781,41 +927,157 @@ mod tests {
         assert!(info_from_create(&no_cfg, PodInfo::default()).is_none());
     }
 
+    /// What the overlay must amount to, written on the decoded request.
+    fn rewritten(
+        mut req: cri::CreateContainerRequest,
+        adj: &Adjustment,
+    ) -> cri::CreateContainerRequest {
+        let Some(cfg) = req.config.as_mut() else {
+            return req;
+        };
+        let res = cfg
+            .linux
+            .get_or_insert_with(Default::default)
+            .resources
+            .get_or_insert_with(Default::default);
+        if let Some(c) = &adj.cpus {
+            res.cpuset_cpus = c.clone();
+        }
+        if let Some(m) = &adj.mems {
+            res.cpuset_mems = m.clone();
+        }
+        if let Some(r) = &adj.record {
+            cfg.annotations.insert(GRANT_KEY.to_string(), r.clone());
+        }
+        req
+    }
+
+    /// The message the runtime parses: the kubelet's bytes, then the overlay.
+    fn merged<M: Message + Default>(original: &M, overlay: &[u8]) -> M {
+        let body = frame(&[&original.encode_to_vec(), overlay]);
+        M::decode(grpc::unary_message(&body).unwrap()).unwrap()
+    }
+
     #[test]
-    fn create_request_is_rewritten() {
-        let mut req = create_req();
+    fn create_overlay_sets_the_cpuset_and_keeps_the_rest() {
         let adj = Adjustment {
             cpus: Some("0-23".into()),
             mems: Some("0".into()),
             record: Some("v1;x".into()),
             updates: vec![],
         };
-        assert!(rewrite_create(&mut req, &adj));
-        let cfg = req.config.as_ref().unwrap();
+        let overlay = create_overlay(&adj).unwrap();
+        let got = merged(&create_req(), &overlay);
+        assert_eq!(got, rewritten(create_req(), &adj));
+        let cfg = got.config.as_ref().unwrap();
         let r = cfg.linux.as_ref().unwrap().resources.as_ref().unwrap();
-        assert_eq!(r.cpuset_cpus, "0-23");
-        assert_eq!(r.cpuset_mems, "0");
+        assert_eq!(
+            (r.cpuset_cpus.as_str(), r.cpuset_mems.as_str()),
+            ("0-23", "0")
+        );
         assert_eq!(r.cpu_shares, 4096);
+        assert_eq!(r.memory_limit_in_bytes, 1 << 30);
         assert_eq!(
             cfg.annotations.get(GRANT_KEY).map(String::as_str),
             Some("v1;x")
         );
         assert_eq!(cfg.annotations.get("a").map(String::as_str), Some("b"));
-        // Empty adjustment: untouched. No linux section: created.
-        let mut req2 = create_req();
-        assert!(!rewrite_create(&mut req2, &Adjustment::default()));
-        assert_eq!(req2, create_req());
-        req2.config.as_mut().unwrap().linux = None;
-        assert!(rewrite_create(&mut req2, &adj));
+        assert_eq!(cfg.envs.len(), 1);
+
+        // A kubelet cpuset is replaced; cpus only: the kubelet's mems stay.
+        let mut pinned = create_req();
+        {
+            let cfg = pinned.config.as_mut().unwrap();
+            let r = cfg.linux.as_mut().unwrap().resources.as_mut().unwrap();
+            r.cpuset_cpus = "5".into();
+            r.cpuset_mems = "1".into();
+            cfg.annotations.insert(GRANT_KEY.into(), "old".into());
+        }
+        let cpus_only = Adjustment {
+            cpus: Some("8-9".into()),
+            mems: None,
+            ..adj.clone()
+        };
+        let got = merged(&pinned, &create_overlay(&cpus_only).unwrap());
+        assert_eq!(got, rewritten(pinned, &cpus_only));
+        let r = got.config.unwrap().linux.unwrap().resources.unwrap();
         assert_eq!(
-            req2.config
-                .unwrap()
-                .linux
-                .unwrap()
-                .resources
-                .unwrap()
-                .cpuset_cpus,
-            "0-23"
+            (r.cpuset_cpus.as_str(), r.cpuset_mems.as_str()),
+            ("8-9", "1")
+        );
+
+        // No linux section: one is made.
+        let mut bare = create_req();
+        bare.config.as_mut().unwrap().linux = None;
+        assert_eq!(merged(&bare, &overlay), rewritten(bare, &adj));
+
+        // Nothing to change: no overlay.
+        assert_eq!(create_overlay(&Adjustment::default()), None);
+    }
+
+    #[test]
+    fn update_overlay_sets_the_cpuset_and_keeps_the_rest() {
+        let req = cri::UpdateContainerResourcesRequest {
+            container_id: "c1".into(),
+            linux: Some(cri::LinuxContainerResources {
+                cpu_shares: 8192,
+                cpu_quota: 1_600_000,
+                cpu_period: 100_000,
+                cpuset_cpus: "0-95".into(),
+                unified: [("memory.high".to_string(), "max".to_string())].into(),
+                ..Default::default()
+            }),
+            annotations: [("k".to_string(), "v".to_string())].into(),
+            ..Default::default()
+        };
+        let adj = Adjustment {
+            cpus: Some("24-47".into()),
+            mems: Some("1".into()),
+            record: Some("v1;y".into()),
+            updates: vec![],
+        };
+        let got = merged(&req, &update_overlay(&adj).unwrap());
+        let mut want = req.clone();
+        {
+            let l = want.linux.as_mut().unwrap();
+            l.cpuset_cpus = "24-47".into();
+            l.cpuset_mems = "1".into();
+            want.annotations.insert(GRANT_KEY.into(), "v1;y".into());
+        }
+        assert_eq!(got, want);
+        assert_eq!(update_overlay(&Adjustment::default()), None);
+    }
+
+    #[test]
+    fn metric_labels_are_cri_method_names() {
+        assert_eq!(
+            method_label("/runtime.v1.RuntimeService/Version"),
+            "Version"
+        );
+        assert_eq!(
+            method_label("/runtime.v1.ImageService/PullImage"),
+            "PullImage"
+        );
+        assert_eq!(
+            method_label("/runtime.v1.RuntimeService/NotYetInvented"),
+            "other"
+        );
+        assert_eq!(
+            method_label("/runtime.v1alpha2.RuntimeService/Version"),
+            "other"
+        );
+        assert_eq!(method_label("/"), "other");
+        assert_eq!(
+            intercept_of("/runtime.v1.RuntimeService/CreateContainer"),
+            Some(Intercept::Create)
+        );
+        assert_eq!(
+            intercept_of("/runtime.v1.ImageService/CreateContainer"),
+            None
+        );
+        assert_eq!(
+            intercept_of("/runtime.v1.RuntimeService/ListContainers"),
+            None
         );
     }
 
