@@ -218,12 +218,31 @@ async fn scenario(ctd: &Containerd, dir: &Path) -> Result<()> {
     );
 
     // Restart the agent: same state, rebuilt from the records (the updated one included).
+    // An open GetContainerEvents stream (the kubelet keeps one) does not hold the exit up
+    // beyond the graceful timeout (2 s here).
+    let mut watcher = cri::runtime_service_client::RuntimeServiceClient::new(
+        tap_e2e::containerd::unix_channel(&proxy).await?,
+    );
+    let mut held = watcher
+        .get_container_events(cri::GetEventsRequest::default())
+        .await?
+        .into_inner();
     let before = agent.state()?;
+    let stopping = Instant::now();
     let st = agent.stop();
+    let took = stopping.elapsed();
     assert!(
         st.map(|s| s.success()).unwrap_or(false),
         "unclean exit: {st:?}"
     );
+    eprintln!("agent exit took {took:?}");
+    assert!(took < Duration::from_secs(8), "exit took {took:?}");
+    // Events already relayed may still be buffered; then the stream ends.
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(Some(_)) = held.message().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the event stream outlived the proxy");
     drop(agent);
     let mut agent = TapAgent::start(&args, &log)?;
     assert_eq!(before, agent.state()?, "state changed across a restart");

@@ -227,7 +227,7 @@ fn bench(c: &mut Criterion) {
         let proxy = CriProxy::new(fixture_agent(), &b, None).expect("proxy");
         proxy.restore().await.expect("restore");
         let l = tokio::net::UnixListener::bind(&p).expect("bind proxy");
-        tokio::spawn(serve(proxy, l, s));
+        tokio::spawn(serve(proxy, l, s, std::time::Duration::from_secs(1)));
     });
 
     // The kubelet: the bench thread.

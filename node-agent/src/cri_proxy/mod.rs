@@ -770,11 +770,13 @@ fn reply(res: Result<Unary<hyper::http::response::Parts>, Status>) -> hyper::Res
     }
 }
 
-/// Serves the CRI on `listener` until `shutdown`; connections then finish their calls.
+/// Serves the CRI on `listener` until `shutdown`; connections then get up to `grace` to finish
+/// their calls (a GetContainerEvents stream never does: it is closed then).
 pub async fn serve(
     proxy: CriProxy,
     listener: tokio::net::UnixListener,
     shutdown: CancellationToken,
+    grace: Duration,
 ) -> anyhow::Result<()> {
     let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     h2.initial_stream_window_size(grpc::STREAM_WINDOW)
@@ -816,7 +818,14 @@ pub async fn serve(
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
-    while conns.join_next().await.is_some() {}
+    let drained = async { while conns.join_next().await.is_some() {} };
+    if tokio::time::timeout(grace, drained).await.is_err() {
+        tracing::info!(
+            open = conns.len(),
+            "kubelet connections still open after the graceful timeout (event streams); closing them"
+        );
+        conns.shutdown().await;
+    }
     Ok(())
 }
 
@@ -851,7 +860,7 @@ pub async fn run(
     agent.metrics().runtime_connected.set(1);
     agent.metrics().set_ready(true);
     tracing::info!(socket = %flags.runtime_proxy_endpoint.display(), backend = %backend.display(), "CRI proxy serving");
-    let res = serve(proxy, listener, shutdown).await;
+    let res = serve(proxy, listener, shutdown, flags.graceful_timeout).await;
     agent.metrics().proxy_up.set(0);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
     res
