@@ -59,11 +59,11 @@ async fn cri_proxy_places_passes_through_and_survives_restart() -> Result<()> {
     let t0 = Instant::now();
     let dir = temp_dir("tap-crip")?;
     let _rm = RmDir(dir.clone());
-    let ctd = Containerd::start(ContainerdOptions {
+    let mut ctd = Containerd::start(ContainerdOptions {
         nri: false,
         ..Default::default()
     })?;
-    let res = scenario(&ctd, &dir).await;
+    let res = scenario(&mut ctd, &dir).await;
     if res.is_err() {
         eprintln!(
             "--- agent log\n{}\n--- containerd log\n{}",
@@ -77,7 +77,7 @@ async fn cri_proxy_places_passes_through_and_survives_restart() -> Result<()> {
     res
 }
 
-async fn scenario(ctd: &Containerd, dir: &Path) -> Result<()> {
+async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     let proxy = dir.join("cri-proxy.sock");
     let args = agent_args(&proxy, ctd, dir);
     let log = dir.join("agent.log");
@@ -252,6 +252,29 @@ async fn scenario(ctd: &Containerd, dir: &Path) -> Result<()> {
         "restore did not use the records"
     );
     let mut cri = Cri::connect(&proxy).await?;
+
+    // containerd restarts under the proxy: the proxy reconnects, the kubelet's calls go on.
+    ctd.restart()?;
+    let mut through = cri::runtime_service_client::RuntimeServiceClient::new(
+        tap_e2e::containerd::unix_channel(&proxy).await?,
+    );
+    let until = Instant::now() + Duration::from_secs(15);
+    loop {
+        match through.version(cri::VersionRequest::default()).await {
+            Ok(_) => break,
+            Err(e) if Instant::now() < until && e.code() == tonic::Code::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => {
+                return Err(e).context("Version through the proxy after a containerd restart")
+            }
+        }
+    }
+    assert_eq!(
+        before,
+        agent.state()?,
+        "state changed across a containerd restart"
+    );
 
     // Stop releases; remove is idempotent.
     cri.stop_container(&c1).await?;

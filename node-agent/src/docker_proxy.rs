@@ -13,6 +13,7 @@
 
 use crate::agent::{Adjustment, Agent, ContainerInfo, PodInfo, Update};
 use crate::flags::Flags;
+use crate::proxy_server::{bind_unix, restore_until_done, serve_connections};
 use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
@@ -24,9 +25,9 @@ use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tap_engine::request::GRANT_KEY;
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 
 pub const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";
@@ -788,19 +789,6 @@ fn bad_gateway(e: &anyhow::Error) -> Response<Body> {
     r
 }
 
-/// Binds a unix socket, removing a stale one and creating the parent directory.
-pub fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => tracing::info!(socket = %path.display(), "removed a stale socket"),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
-    }
-    UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
-}
-
 /// Runs until `shutdown` is cancelled.
 pub async fn run(
     flags: &Flags,
@@ -812,75 +800,41 @@ pub async fn run(
         flags.runtime_endpoint_path(),
         Some(&flags.state_dir),
     ));
-    // Rebuild the state before serving, so no create races the restore.
-    let mut delay = Duration::from_millis(200);
-    loop {
-        match proxy.restore().await {
-            Ok(n) => {
-                tracing::info!(containers = n, "state rebuilt from dockerd");
-                break;
-            }
-            Err(e) => {
-                tracing::warn!("cannot rebuild state from dockerd yet: {e:#}");
-                agent.metrics().count_error("sync", "runtime");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(delay) => {}
-                }
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-        }
+    if !restore_until_done(agent.metrics(), "dockerd", &shutdown, || proxy.restore()).await {
+        return Ok(());
     }
     let listener = bind_unix(&flags.runtime_proxy_endpoint)?;
     agent.metrics().proxy_up.set(1);
     agent.metrics().runtime_connected.set(1);
     agent.metrics().set_ready(true);
     tracing::info!(socket = %flags.runtime_proxy_endpoint.display(), backend = %flags.runtime_endpoint_path().display(), "Docker proxy serving");
-    // Each connection task holds a clone; shutdown waits for them up to the graceful timeout.
-    let inflight = Arc::new(());
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            acc = listener.accept() => {
-                let (stream, _) = match acc {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        continue;
-                    }
-                };
-                let p = proxy.clone();
-                let stop = shutdown.clone();
-                let guard = inflight.clone();
-                tokio::spawn(async move {
-                    let _guard = guard;
-                    let svc = hyper::service::service_fn(move |req| {
-                        let p = p.clone();
-                        async move { Ok::<_, std::convert::Infallible>(p.handle(req).await) }
-                    });
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .with_upgrades();
-                    tokio::pin!(conn);
-                    tokio::select! {
-                        r = conn.as_mut() => if let Err(e) = r { tracing::debug!("client connection: {e}") },
-                        _ = stop.cancelled() => {
-                            conn.as_mut().graceful_shutdown();
-                            let _ = conn.await;
-                        }
-                    }
+    serve_connections(
+        listener,
+        shutdown,
+        flags.graceful_timeout,
+        move |stream, stop| {
+            let p = proxy.clone();
+            async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let p = p.clone();
+                    async move { Ok::<_, std::convert::Infallible>(p.handle(req).await) }
                 });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .with_upgrades();
+                tokio::pin!(conn);
+                tokio::select! {
+                    r = conn.as_mut() => if let Err(e) = r { tracing::debug!("client connection: {e}") },
+                    _ = stop.cancelled() => {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = conn.await;
+                    }
+                }
             }
-        }
-    }
+        },
+    )
+    .await;
     agent.metrics().proxy_up.set(0);
-    let deadline = Instant::now() + flags.graceful_timeout;
-    while Arc::strong_count(&inflight) > 1 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    if Arc::strong_count(&inflight) > 1 {
-        tracing::warn!("requests still in flight after the graceful timeout");
-    }
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
     Ok(())
 }

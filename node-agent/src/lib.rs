@@ -9,5 +9,6 @@ pub mod flags;
 pub mod kube_link;
 pub mod metrics;
 pub mod nri;
+pub mod proxy_server;
 
 pub use agent::{Adjustment, Agent, ContainerInfo, PodInfo, Update};

@@ -21,6 +21,7 @@ pub mod grpc;
 use crate::agent::{Agent, ContainerInfo, PodInfo, Update};
 use crate::docker_proxy::RecordFile;
 use crate::flags::Flags;
+use crate::proxy_server::{bind_unix, restore_until_done};
 use anyhow::Context;
 use grpc::{error_response, frame, read_unary, ProxyBody, Unary, Upstream};
 use hyper::body::Incoming;
@@ -777,56 +778,31 @@ pub async fn serve(
     listener: tokio::net::UnixListener,
     shutdown: CancellationToken,
     grace: Duration,
-) -> anyhow::Result<()> {
+) {
     let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     h2.initial_stream_window_size(grpc::STREAM_WINDOW)
         .initial_connection_window_size(grpc::CONNECTION_WINDOW);
     let h2 = Arc::new(h2);
-    let mut conns = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            acc = listener.accept() => {
-                let stream = match acc {
-                    Ok((s, _)) => s,
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let p = proxy.clone();
-                let stop = shutdown.clone();
-                let h2 = h2.clone();
-                conns.spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| {
-                        let p = p.clone();
-                        async move { Ok::<_, std::convert::Infallible>(p.handle(req).await) }
-                    });
-                    let conn = h2.serve_connection(TokioIo::new(stream), svc);
-                    tokio::pin!(conn);
-                    tokio::select! {
-                        r = conn.as_mut() => if let Err(e) = r { tracing::debug!("kubelet connection: {e}") },
-                        _ = stop.cancelled() => {
-                            conn.as_mut().graceful_shutdown();
-                            let _ = conn.await;
-                        }
-                    }
-                });
+    crate::proxy_server::serve_connections(listener, shutdown, grace, move |stream, stop| {
+        let p = proxy.clone();
+        let h2 = h2.clone();
+        async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let p = p.clone();
+                async move { Ok::<_, std::convert::Infallible>(p.handle(req).await) }
+            });
+            let conn = h2.serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => if let Err(e) = r { tracing::debug!("kubelet connection: {e}") },
+                _ = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
             }
-            // Reap finished connections.
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
-    }
-    let drained = async { while conns.join_next().await.is_some() {} };
-    if tokio::time::timeout(grace, drained).await.is_err() {
-        tracing::info!(
-            open = conns.len(),
-            "kubelet connections still open after the graceful timeout (event streams); closing them"
-        );
-        conns.shutdown().await;
-    }
-    Ok(())
+    })
+    .await;
 }
 
 /// Runs until `shutdown` is cancelled.
@@ -837,33 +813,19 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let backend: PathBuf = flags.runtime_endpoint_path();
     let proxy = CriProxy::new(agent.clone(), &backend, Some(&flags.state_dir))?;
-    let mut delay = Duration::from_millis(200);
-    loop {
-        match proxy.restore().await {
-            Ok(n) => {
-                tracing::info!(containers = n, "state rebuilt from the CRI runtime");
-                break;
-            }
-            Err(e) => {
-                tracing::warn!("cannot rebuild state from {} yet: {e:#}", backend.display());
-                agent.metrics().count_error("sync", "runtime");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(delay) => {}
-                }
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-        }
+    let runtime = format!("the CRI runtime at {}", backend.display());
+    if !restore_until_done(agent.metrics(), &runtime, &shutdown, || proxy.restore()).await {
+        return Ok(());
     }
-    let listener = crate::docker_proxy::bind_unix(&flags.runtime_proxy_endpoint)?;
+    let listener = bind_unix(&flags.runtime_proxy_endpoint)?;
     agent.metrics().proxy_up.set(1);
     agent.metrics().runtime_connected.set(1);
     agent.metrics().set_ready(true);
     tracing::info!(socket = %flags.runtime_proxy_endpoint.display(), backend = %backend.display(), "CRI proxy serving");
-    let res = serve(proxy, listener, shutdown, flags.graceful_timeout).await;
+    serve(proxy, listener, shutdown, flags.graceful_timeout).await;
     agent.metrics().proxy_up.set(0);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
-    res
+    Ok(())
 }
 
 #[cfg(test)]
