@@ -254,7 +254,9 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     let mut cri = Cri::connect(&proxy).await?;
 
     // containerd restarts under the proxy: the proxy reconnects, the kubelet's calls go on.
+    let restarting = Instant::now();
     ctd.restart()?;
+    eprintln!("containerd restart took {:?}", restarting.elapsed());
     let mut through = cri::runtime_service_client::RuntimeServiceClient::new(
         tap_e2e::containerd::unix_channel(&proxy).await?,
     );
@@ -270,6 +272,10 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
             }
         }
     }
+    eprintln!(
+        "calls go through the proxy again {:?} after the restart began",
+        restarting.elapsed()
+    );
     assert_eq!(
         before,
         agent.state()?,
