@@ -70,6 +70,11 @@ pub fn frame(parts: &[&[u8]]) -> Bytes {
     out.freeze()
 }
 
+/// A unary body whose message is followed by `overlay` (see the module's documentation).
+pub fn with_overlay(body: &[u8], overlay: &[u8]) -> Result<Bytes, FrameError> {
+    Ok(frame(&[unary_message(body)?, overlay]))
+}
+
 /// The gRPC status code of a response: from the trailers, else from the headers (a
 /// trailers-only response), else `Unknown` (a body without status is a broken call).
 pub fn status_code(headers: &HeaderMap, trailers: Option<&HeaderMap>) -> Code {
@@ -318,6 +323,17 @@ mod tests {
         assert_eq!(&f[..], &[0, 0, 0, 0, 5, b'a', b'b', b'c', b'd', b'e']);
         assert_eq!(unary_message(&f), Ok(&b"abcde"[..]));
         assert_eq!(unary_message(&frame(&[])), Ok(&b""[..]));
+    }
+
+    #[test]
+    fn overlays_extend_the_one_message() {
+        let body = frame(&[b"abc"]);
+        let out = with_overlay(&body, b"de").expect("one message");
+        assert_eq!(&out[..], &frame(&[b"abcde"])[..]);
+        assert_eq!(
+            with_overlay(&[1, 0, 0, 0, 1, 9], b"x"),
+            Err(FrameError::Compressed)
+        );
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::docker_proxy::RecordFile;
 use crate::flags::Flags;
 use crate::proxy_server::{bind_unix, restore_until_done};
 use anyhow::Context;
-use grpc::{error_response, frame, read_unary, ProxyBody, Unary, Upstream};
+use grpc::{error_response, read_unary, with_overlay, ProxyBody, Unary, Upstream};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_cri::v1 as cri;
@@ -481,8 +481,7 @@ impl CriProxy {
             None => None,
         };
         let body = match placed.as_ref().and_then(|(_, adj)| create_overlay(adj)) {
-            // `decode_call` succeeded, so the body is one message.
-            Some(overlay) => frame(&[&original[5..], &overlay]),
+            Some(overlay) => with_overlay(&original, &overlay).unwrap_or(original),
             None => original,
         };
         let res = self.send(call, body).await;
@@ -556,8 +555,8 @@ impl CriProxy {
                 info.annotations.insert(GRANT_KEY.into(), rec.clone());
                 self.store_record(&info.id, Some(rec));
             }
-            if let Some(overlay) = update_overlay(&adj) {
-                body = frame(&[&original[5..], &overlay]);
+            if let Some(b) = update_overlay(&adj).and_then(|o| with_overlay(&original, &o).ok()) {
+                body = b;
             }
             self.known().by_key.insert(info.id.clone(), info);
             updates = adj.updates;
