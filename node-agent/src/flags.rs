@@ -52,11 +52,7 @@ fn parse_cpuset(s: &str) -> Result<CpuSet, String> {
     CpuSet::parse(s).map_err(|e| e.to_string())
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+pub use tap_bin_support::LogFormat;
 
 /// kunpeng-tap node agent: NUMA/socket/die/cluster-aware CPU and memory placement for
 /// Kubernetes containers.
@@ -154,24 +150,9 @@ pub struct Flags {
 }
 
 impl Flags {
-    /// Sets up `tracing`: `-v` 0-1 warn, 2 info (the reference's default), 3 debug, 4+ trace;
-    /// `TAP_LOG` (an env-filter directive) overrides; text or JSON to stderr.
+    /// Sets up `tracing` from `-v` and `--log-format` ([`tap_bin_support::init_logging`]).
     pub fn init_logging(&self) {
-        let level = match self.verbose {
-            0 | 1 => "warn",
-            2 => "info",
-            3 => "debug",
-            _ => "trace",
-        };
-        let filter = tracing_subscriber::EnvFilter::try_from_env("TAP_LOG")
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr);
-        match self.log_format {
-            LogFormat::Json => builder.json().init(),
-            LogFormat::Text => builder.init(),
-        }
+        tap_bin_support::init_logging(self.verbose, self.log_format);
     }
 
     /// Discovers the topology under `--sysfs-root` and builds its model.

@@ -7,7 +7,6 @@ use node_agent::{cri_proxy, docker_proxy, explain, kube_link, nri};
 use std::sync::Arc;
 use tap_engine::sysfs::discover_dir;
 use tap_engine::{CpuSet, Engine, NodeSet};
-use tokio_util::sync::CancellationToken;
 
 /// The real host's CPUs and NUMA nodes, for `--fold-cpus-to-host`.
 fn host_fold() -> anyhow::Result<HostFold> {
@@ -76,27 +75,7 @@ fn run(flags: Flags) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        let shutdown = CancellationToken::new();
-        {
-            let s = shutdown.clone();
-            tokio::spawn(async move {
-                let mut term =
-                    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    {
-                        Ok(t) => t,
-                        Err(e) => {
-                            tracing::warn!("cannot watch SIGTERM: {e}");
-                            return;
-                        }
-                    };
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {},
-                    _ = term.recv() => {},
-                }
-                tracing::info!("shutting down");
-                s.cancel();
-            });
-        }
+        let shutdown = tap_bin_support::shutdown_on_signal();
         if !flags.metrics_bind_address.is_empty() {
             let addr = parse_bind(&flags.metrics_bind_address)?;
             let m = metrics.clone();

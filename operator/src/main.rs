@@ -6,11 +6,7 @@ use tap_operator::lease::LeaderElector;
 use tap_operator::metrics::{self, Metrics};
 use tokio_util::sync::CancellationToken;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
+use tap_bin_support::LogFormat;
 
 /// kunpeng-tap operator: resolves TopologyPolicies onto Nodes as NodeTopology objects.
 ///
@@ -83,24 +79,6 @@ fn parse_bind(s: &str) -> anyhow::Result<std::net::SocketAddr> {
         .with_context(|| format!("invalid bind address {s:?}"))
 }
 
-fn init_logging(f: &Flags) {
-    let level = match f.verbose {
-        0 | 1 => "warn",
-        2 => "info",
-        3 => "debug",
-        _ => "trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TAP_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match f.log_format {
-        LogFormat::Json => b.json().init(),
-        LogFormat::Text => b.init(),
-    }
-}
-
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
@@ -121,7 +99,7 @@ async fn client(f: &Flags) -> anyhow::Result<kube::Client> {
 
 fn main() -> std::process::ExitCode {
     let f = Flags::parse();
-    init_logging(&f);
+    tap_bin_support::init_logging(f.verbose, f.log_format);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -167,26 +145,7 @@ async fn run(f: Flags) -> anyhow::Result<()> {
             }
         });
     }
-    let shutdown = CancellationToken::new();
-    {
-        let s = shutdown.clone();
-        tokio::spawn(async move {
-            let mut term =
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        tracing::warn!("cannot watch SIGTERM: {e}");
-                        return;
-                    }
-                };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {},
-                _ = term.recv() => {},
-            }
-            tracing::info!("shutting down");
-            s.cancel();
-        });
-    }
+    let shutdown = tap_bin_support::shutdown_on_signal();
     let identity = format!(
         "{}_{}",
         f.identity.clone().unwrap_or_else(hostname),

@@ -13,7 +13,6 @@ use node_agent::flags::Flags;
 use node_agent::metrics::Metrics;
 use std::sync::Arc;
 use tap_engine::Engine;
-use tokio_util::sync::CancellationToken;
 
 fn main() -> std::process::ExitCode {
     let flags = Flags::parse();
@@ -42,21 +41,7 @@ fn run(flags: Flags) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        let shutdown = CancellationToken::new();
-        let s = shutdown.clone();
-        tokio::spawn(async move {
-            if let Ok(mut term) =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {},
-                    _ = term.recv() => {},
-                }
-            } else {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-            s.cancel();
-        });
+        let shutdown = tap_bin_support::shutdown_on_signal();
         node_agent::kube_link::run(&flags, agent, shutdown).await
     })
 }

@@ -1,0 +1,75 @@
+//! What the kunpeng-tap binaries (agent, kube link, operator) share at start-up: the logging
+//! set-up behind their `-v`/`--log-format` flags, and the shutdown token SIGTERM or Ctrl-C
+//! cancels.
+
+use tokio_util::sync::CancellationToken;
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The `tracing` level of a `-v` count: 0-1 warn, 2 info (the reference's default), 3 debug,
+/// 4+ trace.
+pub fn level_of(verbose: u8) -> &'static str {
+    match verbose {
+        0 | 1 => "warn",
+        2 => "info",
+        3 => "debug",
+        _ => "trace",
+    }
+}
+
+/// Sets up `tracing` to stderr, text or JSON, at the level of `verbose`; `TAP_LOG` (an
+/// env-filter directive) overrides the level.
+pub fn init_logging(verbose: u8, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TAP_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level_of(verbose)));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+/// A token cancelled at the first SIGTERM or Ctrl-C. Call it inside a Tokio runtime.
+pub fn shutdown_on_signal() -> CancellationToken {
+    let shutdown = CancellationToken::new();
+    let s = shutdown.clone();
+    tokio::spawn(async move {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(e) => {
+                tracing::warn!("cannot watch SIGTERM: {e}; only Ctrl-C stops this process");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+        tracing::info!("shutting down");
+        s.cancel();
+    });
+    shutdown
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbosity_levels_follow_the_reference() {
+        assert_eq!(level_of(0), "warn");
+        assert_eq!(level_of(1), "warn");
+        assert_eq!(level_of(2), "info");
+        assert_eq!(level_of(3), "debug");
+        assert_eq!(level_of(4), "trace");
+        assert_eq!(level_of(9), "trace");
+    }
+}
