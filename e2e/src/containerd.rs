@@ -97,8 +97,6 @@ impl Default for ContainerdOptions {
     }
 }
 
-static SEQ: AtomicU32 = AtomicU32::new(0);
-
 /// A running private containerd. Kill-on-drop, with everything it started.
 pub struct Containerd {
     dir: PathBuf,
@@ -110,16 +108,7 @@ impl Containerd {
     /// Writes a config under a fresh temp dir, starts containerd and waits for CRI.
     pub fn start(opts: ContainerdOptions) -> Result<Containerd> {
         check_installed()?;
-        // Short: unix socket paths are limited to 108 bytes.
-        let dir = PathBuf::from(format!(
-            "/tmp/tap-ctd-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::SeqCst)
-        ));
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).ok();
-        }
-        std::fs::create_dir_all(&dir)?;
+        let dir = crate::util::temp_dir("tap-ctd")?;
         let mut c = Containerd {
             dir,
             opts,

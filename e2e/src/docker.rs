@@ -24,19 +24,7 @@ pub const IMAGE: &str = "tap.local/busybox:e2e";
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
-/// A fresh short temp dir (unix socket paths are limited to 108 bytes).
-pub fn temp_dir(prefix: &str) -> Result<PathBuf> {
-    let dir = PathBuf::from(format!(
-        "/tmp/{prefix}-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::SeqCst)
-    ));
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).ok();
-    }
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
-}
+pub use crate::util::temp_dir;
 
 /// Fails (never skips) when the setup script has not run.
 pub fn check_installed() -> Result<()> {

@@ -20,7 +20,6 @@
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Where setup-kube.sh puts kube-apiserver and kubectl.
@@ -165,19 +164,7 @@ fn run_ok(cmd: &mut Command) -> Result<Output> {
     Ok(out)
 }
 
-static SEQ: AtomicU32 = AtomicU32::new(0);
-
-/// Makes a unique temp dir.
-pub fn temp_dir(prefix: &str) -> Result<PathBuf> {
-    let d = std::env::temp_dir().join(format!(
-        "{prefix}-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::SeqCst)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d)?;
-    Ok(d)
-}
+use crate::util::temp_dir;
 
 pub struct KubeCluster {
     pub dir: PathBuf,

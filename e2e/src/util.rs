@@ -1,6 +1,7 @@
 //! Small helpers shared by the e2e tests.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Whether the e2e tier is enabled (`TAP_E2E=1`).
 pub fn enabled() -> bool {
@@ -114,4 +115,21 @@ pub fn remove_cgroup_dirs(rel: &str) {
             rm(&r);
         }
     }
+}
+
+static TEMP_SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh, short temp dir `/tmp/<prefix>-<pid>-<n>` (unix socket paths inside it must stay
+/// under 108 bytes).
+pub fn temp_dir(prefix: &str) -> anyhow::Result<PathBuf> {
+    let dir = PathBuf::from(format!(
+        "/tmp/{prefix}-{}-{}",
+        std::process::id(),
+        TEMP_SEQ.fetch_add(1, Ordering::SeqCst)
+    ));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).ok();
+    }
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
 }
