@@ -298,31 +298,52 @@ impl fmt::Display for NumOrStr {
     }
 }
 
+/// Serde for an optional Kubernetes quantity held as an integer (milli-CPUs or bytes): written
+/// in Kubernetes notation, read from that notation or a plain number.
+mod quantity {
+    use super::NumOrStr;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        v: &Option<u64>,
+        s: S,
+        format: fn(u64) -> String,
+    ) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(x) => s.serialize_str(&format(*x)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+        from_num: fn(f64) -> Option<u64>,
+        from_str: fn(&str) -> Option<u64>,
+        what: &str,
+    ) -> Result<Option<u64>, D::Error> {
+        let Some(q) = Option::<NumOrStr>::deserialize(d)? else {
+            return Ok(None);
+        };
+        let parsed = match &q {
+            NumOrStr::Num(n) => from_num(*n),
+            NumOrStr::Str(s) => from_str(s),
+        };
+        parsed
+            .map(Some)
+            .ok_or_else(|| serde::de::Error::custom(format!("bad {what} quantity {q}")))
+    }
+}
+
 mod cpu_quantity {
     use super::*;
     use serde::{Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
-        match v {
-            Some(m) => s.serialize_str(&format_cpu(*m)),
-            None => s.serialize_none(),
-        }
+        quantity::serialize(v, s, format_cpu)
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-        let v: Option<NumOrStr> = Option::deserialize(d)?;
-        match v {
-            None => Ok(None),
-            Some(q) => {
-                let parsed = match &q {
-                    NumOrStr::Num(n) => cpus_to_milli(*n),
-                    NumOrStr::Str(s) => parse_cpu(s),
-                };
-                parsed
-                    .map(Some)
-                    .ok_or_else(|| serde::de::Error::custom(format!("bad CPU quantity {q}")))
-            }
-        }
+        quantity::deserialize(d, cpus_to_milli, parse_cpu, "CPU")
     }
 }
 
@@ -331,26 +352,12 @@ mod memory_quantity {
     use serde::{Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
-        match v {
-            Some(b) => s.serialize_str(&format_memory(*b)),
-            None => s.serialize_none(),
-        }
+        quantity::serialize(v, s, format_memory)
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-        let v: Option<NumOrStr> = Option::deserialize(d)?;
-        match v {
-            None => Ok(None),
-            Some(q) => {
-                let parsed = match &q {
-                    NumOrStr::Num(n) => (n.is_finite() && *n >= 0.0).then(|| n.round() as u64),
-                    NumOrStr::Str(s) => parse_memory(s),
-                };
-                parsed
-                    .map(Some)
-                    .ok_or_else(|| serde::de::Error::custom(format!("bad memory quantity {q}")))
-            }
-        }
+        let bytes = |n: f64| (n.is_finite() && n >= 0.0).then(|| n.round() as u64);
+        quantity::deserialize(d, bytes, parse_memory, "memory")
     }
 }
 
