@@ -10,6 +10,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+mod reinstate;
+
 /// Which device affinity outranks free CPU capacity when the two disagree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ResourcePriority {

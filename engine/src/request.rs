@@ -49,7 +49,10 @@ pub fn milli_cpu_from_shares(shares: u64) -> u64 {
     } else {
         // Round to the nearest milli-CPU: the kubelet floors when it converts, so a plain
         // division can come out one short (e.g. 4000m -> 4096 shares -> 4000; 100m -> 102 -> 99).
-        (shares * 1000 + 512) / 1024
+        // Shares come from outside: in u128 nothing can overflow, and a result beyond u64
+        // saturates (the engine then treats it as larger than the machine).
+        let milli = (u128::from(shares) * 1000 + 512) / 1024;
+        u64::try_from(milli).unwrap_or(u64::MAX)
     }
 }
 
@@ -58,7 +61,9 @@ pub fn milli_cpu_from_quota(quota: i64, period: u64) -> Option<u64> {
     if quota <= 0 || period == 0 {
         None
     } else {
-        Some((quota as u64 * 1000).div_ceil(period))
+        // `quota > 0` here, so the cast is exact; u128 cannot overflow and the result saturates.
+        let milli = (u128::from(quota as u64) * 1000).div_ceil(u128::from(period));
+        Some(u64::try_from(milli).unwrap_or(u64::MAX))
     }
 }
 
@@ -278,6 +283,24 @@ mod tests {
         assert_eq!(milli_cpu_from_quota(800_000, 100_000), Some(8000));
         assert_eq!(milli_cpu_from_quota(-1, 100_000), None);
         assert_eq!(milli_cpu_from_quota(50_000, 100_000), Some(500));
+    }
+
+    #[test]
+    fn conversions_of_outside_values_saturate_instead_of_wrapping() {
+        // 1e17 shares (the fault that made the CRI proxy panic): exact in u128.
+        assert_eq!(
+            milli_cpu_from_shares(100_000_000_000_000_000),
+            97_656_250_000_000_000
+        );
+        assert_eq!(milli_cpu_from_shares(u64::MAX), u64::MAX);
+        assert_eq!(milli_cpu_from_quota(i64::MAX, 1), Some(u64::MAX));
+        assert_eq!(
+            milli_cpu_from_quota(i64::MAX, 100_000),
+            Some(92_233_720_368_547_759)
+        );
+        assert_eq!(milli_cpu_from_quota(i64::MIN, 100_000), None);
+        assert_eq!(milli_cpu_from_quota(1, u64::MAX), Some(1));
+        assert_eq!(milli_cpu_from_quota(100_000, 0), None);
     }
 
     #[test]

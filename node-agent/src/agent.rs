@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
+use tap_engine::grant::Grant;
 use tap_engine::request::{milli_cpu_from_quota, milli_cpu_from_shares, GRANT_KEY};
 use tap_engine::{
     ContainerRequest, CpuSet, CpusetUpdate, Engine, EngineConfig, Existing, NodeSet, Outcome,
@@ -308,10 +309,11 @@ impl Agent {
         }
     }
 
-    /// A container is being created.
+    /// A container is being created. Everything that reads the runtime's input runs inside
+    /// the panic guard.
     pub fn create(&self, c: &ContainerInfo) -> Adjustment {
-        let req = self.request_of(c);
         let out = self.guarded("create", |e| {
+            let req = self.request_of(c);
             let o = e.create(&req);
             let rec = e.record(&req.id);
             (o, rec)
@@ -321,8 +323,8 @@ impl Agent {
 
     /// A container's resources changed.
     pub fn update(&self, c: &ContainerInfo) -> Adjustment {
-        let req = self.request_of(c);
         let out = self.guarded("update", |e| {
+            let req = self.request_of(c);
             if req.overrides.skip && e.grant(&req.id).is_none() {
                 return (Outcome::Skipped(tap_engine::SkipReason::OptedOut), None);
             }
@@ -331,6 +333,42 @@ impl Agent {
             (o, rec)
         });
         self.adjustment("update", c, out)
+    }
+
+    /// The grant a container has now (to undo a change the runtime refuses).
+    pub fn grant_of(&self, id: &str) -> Option<Grant> {
+        self.lock().grant(id).cloned()
+    }
+
+    /// Puts back the grant a container had before a change the runtime refused (`None`: it had
+    /// none). Returns cpuset updates of containers whose cpuset must change for it.
+    pub fn reinstate(&self, id: &str, previous: Option<Grant>) -> Vec<Update> {
+        let ups = self
+            .guarded("rollback", |e| e.reinstate(id, previous))
+            .unwrap_or_default();
+        self.publish_usage();
+        self.to_updates(ups)
+    }
+
+    /// The cpuset and memory nodes the engine gives a container now, as the runtime writes
+    /// them (folded onto the host where a fold is set); `None` without a grant.
+    pub fn current(&self, id: &str) -> Option<(String, Option<String>)> {
+        let e = self.lock();
+        let g = e.grant(id)?;
+        Some((
+            self.fold_cpus(&g.cpus),
+            g.mems.as_ref().map(|m| self.fold_nodes(m)),
+        ))
+    }
+
+    /// The grant record of a placed container.
+    pub fn record_of(&self, id: &str) -> Option<String> {
+        self.lock().record(id)
+    }
+
+    /// The ids of every container with a grant.
+    pub fn granted(&self) -> Vec<String> {
+        self.lock().grants().map(|(id, _)| id.clone()).collect()
     }
 
     /// A container stopped or was removed (idempotent).
@@ -343,23 +381,25 @@ impl Agent {
     /// Rebuilds the state from what the runtime reports. Returns updates for containers whose
     /// cpuset should change. Containers already known keep their grant.
     pub fn restore(&self, containers: &[ContainerInfo]) -> Vec<Update> {
-        let existing: Vec<Existing> = containers
-            .iter()
-            .map(|c| Existing {
-                request: self.request_of(c),
-                // With a host fold the live cpuset is in host CPUs, not the topology's: it
-                // cannot confirm a record (the record alone is used then).
-                cpus: c
-                    .cpus
-                    .as_deref()
-                    .and_then(|s| CpuSet::parse(s).ok())
-                    .filter(|s| !s.is_empty())
-                    .filter(|_| self.fold.is_none() || !c.annotations.contains_key(GRANT_KEY)),
-                mems: c.mems.as_deref().and_then(|s| CpuSet::parse(s).ok()),
-                record: c.annotations.get(GRANT_KEY).cloned(),
-            })
-            .collect();
-        let report = self.guarded("sync", |e| e.restore(&existing));
+        let report = self.guarded("sync", |e| {
+            let existing: Vec<Existing> = containers
+                .iter()
+                .map(|c| Existing {
+                    request: self.request_of(c),
+                    // With a host fold the live cpuset is in host CPUs, not the topology's: it
+                    // cannot confirm a record (the record alone is used then).
+                    cpus: c
+                        .cpus
+                        .as_deref()
+                        .and_then(|s| CpuSet::parse(s).ok())
+                        .filter(|s| !s.is_empty())
+                        .filter(|_| self.fold.is_none() || !c.annotations.contains_key(GRANT_KEY)),
+                    mems: c.mems.as_deref().and_then(|s| CpuSet::parse(s).ok()),
+                    record: c.annotations.get(GRANT_KEY).cloned(),
+                })
+                .collect();
+            e.restore(&existing)
+        });
         self.publish_usage();
         match report {
             Some(r) => {
@@ -398,6 +438,13 @@ impl Agent {
     /// A copy of the engine for status reporting and tests.
     pub fn snapshot(&self) -> Engine {
         self.lock().clone()
+    }
+
+    /// Keeps the engine locked for `d` (tests of the decision deadline).
+    #[cfg(test)]
+    pub fn hold_engine_for(&self, d: std::time::Duration) {
+        let _g = self.lock();
+        std::thread::sleep(d);
     }
 
     /// Pushes per-pool capacity and usage to the metrics.

@@ -7,6 +7,7 @@ pub mod docker_proxy;
 pub mod explain;
 pub mod flags;
 pub mod kube_link;
+pub mod ledger;
 pub mod metrics;
 pub mod nri;
 pub mod proxy_server;
