@@ -63,6 +63,11 @@ pub struct Flags {
     #[arg(long, default_value = "/var/run/kunpeng/tap-runtime-proxy.sock")]
     pub runtime_proxy_endpoint: PathBuf,
 
+    /// Group (name or numeric id) allowed to use the proxy socket: it is then 0660 and owned by
+    /// that group; empty keeps it 0600 (root only, as the kubelet runs), whatever the umask.
+    #[arg(long, default_value = "")]
+    pub socket_group: String,
+
     /// The runtime's own socket the proxy forwards to (a path, `unix://` optional).
     #[arg(long, default_value = "/var/run/docker.sock")]
     pub container_runtime_service_endpoint: String,
@@ -140,7 +145,7 @@ pub struct Flags {
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub enable_node_topology: bool,
 
-    /// Where the agent keeps its cached policy.
+    /// Where the agent keeps its cached policy and the proxies' grant records (made 0700).
     #[arg(long, default_value = "/var/lib/kunpeng-tap")]
     pub state_dir: PathBuf,
 

@@ -26,7 +26,7 @@ use crate::flags::Flags;
 use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime, RECONCILE_EVERY};
 use crate::ledger::state_file::StateFile;
 use crate::ledger::{Ledger, Listed};
-use crate::proxy_server::{bind_unix, restore_until_done};
+use crate::proxy_server::{bind_unix, resolve_group, restore_until_done};
 use anyhow::Context;
 use grpc::{error_response, read_unary, with_overlay, ProxyBody, Unary, Upstream};
 use hyper::body::Incoming;
@@ -566,10 +566,11 @@ pub async fn run(
     let backend: PathBuf = flags.runtime_endpoint_path();
     let proxy = CriProxy::new(agent.clone(), &backend, Some(&flags.state_dir))?;
     let runtime = format!("the CRI runtime at {}", backend.display());
+    let group = resolve_group(&flags.socket_group)?;
     if !restore_until_done(agent.metrics(), &runtime, &shutdown, || proxy.restore()).await {
         return Ok(());
     }
-    let listener = bind_unix(&flags.runtime_proxy_endpoint)?;
+    let listener = bind_unix(&flags.runtime_proxy_endpoint, group)?;
     agent.metrics().proxy_up.set(1);
     agent.metrics().runtime_connected.set(1);
     agent.metrics().set_ready(true);

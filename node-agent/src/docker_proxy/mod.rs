@@ -20,7 +20,7 @@ use crate::flags::Flags;
 use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime, RECONCILE_EVERY};
 use crate::ledger::state_file::StateFile;
 use crate::ledger::{Ledger, Listed};
-use crate::proxy_server::{bind_unix, restore_until_done, serve_connections};
+use crate::proxy_server::{bind_unix, resolve_group, restore_until_done, serve_connections};
 use anyhow::Context;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -509,10 +509,11 @@ pub async fn run(
         flags.runtime_endpoint_path(),
         Some(&flags.state_dir),
     ));
+    let group = resolve_group(&flags.socket_group)?;
     if !restore_until_done(agent.metrics(), "dockerd", &shutdown, || proxy.restore()).await {
         return Ok(());
     }
-    let listener = bind_unix(&flags.runtime_proxy_endpoint)?;
+    let listener = bind_unix(&flags.runtime_proxy_endpoint, group)?;
     agent.metrics().proxy_up.set(1);
     agent.metrics().runtime_connected.set(1);
     agent.metrics().set_ready(true);
