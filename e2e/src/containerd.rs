@@ -497,6 +497,8 @@ pub struct ContainerSpec {
     pub labels: HashMap<String, String>,
     pub annotations: HashMap<String, String>,
     pub env: Vec<(String, String)>,
+    /// Sent instead of the resources computed from the fields above (fault tests).
+    pub raw_resources: Option<cri::LinuxContainerResources>,
 }
 
 impl ContainerSpec {
@@ -512,6 +514,7 @@ impl ContainerSpec {
             labels: HashMap::new(),
             annotations: HashMap::new(),
             env: Vec::new(),
+            raw_resources: None,
         }
     }
 
@@ -526,6 +529,9 @@ impl ContainerSpec {
 
     /// The CRI resources the kubelet would send.
     pub fn resources(&self) -> cri::LinuxContainerResources {
+        if let Some(r) = &self.raw_resources {
+            return r.clone();
+        }
         let shares = match self.cpu_request_milli {
             Some(m) if m > 0 => (m * 1024 / 1000).max(2) as i64,
             _ => 2,

@@ -324,13 +324,28 @@ impl TapAgent {
     /// Starts `kunpeng-tap <args> --metrics-bind-address 127.0.0.1:<free>`, logging to `log`,
     /// and waits until /readyz answers 200 (the mode finished its start-up sync).
     pub fn start(args: &[String], log: &Path) -> Result<TapAgent> {
+        TapAgent::start_with_umask(args, log, None)
+    }
+
+    /// As [`TapAgent::start`], the agent running under `umask` (e.g. `"000"`) when given.
+    pub fn start_with_umask(args: &[String], log: &Path, umask: Option<&str>) -> Result<TapAgent> {
         let bin = crate::util::agent_binary()?;
         let metrics_addr = format!("127.0.0.1:{}", free_port()?);
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)?;
-        let child = Command::new(&bin)
+        let mut cmd = match umask {
+            Some(m) => {
+                let mut c = Command::new("/bin/sh");
+                c.arg("-c")
+                    .arg(format!("umask {m} && exec \"$0\" \"$@\""))
+                    .arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
+        let child = cmd
             .args(args)
             .arg(format!("--metrics-bind-address={metrics_addr}"))
             .env("TAP_LOG", "info")
@@ -363,6 +378,29 @@ impl TapAgent {
 
     pub fn log_tail(&self, n: usize) -> String {
         tail(&self.log, n)
+    }
+
+    /// The agent's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Peak resident memory of the agent so far (`VmHWM`), in KiB.
+    pub fn peak_rss_kib(&self) -> Result<u64> {
+        let pid = self.pid().context("agent not running")?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .context("no VmHWM in /proc/<pid>/status")
+    }
+
+    /// Whether the agent's log shows a panic.
+    pub fn panicked(&self) -> bool {
+        std::fs::read_to_string(&self.log)
+            .map(|l| l.contains("panicked"))
+            .unwrap_or(false)
     }
 
     /// The OpenMetrics text.
