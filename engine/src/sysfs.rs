@@ -1,90 +1,29 @@
 //! Topology discovery from a sysfs tree (`/sys`, or a fixture folder in tests).
 //!
 //! Reading files is behind [`FileSource`], so the parsing here is testable on in-memory trees;
-//! [`DirSource`] reads a real directory. Every error names the file it came from.
+//! [`DirSource`] reads a real directory. The tree is checked, not trusted: every error names the
+//! file it came from (and the CPUs, where CPUs are involved), and oddities discovery can work
+//! around come back as [`DiscoveryWarning`]s for the caller to log.
+//!
+//! - `source`: [`FileSource`], [`DirSource`], [`MapSource`].
+//! - `parse`: single values (id files, `cpuN`/`nodeN` names, `meminfo`).
+//! - `checks`: consistency across files (node overlaps, CPUs in no node, distances, ...).
+//! - `error`: [`DiscoveryError`] and [`DiscoveryWarning`].
 
 mod checks;
 mod error;
 mod parse;
+mod source;
 
 use crate::cpuset::{CpuSet, MAX_IDS};
 use crate::topology::{PciDevice, RawCpu, RawNode, RawTopology};
 use checks::NodeFiles;
 pub use error::{DiscoveryError, DiscoveryWarning};
 use parse::{dir_id, malformed, parse_id, parse_memtotal, Id};
+pub use source::{DirSource, FileSource, MapSource};
 use std::collections::BTreeMap;
 use std::io;
-use std::path::{Path, PathBuf};
-
-/// Where sysfs files come from.
-pub trait FileSource {
-    /// The file's text; `Err` with `NotFound` when it does not exist.
-    fn read(&self, rel: &str) -> io::Result<String>;
-    /// Entry names of a directory.
-    fn list(&self, rel: &str) -> io::Result<Vec<String>>;
-}
-
-/// A sysfs tree on disk rooted at `root` (e.g. `/sys`).
-#[derive(Debug, Clone)]
-pub struct DirSource {
-    pub root: PathBuf,
-}
-
-impl DirSource {
-    pub fn new(root: impl Into<PathBuf>) -> Self {
-        DirSource { root: root.into() }
-    }
-}
-
-impl FileSource for DirSource {
-    fn read(&self, rel: &str) -> io::Result<String> {
-        std::fs::read_to_string(self.root.join(rel))
-    }
-    fn list(&self, rel: &str) -> io::Result<Vec<String>> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(self.root.join(rel))? {
-            out.push(e?.file_name().to_string_lossy().into_owned());
-        }
-        out.sort();
-        Ok(out)
-    }
-}
-
-/// An in-memory tree for tests: path -> content.
-#[derive(Debug, Clone, Default)]
-pub struct MapSource {
-    pub files: BTreeMap<String, String>,
-}
-
-impl MapSource {
-    pub fn with(mut self, path: &str, content: &str) -> Self {
-        self.files.insert(path.to_string(), content.to_string());
-        self
-    }
-}
-
-impl FileSource for MapSource {
-    fn read(&self, rel: &str) -> io::Result<String> {
-        self.files
-            .get(rel)
-            .cloned()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, rel.to_string()))
-    }
-    fn list(&self, rel: &str) -> io::Result<Vec<String>> {
-        let prefix = format!("{}/", rel.trim_end_matches('/'));
-        let mut out: Vec<String> = self
-            .files
-            .keys()
-            .filter_map(|k| k.strip_prefix(&prefix))
-            .map(|rest| rest.split('/').next().unwrap_or(rest).to_string())
-            .collect();
-        out.dedup();
-        if out.is_empty() {
-            return Err(io::Error::new(io::ErrorKind::NotFound, rel.to_string()));
-        }
-        Ok(out)
-    }
-}
+use std::path::Path;
 
 const CPU_DIR: &str = "devices/system/cpu";
 const NODE_DIR: &str = "devices/system/node";
