@@ -27,7 +27,7 @@ pub(super) fn online_has_dirs(
     Err(DiscoveryError::OnlineCpuWithoutDir {
         path: path.to_string(),
         dir: dir.to_string(),
-        cpus: missing,
+        cpus: Box::new(missing),
     })
 }
 
@@ -42,7 +42,7 @@ pub(super) fn nodes_disjoint(nodes: &[NodeFiles]) -> Result<(), DiscoveryError> 
                     return Err(DiscoveryError::OverlappingNodes {
                         first: earlier.cpus_path.clone(),
                         second: n.cpus_path.clone(),
-                        cpus: both,
+                        cpus: Box::new(both),
                     });
                 }
             }
@@ -74,8 +74,8 @@ pub(super) fn every_cpu_in_a_node(
     }
     Err(DiscoveryError::CpusInNoNode {
         dir: dir.to_string(),
-        cpus: orphans,
-        nodes: ids,
+        cpus: Box::new(orphans),
+        nodes: Box::new(ids),
     })
 }
 
@@ -87,7 +87,7 @@ pub(super) fn memory_adds_up(nodes: &[NodeFiles]) -> Result<(), DiscoveryError> 
             Some(t) => total = t,
             None => {
                 return Err(DiscoveryError::MemoryTotalOverflow {
-                    nodes: NodeSet::from_ids(nodes.iter().map(|n| n.node.id as usize)),
+                    nodes: Box::new(NodeSet::from_ids(nodes.iter().map(|n| n.node.id as usize))),
                 })
             }
         }

@@ -6,6 +6,9 @@
 use crate::cpuset::{CpuSet, NodeSet, MAX_IDS};
 use std::io;
 
+// CPU and node sets are boxed: a set is 128 bytes, which would make every `Result` carrying
+// this error that large.
+
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
     #[error("cannot read {path}")]
@@ -25,14 +28,14 @@ pub enum DiscoveryError {
     OverlappingNodes {
         first: String,
         second: String,
-        cpus: CpuSet,
+        cpus: Box<CpuSet>,
     },
     /// The `online` list names CPUs the kernel has no directory for.
     #[error("{path} names CPUs {cpus} but {dir} has no cpuN directory for them")]
     OnlineCpuWithoutDir {
         path: String,
         dir: String,
-        cpus: CpuSet,
+        cpus: Box<CpuSet>,
     },
     /// NUMA node directories exist but some online CPUs are in none of their CPU lists (a node
     /// directory is missing or a list is cut short).
@@ -41,8 +44,8 @@ pub enum DiscoveryError {
     )]
     CpusInNoNode {
         dir: String,
-        cpus: CpuSet,
-        nodes: NodeSet,
+        cpus: Box<CpuSet>,
+        nodes: Box<NodeSet>,
     },
     /// A `cpuN` directory whose N does not fit a CPU set.
     #[error("{path}: CPU id {value} is not below the supported maximum {MAX_IDS}")]
@@ -71,7 +74,7 @@ pub enum DiscoveryError {
     MemTotalOverflow { path: String, kib: String },
     /// Node memory sizes that each fit but whose sum does not.
     #[error("MemTotal of NUMA nodes {nodes} adds up to more bytes than 64 bits hold (see their meminfo files)")]
-    MemoryTotalOverflow { nodes: NodeSet },
+    MemoryTotalOverflow { nodes: Box<NodeSet> },
 }
 
 /// Something odd that discovery worked around; the agent logs these.
