@@ -19,7 +19,7 @@ use crate::cpuset::{CpuSet, MAX_IDS};
 use crate::topology::{PciDevice, RawCpu, RawNode, RawTopology};
 use checks::NodeFiles;
 pub use error::{DiscoveryError, DiscoveryWarning};
-use parse::{dir_id, malformed, parse_id, parse_memtotal, Id};
+use parse::{cpus_error, dir_id, malformed, parse_id, parse_memtotal, Id};
 pub use source::{DirSource, FileSource, MapSource};
 use std::collections::BTreeMap;
 use std::io;
@@ -65,7 +65,7 @@ impl<S: FileSource + ?Sized> Reader<'_, S> {
     }
 
     fn cpuset(&self, path: &str, text: &str) -> Result<CpuSet, DiscoveryError> {
-        CpuSet::parse(text).map_err(|e| malformed(path, e.to_string(), text))
+        CpuSet::parse(text).map_err(|e| cpus_error(path, text, e))
     }
 
     /// A topology id file of `cpu` (`physical_package_id`, `die_id`, ...): a decimal integer
@@ -220,7 +220,7 @@ fn read_nodes<S: FileSource + ?Sized>(r: &Reader<S>) -> Result<Vec<NodeFiles>, D
             None => {
                 cpus_path = format!("{base}/cpumap");
                 let t = r.read(&cpus_path)?;
-                CpuSet::parse_mask(&t).map_err(|e| malformed(&cpus_path, e.to_string(), &t))?
+                CpuSet::parse_mask(&t).map_err(|e| cpus_error(&cpus_path, &t, e))?
             }
         };
         let mi_path = format!("{base}/meminfo");

@@ -253,6 +253,27 @@ fn cpu_and_node_directories_beyond_the_set_capacity_are_errors() {
         "{err:?}"
     );
     says(&err, &["devices/system/node/node4096"]);
+
+    // In a CPU list or a node's cpumap.
+    let mut t = Tree::of(GPU96);
+    t.write("devices/system/node/node0/cpulist", "0-23,1500\n");
+    let err = t.error();
+    assert!(
+        matches!(&err, DiscoveryError::CpuIdOutOfRange { value, .. } if value == "1500"),
+        "{err:?}"
+    );
+    says(&err, &["devices/system/node/node0/cpulist", "CPU id 1500"]);
+    let mut t = Tree::of(GPU96);
+    t.remove("devices/system/node/node3/cpulist").write(
+        "devices/system/node/node3/cpumap",
+        &format!("1{}\n", "0".repeat(256)),
+    );
+    let err = t.error();
+    assert!(
+        matches!(&err, DiscoveryError::CpuIdOutOfRange { value, .. } if value == "1024"),
+        "{err:?}"
+    );
+    says(&err, &["devices/system/node/node3/cpumap"]);
 }
 
 #[test]
@@ -317,11 +338,11 @@ fn memtotal_that_overflows_is_an_error_not_a_panic() {
 #[test]
 fn node_memory_that_overflows_only_in_sum_is_an_error() {
     let mut t = Tree::of(GPU96);
-    // 2^53 kB = 2^63 bytes: each fits, two of them do not.
+    // 2^52 kB = 2^62 bytes: each fits, two of them are more than i64::MAX bytes.
     for n in 0..4 {
         t.write(
             &format!("devices/system/node/node{n}/meminfo"),
-            &format!("Node {n} MemTotal: 9007199254740992 kB\n"),
+            &format!("Node {n} MemTotal: 4503599627370496 kB\n"),
         );
     }
     let err = t.error();

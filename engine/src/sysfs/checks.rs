@@ -79,13 +79,15 @@ pub(super) fn every_cpu_in_a_node(
     })
 }
 
-/// The nodes' memory adds up without overflow, so any pool's sum does too.
+/// The nodes' memory adds up to at most `i64::MAX` bytes, so any pool's sum fits both `u64`
+/// and the signed arithmetic placement does on memory.
 pub(super) fn memory_adds_up(nodes: &[NodeFiles]) -> Result<(), DiscoveryError> {
+    let limit = i64::MAX.unsigned_abs();
     let mut total: u64 = 0;
     for n in nodes {
         match total.checked_add(n.node.memory_bytes) {
-            Some(t) => total = t,
-            None => {
+            Some(t) if t <= limit => total = t,
+            _ => {
                 return Err(DiscoveryError::MemoryTotalOverflow {
                     nodes: Box::new(NodeSet::from_ids(nodes.iter().map(|n| n.node.id as usize))),
                 })

@@ -47,7 +47,7 @@ pub enum DiscoveryError {
         cpus: Box<CpuSet>,
         nodes: Box<NodeSet>,
     },
-    /// A `cpuN` directory whose N does not fit a CPU set.
+    /// A `cpuN` directory, or a CPU list or mask, naming a CPU that does not fit a CPU set.
     #[error("{path}: CPU id {value} is not below the supported maximum {MAX_IDS}")]
     CpuIdOutOfRange { path: String, value: String },
     /// A `nodeN` directory whose N does not fit a node set.
@@ -72,8 +72,13 @@ pub enum DiscoveryError {
     /// A node's MemTotal whose byte count does not fit 64 bits.
     #[error("{path}: MemTotal {kib} kB is more bytes than 64 bits hold")]
     MemTotalOverflow { path: String, kib: String },
-    /// Node memory sizes that each fit but whose sum does not.
-    #[error("MemTotal of NUMA nodes {nodes} adds up to more bytes than 64 bits hold (see their meminfo files)")]
+    /// Node memory sizes whose sum is more than the model holds: pool memory is also compared
+    /// as signed 64-bit byte counts, so the limit is `i64::MAX` bytes (8 EiB).
+    #[error(
+        "MemTotal of NUMA nodes {nodes} adds up to more than {} bytes, more than the model holds \
+         (see their meminfo files)",
+        i64::MAX
+    )]
     MemoryTotalOverflow { nodes: Box<NodeSet> },
 }
 

@@ -2,13 +2,24 @@
 //! node's `meminfo`. None of them panics on any input (see the proptests below).
 
 use super::error::DiscoveryError;
-use crate::cpuset::MAX_IDS;
+use crate::cpuset::{ParseError, MAX_IDS};
 
 pub(super) fn malformed(path: &str, what: String, content: &str) -> DiscoveryError {
     DiscoveryError::Malformed {
         path: path.to_string(),
         what,
         content: content.chars().take(120).collect(),
+    }
+}
+
+/// A CPU list or mask that did not parse: an id beyond the set capacity is named as such.
+pub(super) fn cpus_error(path: &str, text: &str, e: ParseError) -> DiscoveryError {
+    match e {
+        ParseError::TooLarge { id, .. } => DiscoveryError::CpuIdOutOfRange {
+            path: path.to_string(),
+            value: id.to_string(),
+        },
+        ParseError::Invalid { .. } => malformed(path, e.to_string(), text),
     }
 }
 
