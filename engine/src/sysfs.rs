@@ -262,12 +262,22 @@ fn read_cpu<S: FileSource + ?Sized>(
     // Ids below MAX_IDS fit a u32.
     let package = r.id_opt(id, &base, "physical_package_id", limit)?;
     let die = r.id_opt(id, &base, "die_id", limit)?;
+    // The first CPU of a sibling list, which must include the CPU itself (an empty list counts
+    // as missing).
     let first_of = |name: &str| -> Result<Option<usize>, DiscoveryError> {
         let p = format!("{base}/{name}");
-        match r.read_opt(&p)? {
-            Some(t) => Ok(r.cpuset(&p, &t)?.first()),
-            None => Ok(None),
+        let Some(t) = r.read_opt(&p)? else {
+            return Ok(None);
+        };
+        let list = r.cpuset(&p, &t)?;
+        if !list.is_empty() && !list.contains(id) {
+            return Err(DiscoveryError::ListOmitsItsCpu {
+                path: p,
+                cpu: id,
+                list: Box::new(list),
+            });
         }
+        Ok(list.first())
     };
     // Identities from id files carry bit 40 so they never equal a CPU number; they are not
     // unique machine-wide on their own, the builder keys them by package and die.

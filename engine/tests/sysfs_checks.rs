@@ -277,6 +277,21 @@ fn cpu_and_node_directories_beyond_the_set_capacity_are_errors() {
 }
 
 #[test]
+fn a_sibling_list_without_its_own_cpu_is_an_error() {
+    for file in ["thread_siblings_list", "cluster_cpus_list"] {
+        let mut t = Tree::of(GPU96);
+        let path = format!("devices/system/cpu/cpu5/topology/{file}");
+        t.write(&path, "6-7\n");
+        let err = t.error();
+        assert!(
+            matches!(&err, DiscoveryError::ListOmitsItsCpu { cpu: 5, list, .. } if list.to_string() == "6-7"),
+            "{err:?}"
+        );
+        says(&err, &[&path, "CPUs 6-7", "CPU 5"]);
+    }
+}
+
+#[test]
 fn a_node_listed_twice_is_an_error() {
     let mut t = Tree::of(GPU96);
     t.write("devices/system/node/node01/cpulist", "\n");

@@ -60,6 +60,13 @@ pub enum DiscoveryError {
         second: String,
         id: u32,
     },
+    /// A CPU's `thread_siblings_list` or `cluster_cpus_list` that does not include the CPU.
+    #[error("{path} lists CPUs {list}, which do not include CPU {cpu} itself")]
+    ListOmitsItsCpu {
+        path: String,
+        cpu: usize,
+        list: Box<CpuSet>,
+    },
     /// A package, die, cluster or core id outside what the model can hold.
     #[error("{path}: {what} {value} of CPU {cpu} is outside 0..{limit} (-1 means unknown)")]
     TopologyIdOutOfRange {
