@@ -160,16 +160,22 @@ impl Flags {
         tap_bin_support::init_logging(self.verbose, self.log_format);
     }
 
-    /// Discovers the topology under `--sysfs-root` and builds its model.
+    /// Discovers the topology under `--sysfs-root` and builds its model. What discovery worked
+    /// around (asymmetric or short NUMA distance rows, ...) is logged as warnings.
     pub fn load_topology(&self) -> anyhow::Result<std::sync::Arc<tap_engine::Topology>> {
         use anyhow::Context;
-        let raw = tap_engine::sysfs::discover_dir(&self.sysfs_root).with_context(|| {
-            format!(
-                "discovering the topology under {}",
-                self.sysfs_root.display()
-            )
-        })?;
-        let topo = tap_engine::Topology::build(&raw).context("building the topology model")?;
+        let found =
+            tap_engine::sysfs::discover_dir_with_warnings(&self.sysfs_root).with_context(|| {
+                format!(
+                    "discovering the topology under {}",
+                    self.sysfs_root.display()
+                )
+            })?;
+        for w in &found.warnings {
+            tracing::warn!(sysfs_root = %self.sysfs_root.display(), "sysfs: {w}");
+        }
+        let topo =
+            tap_engine::Topology::build(&found.raw).context("building the topology model")?;
         Ok(std::sync::Arc::new(topo))
     }
 
