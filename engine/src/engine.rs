@@ -632,15 +632,28 @@ impl Engine {
                 return None;
             }
         }
+        // The record says where the container was placed; what it asks for now is what the
+        // runtime reports (a resize after the record was written), when it reports anything.
+        let live = &e.request;
+        let reported = live.cpu_request_milli > 0 || live.cpu_limit_milli.is_some();
+        let (request_milli, limit_milli) = if reported {
+            (live.cpu_request_milli, live.cpu_limit_milli)
+        } else {
+            (r.request_milli, r.limit_milli)
+        };
+        let memory_bytes = match live.memory_limit_bytes {
+            Some(m) if r.memory_bytes > 0 => m,
+            _ => r.memory_bytes,
+        };
         Some(Grant {
             policy: r.policy,
             pool: pool.id,
             nodes: r.nodes,
             span,
             exclusive: r.exclusive,
-            request_milli: r.request_milli,
-            limit_milli: r.limit_milli,
-            memory_bytes: r.memory_bytes,
+            request_milli,
+            limit_milli,
+            memory_bytes,
             mems: r.mems,
             cpus: CpuSet::new(),
         })

@@ -292,7 +292,7 @@ mod tests {
             milli_cpu_from_shares(100_000_000_000_000_000),
             97_656_250_000_000_000
         );
-        assert_eq!(milli_cpu_from_shares(u64::MAX), u64::MAX);
+        assert_eq!(milli_cpu_from_shares(u64::MAX), 18_014_398_509_481_983_999);
         assert_eq!(milli_cpu_from_quota(i64::MAX, 1), Some(u64::MAX));
         assert_eq!(
             milli_cpu_from_quota(i64::MAX, 100_000),
