@@ -565,7 +565,8 @@ impl Ledger {
             .iter()
             .filter(|l| !b.entries.contains_key(&l.info.id))
             .collect();
-        if !unknown.is_empty() {
+        // A full list always goes through the engine's restore (it logs what it adopted).
+        if full || !unknown.is_empty() {
             let infos: Vec<ContainerInfo> = unknown
                 .iter()
                 .map(|l| {
