@@ -293,6 +293,14 @@ state = "{state}"
         Ok(())
     }
 
+    /// Kills the daemon at once (SIGKILL); its containers live on in their shims.
+    pub fn kill_daemon(&mut self) {
+        if let Some(mut ch) = self.child.take() {
+            let _ = ch.kill();
+            let _ = ch.wait();
+        }
+    }
+
     /// Restarts the daemon on the same dirs (containers survive, as on a real node).
     pub fn restart(&mut self) -> Result<()> {
         self.stop_daemon()?;

@@ -463,6 +463,14 @@ impl TapAgent {
         Ok(v)
     }
 
+    /// Kills the agent at once (SIGKILL), as a crash or an OOM kill would.
+    pub fn kill(&mut self) {
+        if let Some(mut ch) = self.child.take() {
+            let _ = ch.kill();
+            let _ = ch.wait();
+        }
+    }
+
     /// Stops the agent (SIGTERM) and returns its exit status.
     pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
         let mut ch = self.child.take()?;
