@@ -25,7 +25,7 @@ use crate::agent::{Agent, ContainerInfo, PodInfo, Update};
 use crate::flags::Flags;
 use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime, RECONCILE_EVERY};
 use crate::ledger::state_file::StateFile;
-use crate::ledger::{Ledger, Listed};
+use crate::ledger::{hook_span, Ledger, Listed};
 use crate::proxy_server::{bind_unix, resolve_group, restore_until_done};
 use anyhow::Context;
 use grpc::{error_response, read_unary, with_overlay, ProxyBody, Unary, Upstream};
@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::{Code, Status};
+use tracing::Instrument;
 
 /// Message size limit both ways (the kubelet's).
 pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
@@ -350,12 +351,22 @@ impl CriProxy {
             Ok(c) => c,
             Err(s) => return error_response(s),
         };
-        match kind {
-            Intercept::Create => self.create_container(call).await,
-            Intercept::Update => self.update_container_resources(call).await,
-            Intercept::Stop => self.stop_or_remove(call, false).await,
-            Intercept::Remove => self.stop_or_remove(call, true).await,
+        let hook = match kind {
+            Intercept::Create => "create",
+            Intercept::Update => "update",
+            Intercept::Stop => "stop",
+            Intercept::Remove => "remove",
+        };
+        async move {
+            match kind {
+                Intercept::Create => self.create_container(call).await,
+                Intercept::Update => self.update_container_resources(call).await,
+                Intercept::Stop => self.stop_or_remove(call, false).await,
+                Intercept::Remove => self.stop_or_remove(call, true).await,
+            }
         }
+        .instrument(hook_span(hook, "Containerd"))
+        .await
     }
 
     /// The message of an intercepted call, or why it is forwarded without a look.

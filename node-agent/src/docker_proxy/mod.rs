@@ -19,7 +19,7 @@ use crate::agent::{Agent, Update};
 use crate::flags::Flags;
 use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime, RECONCILE_EVERY};
 use crate::ledger::state_file::StateFile;
-use crate::ledger::{Ledger, Listed};
+use crate::ledger::{hook_span, Ledger, Listed};
 use crate::proxy_server::{bind_unix, resolve_group, restore_until_done, serve_connections};
 use anyhow::Context;
 use bytes::Bytes;
@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// The largest create or update body the proxy reads to rewrite (as for NRI frames and CRI
 /// messages); a larger one is streamed through unmodified.
@@ -263,10 +264,22 @@ impl DockerProxy {
             Route::Delete(_) => Some("delete"),
             Route::Other => None,
         };
-        let resp = match r {
-            Route::Create => self.create(req).await,
-            Route::Update(id) => self.update(req, &id).await,
-            Route::Stop(id) | Route::Delete(id) => self.release(req, &id).await,
+        let resp = match (r, label) {
+            (Route::Create, _) => {
+                self.create(req)
+                    .instrument(hook_span("create", "Docker"))
+                    .await
+            }
+            (Route::Update(id), _) => {
+                self.update(req, &id)
+                    .instrument(hook_span("update", "Docker"))
+                    .await
+            }
+            (Route::Stop(id) | Route::Delete(id), Some(l)) => {
+                self.release(req, &id)
+                    .instrument(hook_span(l, "Docker"))
+                    .await
+            }
             _ => self.pass(req).await,
         };
         if let Some(l) = label {

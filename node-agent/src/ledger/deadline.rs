@@ -48,7 +48,9 @@ impl Deadline {
         L: FnOnce(&Agent, T) + Send + 'static,
     {
         let a = agent.clone();
-        let mut task = tokio::task::spawn_blocking(move || f(&a));
+        // The decision logs inside the caller's hook span.
+        let span = tracing::Span::current();
+        let mut task = tokio::task::spawn_blocking(move || span.in_scope(|| f(&a)));
         let budget = self.budget();
         match tokio::time::timeout(budget, &mut task).await {
             Ok(Ok(v)) => Some(v),

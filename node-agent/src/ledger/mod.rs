@@ -32,6 +32,28 @@ use tap_engine::grant::Grant;
 use tap_engine::request::GRANT_KEY;
 use tap_engine::CpuSet;
 
+/// The span of one hook (a create, update, stop or remove as a mode sees it): every log line of
+/// the hook carries the hook, the mode and, once the ledger knows them, the Pod, its namespace
+/// and the container.
+pub fn hook_span(hook: &'static str, mode: &'static str) -> tracing::Span {
+    tracing::info_span!(
+        "hook",
+        hook,
+        mode,
+        pod = tracing::field::Empty,
+        namespace = tracing::field::Empty,
+        container = tracing::field::Empty,
+    )
+}
+
+/// Records what the ledger knows of a container on the current hook span.
+fn record_on_span(info: &ContainerInfo) {
+    let span = tracing::Span::current();
+    span.record("pod", info.pod.name.as_str());
+    span.record("namespace", info.pod.namespace.as_str());
+    span.record("container", info.name.as_str());
+}
+
 /// A container as the runtime lists it: the ledger key, the runtime's id, and what the runtime
 /// says (resources, labels or annotations, the live cpuset and mems).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -238,6 +260,7 @@ impl Ledger {
 
     /// Reserves the placement of a container about to be created (`info.id` is the key).
     pub async fn begin_create(&self, info: ContainerInfo) -> Ticket {
+        record_on_span(&info);
         let key = info.id.clone();
         {
             let mut b = self.book();
@@ -403,6 +426,7 @@ impl Ledger {
                 self.agent.metrics().count_error("update", "busy");
                 return pass(key);
             }
+            record_on_span(&e.info);
             let mut info = e.info.clone();
             change(&mut info);
             e.state = State::PendingUpdate {
@@ -467,6 +491,9 @@ impl Ledger {
         let Some(key) = b.resolve(id) else {
             return Vec::new();
         };
+        if let Some(e) = b.entries.get(&key) {
+            record_on_span(&e.info);
+        }
         let ups = self.agent.remove(&key);
         if b.records.remove(&key).is_some() {
             self.save(&b.records);

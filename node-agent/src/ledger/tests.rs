@@ -314,3 +314,56 @@ async fn a_late_decision_is_released_and_the_create_goes_unadjusted() {
     assert!(l.agent().snapshot().grant("late").is_none());
     assert_eq!(l.keys(), vec!["late"], "known, unmanaged");
 }
+
+#[test]
+fn a_hook_span_carries_the_pod_namespace_and_container() {
+    #[derive(Clone, Default)]
+    struct Buf(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let w = buf.clone();
+    let sub = tracing_subscriber::fmt()
+        .with_writer(move || w.clone())
+        .with_ansi(false)
+        .finish();
+    // Global: the decision runs on a blocking thread. No other test sets a subscriber.
+    tracing::subscriber::set_global_default(sub).expect("the only global subscriber");
+    {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            use tracing::Instrument;
+            let l = Ledger::new(agent(), None);
+            let t = l
+                .begin_create(container("spanned", "burstable", 4, 8))
+                .instrument(hook_span("create", "test"))
+                .await;
+            let _ = l.commit_create(t, Some("id".into()));
+        });
+    }
+    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let placed = out
+        .lines()
+        .find(|l| l.contains("placed") && l.contains("pod-spanned"))
+        .unwrap_or_else(|| panic!("no placement logged: {out}"));
+    for want in [
+        "hook{",
+        "hook=\"create\"",
+        "mode=\"test\"",
+        "pod=\"pod-spanned\"",
+        "namespace=",
+        "container=",
+    ] {
+        assert!(placed.contains(want), "{want} missing in: {placed}");
+    }
+}

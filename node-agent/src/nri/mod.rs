@@ -19,7 +19,7 @@ pub mod proto;
 
 use crate::agent::{Agent, ContainerInfo};
 use crate::flags::Flags;
-use crate::ledger::{Ledger, Listed};
+use crate::ledger::{hook_span, Ledger, Listed};
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use proto::{
@@ -33,6 +33,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 use ttrpc::r#async::transport::{Listener, Socket};
 use ttrpc::r#async::{Client, Server, TtrpcContext};
 
@@ -142,6 +143,90 @@ impl NriPlugin {
     }
 }
 
+/// The hooks, each run inside its span.
+impl NriPlugin {
+    async fn on_create_container(
+        &self,
+        req: CreateContainerRequest,
+    ) -> ttrpc::Result<CreateContainerResponse> {
+        let info = convert::container_info(req.pod.as_ref(), req.container.get_or_default());
+        let mut resp = CreateContainerResponse::new();
+        if info.id.is_empty() {
+            tracing::warn!("CreateContainer without a container id; leaving it unchanged");
+            self.agent.metrics().count_error("create", "input");
+            return Ok(resp);
+        }
+        let id = info.id.clone();
+        let ticket = self.ledger.begin_create(info).await;
+        let adj = ticket.adjustment.clone();
+        // The runtime applies the answer as it creates the container.
+        let ups = self.ledger.commit_create(ticket, Some(id));
+        self.assume_applied(&ups);
+        if let Some(a) = convert::adjustment(&adj) {
+            resp.adjust = Some(a).into();
+        }
+        resp.update = convert::container_updates(&ups);
+        Ok(resp)
+    }
+
+    async fn on_update_container(
+        &self,
+        req: UpdateContainerRequest,
+    ) -> ttrpc::Result<UpdateContainerResponse> {
+        let mut info = convert::container_info(req.pod.as_ref(), req.container.get_or_default());
+        if let Some(r) = req.linux_resources.as_ref() {
+            convert::apply_resources(&mut info, r);
+        }
+        let id = info.id.clone();
+        if id.is_empty() {
+            return Ok(UpdateContainerResponse::new());
+        }
+        let mut resp = UpdateContainerResponse::new();
+        let (adj, ups) = if self.ledger.resolve(&id).is_none() {
+            // Not seen yet (created before a restart and missed by the sync): place it now.
+            let ticket = self.ledger.begin_create(info).await;
+            let adj = ticket.adjustment.clone();
+            (adj, self.ledger.commit_create(ticket, Some(id.clone())))
+        } else {
+            let r = req.linux_resources.clone();
+            let ticket = self
+                .ledger
+                .begin_update(&id, move |i| {
+                    if let Some(r) = r.as_ref() {
+                        convert::apply_resources(i, r);
+                    }
+                })
+                .await;
+            let adj = ticket.adjustment.clone();
+            (adj, self.ledger.commit_update(ticket))
+        };
+        if let Some(cpus) = adj.cpus.clone() {
+            let own = crate::agent::Update {
+                container_id: id.clone(),
+                cpus,
+                mems: adj.mems.clone(),
+            };
+            self.ledger.applied(&own);
+            resp.update.push(convert::container_update(&own));
+        }
+        let ups: Vec<_> = ups.into_iter().filter(|u| u.container_id != id).collect();
+        self.assume_applied(&ups);
+        resp.update.extend(convert::container_updates(&ups));
+        Ok(resp)
+    }
+
+    async fn on_stop_container(
+        &self,
+        req: StopContainerRequest,
+    ) -> ttrpc::Result<StopContainerResponse> {
+        let id = req.container.get_or_default().id.clone();
+        let ups = self.release(&id, false);
+        let mut resp = StopContainerResponse::new();
+        resp.update = convert::container_updates(&ups);
+        Ok(resp)
+    }
+}
+
 #[async_trait]
 impl proto::Plugin for NriPlugin {
     async fn configure(
@@ -221,24 +306,9 @@ impl proto::Plugin for NriPlugin {
         _ctx: &TtrpcContext,
         req: CreateContainerRequest,
     ) -> ttrpc::Result<CreateContainerResponse> {
-        let info = convert::container_info(req.pod.as_ref(), req.container.get_or_default());
-        let mut resp = CreateContainerResponse::new();
-        if info.id.is_empty() {
-            tracing::warn!("CreateContainer without a container id; leaving it unchanged");
-            self.agent.metrics().count_error("create", "input");
-            return Ok(resp);
-        }
-        let id = info.id.clone();
-        let ticket = self.ledger.begin_create(info).await;
-        let adj = ticket.adjustment.clone();
-        // The runtime applies the answer as it creates the container.
-        let ups = self.ledger.commit_create(ticket, Some(id));
-        self.assume_applied(&ups);
-        if let Some(a) = convert::adjustment(&adj) {
-            resp.adjust = Some(a).into();
-        }
-        resp.update = convert::container_updates(&ups);
-        Ok(resp)
+        self.on_create_container(req)
+            .instrument(hook_span("create", "NRI"))
+            .await
     }
 
     async fn update_container(
@@ -246,46 +316,9 @@ impl proto::Plugin for NriPlugin {
         _ctx: &TtrpcContext,
         req: UpdateContainerRequest,
     ) -> ttrpc::Result<UpdateContainerResponse> {
-        let mut info = convert::container_info(req.pod.as_ref(), req.container.get_or_default());
-        if let Some(r) = req.linux_resources.as_ref() {
-            convert::apply_resources(&mut info, r);
-        }
-        let id = info.id.clone();
-        if id.is_empty() {
-            return Ok(UpdateContainerResponse::new());
-        }
-        let mut resp = UpdateContainerResponse::new();
-        let (adj, ups) = if self.ledger.resolve(&id).is_none() {
-            // Not seen yet (created before a restart and missed by the sync): place it now.
-            let ticket = self.ledger.begin_create(info).await;
-            let adj = ticket.adjustment.clone();
-            (adj, self.ledger.commit_create(ticket, Some(id.clone())))
-        } else {
-            let r = req.linux_resources.clone();
-            let ticket = self
-                .ledger
-                .begin_update(&id, move |i| {
-                    if let Some(r) = r.as_ref() {
-                        convert::apply_resources(i, r);
-                    }
-                })
-                .await;
-            let adj = ticket.adjustment.clone();
-            (adj, self.ledger.commit_update(ticket))
-        };
-        if let Some(cpus) = adj.cpus.clone() {
-            let own = crate::agent::Update {
-                container_id: id.clone(),
-                cpus,
-                mems: adj.mems.clone(),
-            };
-            self.ledger.applied(&own);
-            resp.update.push(convert::container_update(&own));
-        }
-        let ups: Vec<_> = ups.into_iter().filter(|u| u.container_id != id).collect();
-        self.assume_applied(&ups);
-        resp.update.extend(convert::container_updates(&ups));
-        Ok(resp)
+        self.on_update_container(req)
+            .instrument(hook_span("update", "NRI"))
+            .await
     }
 
     async fn stop_container(
@@ -293,11 +326,9 @@ impl proto::Plugin for NriPlugin {
         _ctx: &TtrpcContext,
         req: StopContainerRequest,
     ) -> ttrpc::Result<StopContainerResponse> {
-        let id = req.container.get_or_default().id.clone();
-        let ups = self.release(&id, false);
-        let mut resp = StopContainerResponse::new();
-        resp.update = convert::container_updates(&ups);
-        Ok(resp)
+        self.on_stop_container(req)
+            .instrument(hook_span("stop", "NRI"))
+            .await
     }
 
     async fn state_change(
@@ -309,7 +340,8 @@ impl proto::Plugin for NriPlugin {
             Ok(Event::REMOVE_CONTAINER) | Ok(Event::STOP_CONTAINER) => {
                 let id = req.container.get_or_default().id.clone();
                 let forget = req.event.enum_value() == Ok(Event::REMOVE_CONTAINER);
-                let ups = self.release(&id, forget);
+                let hook = if forget { "remove" } else { "stop" };
+                let ups = hook_span(hook, "NRI").in_scope(|| self.release(&id, forget));
                 // A state change cannot carry updates: send them on their own.
                 self.push_updates(ups);
             }
