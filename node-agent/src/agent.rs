@@ -112,7 +112,8 @@ pub const DEVICE_ENV_VARS: [&str; 3] = [
 ];
 
 pub struct Agent {
-    engine: Mutex<Engine>,
+    /// Shared with the metrics, which read the per-pool figures at scrape time.
+    engine: Arc<Mutex<Engine>>,
     topo: Arc<Topology>,
     metrics: Arc<Metrics>,
     fold: Option<HostFold>,
@@ -127,15 +128,19 @@ impl Agent {
         mode: &'static str,
     ) -> Agent {
         let topo = engine.topology().clone();
-        let agent = Agent {
-            engine: Mutex::new(engine),
+        let engine = Arc::new(Mutex::new(engine));
+        let weak = Arc::downgrade(&engine);
+        metrics.set_usage_source(Box::new(move || match weak.upgrade() {
+            Some(e) => e.lock().unwrap_or_else(|p| p.into_inner()).pool_status(),
+            None => Vec::new(),
+        }));
+        Agent {
+            engine,
             topo,
             metrics,
             fold,
             mode,
-        };
-        agent.publish_usage();
-        agent
+        }
     }
 
     pub fn topology(&self) -> &Arc<Topology> {
@@ -293,7 +298,6 @@ impl Agent {
                 );
                 self.metrics
                     .count_placement(self.topo.pools[p.pool].level.as_str(), p.exclusive);
-                self.publish_usage();
                 Adjustment {
                     cpus: Some(self.fold_cpus(&p.cpus)),
                     mems: p.mems.as_ref().map(|m| self.fold_nodes(m)),
@@ -346,7 +350,6 @@ impl Agent {
         let ups = self
             .guarded("rollback", |e| e.reinstate(id, previous))
             .unwrap_or_default();
-        self.publish_usage();
         self.to_updates(ups)
     }
 
@@ -374,7 +377,6 @@ impl Agent {
     /// A container stopped or was removed (idempotent).
     pub fn remove(&self, id: &str) -> Vec<Update> {
         let ups = self.guarded("remove", |e| e.remove(id)).unwrap_or_default();
-        self.publish_usage();
         self.to_updates(ups)
     }
 
@@ -400,7 +402,6 @@ impl Agent {
                 .collect();
             e.restore(&existing)
         });
-        self.publish_usage();
         match report {
             Some(r) => {
                 tracing::info!(
@@ -445,12 +446,6 @@ impl Agent {
     pub fn hold_engine_for(&self, d: std::time::Duration) {
         let _g = self.lock();
         std::thread::sleep(d);
-    }
-
-    /// Pushes per-pool capacity and usage to the metrics.
-    fn publish_usage(&self) {
-        let status = self.lock().pool_status();
-        self.metrics.set_usage(&status);
     }
 }
 
