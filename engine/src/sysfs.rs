@@ -164,6 +164,11 @@ pub fn discover_with_warnings(
         }
         None => cpu_dirs,
     };
+    if online.is_empty() {
+        return Err(DiscoveryError::NoCpus {
+            path: CPU_DIR.to_string(),
+        });
+    }
     let isolated_path = format!("{CPU_DIR}/isolated");
     let isolated = match r.read_opt(&isolated_path)? {
         Some(t) => r.cpuset(&isolated_path, &t)?,

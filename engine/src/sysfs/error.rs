@@ -11,6 +11,10 @@ use std::io;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
+    #[error(
+        "{path} has no online CPU and no cpuN directory: not a sysfs tree (check --sysfs-root)"
+    )]
+    NoCpus { path: String },
     #[error("cannot read {path}")]
     Read {
         path: String,
