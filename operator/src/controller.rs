@@ -359,3 +359,27 @@ pub(crate) fn error_policy<K: Resource<DynamicType = ()>>(
     ctx.metrics.failed(&kind, reason);
     Action::requeue(Duration::from_secs(2))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+    use kube::core::Status;
+
+    fn api(code: u16) -> Error {
+        Error::Kube(kube::Error::Api(
+            Status::failure("refused", "Test").with_code(code).boxed(),
+        ))
+    }
+
+    #[test]
+    fn error_reasons_are_short_and_stable() {
+        assert_eq!(api(409).reason(), "api_conflict");
+        assert_eq!(api(404).reason(), "api_not_found");
+        assert_eq!(api(403).reason(), "api_forbidden");
+        assert_eq!(api(422).reason(), "api_invalid");
+        assert_eq!(api(429).reason(), "api_throttled");
+        assert_eq!(api(503).reason(), "api_server_error");
+        assert_eq!(api(400).reason(), "api_other");
+        assert_eq!(Error::Cache.reason(), "cache");
+    }
+}

@@ -220,3 +220,31 @@ pub async fn run(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::desired_node_topology;
+
+    #[test]
+    fn node_topology_predicate_ignores_the_agents_status() {
+        let nt = desired_node_topology("n1", "uid-1", None);
+        let base = node_topology_fields(&nt);
+
+        let mut with_status = nt.clone();
+        with_status.status = Some(Default::default());
+        with_status.metadata.resource_version = Some("42".into());
+        assert_eq!(node_topology_fields(&with_status), base);
+
+        let mut regenerated = nt.clone();
+        regenerated.metadata.generation = Some(7);
+        assert_ne!(node_topology_fields(&regenerated), base);
+
+        let mut relabelled = nt.clone();
+        relabelled.metadata.labels = None;
+        assert_ne!(node_topology_fields(&relabelled), base);
+
+        let reowned = desired_node_topology("n1", "uid-2", None);
+        assert_ne!(node_topology_fields(&reowned), base);
+    }
+}
