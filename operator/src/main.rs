@@ -212,8 +212,9 @@ async fn run(f: Flags) -> anyhow::Result<()> {
         });
     }
     let result =
-        tap_operator::controller::run(client, metrics.clone(), &identity, controllers_stop).await;
-    let result = result.map_err(anyhow::Error::from);
+        tap_operator::controller::run(client, metrics.clone(), &identity, controllers_stop)
+            .await
+            .map_err(anyhow::Error::from);
     renewer.abort();
     metrics.leader.set(0);
     if lost.is_cancelled() {
