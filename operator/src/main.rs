@@ -27,13 +27,13 @@ struct Flags {
     #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
     lease_namespace: String,
     /// How long a lease stays valid without renewal.
-    #[arg(long, default_value = "15s", value_parser = humantime_secs)]
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
     lease_duration: Duration,
     /// A leader that could not renew for this long stops (must be < lease duration).
-    #[arg(long, default_value = "10s", value_parser = humantime_secs)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
     renew_deadline: Duration,
     /// How often to try to acquire or renew.
-    #[arg(long, default_value = "2s", value_parser = humantime_secs)]
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
     retry_period: Duration,
     /// This replica's identity in the Lease (default: $POD_NAME or the hostname, plus the pid).
     #[arg(long, env = "POD_NAME")]
@@ -51,22 +51,8 @@ struct Flags {
     log_format: LogFormat,
 }
 
-fn humantime_secs(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let (num, mul) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = t.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (t, 1.0)
-    };
-    num.parse::<f64>()
-        .ok()
-        .filter(|v| *v >= 0.0 && v.is_finite())
-        .map(|v| Duration::from_secs_f64(v * mul))
-        .ok_or_else(|| format!("invalid duration {s:?} (e.g. 15s, 500ms, 1m)"))
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
 }
 
 fn parse_bind(s: &str) -> anyhow::Result<std::net::SocketAddr> {
@@ -155,7 +141,7 @@ async fn run(f: Flags) -> anyhow::Result<()> {
 
     if !f.leader_elect {
         metrics.leader.set(1);
-        return tap_operator::controller::run(client, metrics, &identity, shutdown).await;
+        return Ok(tap_operator::controller::run(client, metrics, &identity, shutdown).await?);
     }
 
     let elector = Arc::new(LeaderElector::new(
@@ -226,7 +212,9 @@ async fn run(f: Flags) -> anyhow::Result<()> {
         });
     }
     let result =
-        tap_operator::controller::run(client, metrics.clone(), &identity, controllers_stop).await;
+        tap_operator::controller::run(client, metrics.clone(), &identity, controllers_stop)
+            .await
+            .map_err(anyhow::Error::from);
     renewer.abort();
     metrics.leader.set(0);
     if lost.is_cancelled() {
