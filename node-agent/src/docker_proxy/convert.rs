@@ -242,6 +242,10 @@ pub fn info_from_inspect(
 
 /// Writes the adjustment into a create body: `HostConfig.CpusetCpus/CpusetMems` and the grant
 /// record as the label [`GRANT_KEY`]. Returns whether anything changed.
+///
+/// A `HostConfig` (or, with a record to write, `Labels`) that is there but neither an object
+/// nor `null` is a body dockerd refuses; it is left as it came (nothing changed), so the
+/// client gets dockerd's own answer rather than a container made without its host config.
 pub fn rewrite_create(body: &mut Value, adj: &Adjustment) -> bool {
     if adj.cpus.is_none() && adj.mems.is_none() {
         return false;
@@ -249,6 +253,10 @@ pub fn rewrite_create(body: &mut Value, adj: &Adjustment) -> bool {
     let Some(obj) = body.as_object_mut() else {
         return false;
     };
+    let malformed = |k: &str| obj.get(k).is_some_and(|v| !v.is_object() && !v.is_null());
+    if malformed("HostConfig") || (adj.record.is_some() && malformed("Labels")) {
+        return false;
+    }
     let hc = obj
         .entry("HostConfig")
         .or_insert_with(|| Value::Object(Map::new()));
@@ -470,6 +478,41 @@ mod tests {
         // Not an object: left alone.
         let mut arr = json!([1]);
         assert!(!rewrite_create(&mut arr, &adj));
+    }
+
+    /// Caught by the rewrite property in tests/fuzz_docker.rs: a `HostConfig` or `Labels` that is
+    /// not an object was replaced by `{}`, dropping what the client sent (dockerd would have
+    /// refused the body; the rewrite turned it into a container without that host config).
+    #[test]
+    fn malformed_host_config_or_labels_are_forwarded_unchanged() {
+        let adj = Adjustment {
+            cpus: Some("0-3".into()),
+            mems: None,
+            record: Some("v1;r".into()),
+            updates: vec![],
+        };
+        for body in [
+            json!({"Image": "x", "HostConfig": "oops"}),
+            json!({"Image": "x", "HostConfig": [1, 2]}),
+            json!({"Image": "x", "HostConfig": {}, "Labels": 7}),
+        ] {
+            let mut v = body.clone();
+            assert!(!rewrite_create(&mut v, &adj), "{body}");
+            assert_eq!(v, body);
+        }
+        // Without a record to write, odd Labels do not matter.
+        let mut v = json!({"HostConfig": {}, "Labels": 7});
+        let cpus_only = Adjustment {
+            record: None,
+            ..adj.clone()
+        };
+        assert!(rewrite_create(&mut v, &cpus_only));
+        assert_eq!(v, json!({"HostConfig": {"CpusetCpus": "0-3"}, "Labels": 7}));
+        // null is absent to dockerd: it is replaced.
+        let mut v = json!({"HostConfig": null, "Labels": null});
+        assert!(rewrite_create(&mut v, &adj));
+        assert_eq!(v["HostConfig"]["CpusetCpus"], "0-3");
+        assert_eq!(v["Labels"][GRANT_KEY], "v1;r");
     }
 
     #[test]
