@@ -161,6 +161,12 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     // containerd killed with SIGKILL and started again: the plugin reconnects and resyncs.
     ctd.kill_daemon();
     ctd.restart()?;
+    // containerd answers again (the client reconnects), then creates go on.
+    let until = Instant::now() + Duration::from_secs(20);
+    while cri.raw().version(cri::VersionRequest::default()).await.is_err() {
+        ensure!(Instant::now() < until, "containerd did not come back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let after = cri
         .run_container(&pod, &ContainerSpec::cpus("after-kill", 1000, Some(2000)))
         .await?;
