@@ -163,7 +163,12 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     ctd.restart()?;
     // containerd answers again (the client reconnects), then creates go on.
     let until = Instant::now() + Duration::from_secs(20);
-    while cri.raw().version(cri::VersionRequest::default()).await.is_err() {
+    while cri
+        .raw()
+        .version(cri::VersionRequest::default())
+        .await
+        .is_err()
+    {
         ensure!(Instant::now() < until, "containerd did not come back");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
