@@ -55,14 +55,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
 }
 
-fn parse_bind(s: &str) -> anyhow::Result<std::net::SocketAddr> {
-    let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
-    } else {
-        s.to_string()
-    };
-    full.parse()
-        .with_context(|| format!("invalid bind address {s:?}"))
+fn bind(s: &str) -> anyhow::Result<std::net::SocketAddr> {
+    tap_bin_support::parse_bind(s).map_err(anyhow::Error::msg)
 }
 
 fn hostname() -> String {
@@ -86,11 +80,7 @@ async fn client(f: &Flags) -> anyhow::Result<kube::Client> {
 fn main() -> std::process::ExitCode {
     let f = Flags::parse();
     tap_bin_support::init_logging(f.verbose, f.log_format);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let rt = match tap_bin_support::runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("kunpeng-tap-operator: starting the runtime: {e}");
@@ -114,7 +104,7 @@ async fn run(f: Flags) -> anyhow::Result<()> {
     let client = client(&f).await.context("connecting to the API server")?;
     let metrics = Arc::new(Metrics::new());
     if !f.metrics_bind_address.is_empty() {
-        let addr = parse_bind(&f.metrics_bind_address)?;
+        let addr = bind(&f.metrics_bind_address)?;
         let m = metrics.clone();
         tokio::spawn(async move {
             if let Err(e) = metrics::serve_metrics(addr, m).await {
@@ -123,7 +113,7 @@ async fn run(f: Flags) -> anyhow::Result<()> {
         });
     }
     if !f.health_probe_bind_address.is_empty() {
-        let addr = parse_bind(&f.health_probe_bind_address)?;
+        let addr = bind(&f.health_probe_bind_address)?;
         let m = metrics.clone();
         tokio::spawn(async move {
             if let Err(e) = metrics::serve_health(addr, m).await {
