@@ -91,6 +91,7 @@ pub fn store_cache(path: &Path, c: &CachedPolicy) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use tap_api::PolicyName;
+    use tap_engine::ResourcePriority;
 
     #[test]
     fn crd_policy_names_map_to_the_engine_policies_of_the_same_name() {
@@ -98,7 +99,6 @@ mod tests {
             assert_eq!(policy_kind(p).as_str(), p.as_str());
         }
     }
-    use tap_engine::ResourcePriority;
 
     fn settings() -> PolicySettings {
         PolicySettings {
