@@ -463,6 +463,25 @@ impl TapAgent {
         Ok(v)
     }
 
+    /// Containers the agent accounts over all pools (each is charged to exactly one pool).
+    pub fn accounted(&self) -> Result<i64> {
+        self.accounted_where("")
+    }
+
+    /// Containers the agent accounts on pools of one level (`numa`, `socket`, …).
+    pub fn accounted_on(&self, level: &str) -> Result<i64> {
+        self.accounted_where(&format!("level=\"{level}\""))
+    }
+
+    fn accounted_where(&self, label: &str) -> Result<i64> {
+        Ok(self
+            .state()?
+            .iter()
+            .filter(|l| l.starts_with("tap_topology_node_container_count{") && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
+            .sum())
+    }
+
     /// Kills the agent at once (SIGKILL), as a crash or an OOM kill would.
     pub fn kill(&mut self) {
         if let Some(mut ch) = self.child.take() {

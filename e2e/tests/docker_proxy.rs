@@ -5,12 +5,11 @@
 //! of all of them).
 
 use anyhow::{ensure, Context, Result};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tap_e2e::docker::{
     docker_output, temp_dir, unix_get, Dockerd, ProxyEnv as Env, TapAgent, IMAGE,
 };
-use tap_e2e::util::skip_unless_enabled;
+use tap_e2e::util::{skip_unless_enabled, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 
@@ -49,15 +48,6 @@ fn metric(agent: &TapAgent, prefix: &str) -> Result<Vec<String>> {
         .collect())
 }
 
-/// Total containers the agent accounts on NUMA-node pools.
-fn numa_containers(agent: &TapAgent) -> Result<i64> {
-    Ok(metric(agent, "tap_topology_node_container_count{")?
-        .iter()
-        .filter(|l| l.contains("level=\"numa\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
-        .sum())
-}
-
 #[test]
 fn docker_proxy_places_passes_through_and_survives_restart() -> Result<()> {
     if skip_unless_enabled("docker_proxy_places_passes_through_and_survives_restart") {
@@ -65,12 +55,6 @@ fn docker_proxy_places_passes_through_and_survives_restart() -> Result<()> {
     }
     let t0 = Instant::now();
     let dir = temp_dir("tap-dkp")?;
-    struct RmDir(PathBuf);
-    impl Drop for RmDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
     let _rm = RmDir(dir.clone());
     let env = Env {
         dockerd: Dockerd::start()?,
@@ -125,7 +109,7 @@ fn scenario(env: &Env) -> Result<()> {
     let set1 = env.inspect(&c1, "{{.HostConfig.CpusetCpus}}")?;
     assert!(!set1.is_empty(), "CpusetCpus not set by the proxy");
     assert_eq!(env.dockerd.container_cgroup_cpus(&c1)?, set1);
-    assert_eq!(numa_containers(&agent)?, 1);
+    assert_eq!(agent.accounted_on("numa")?, 1);
 
     // A Guaranteed 1-CPU container: an exclusive CPU, i.e. a single host CPU after the fold.
     let sb2 = env.sandbox("db", "uid-db", "poduid-db", &[])?;
@@ -189,7 +173,7 @@ fn scenario(env: &Env) -> Result<()> {
     assert_eq!(env.inspect(&plain, "{{.HostConfig.CpusetCpus}}")?, "");
     assert_eq!(env.dockerd.container_cgroup_cpus(&plain)?, host);
     // Only the two placed containers are accounted (both on NUMA-node pools).
-    assert_eq!(numa_containers(&agent)?, 2);
+    assert_eq!(agent.accounted_on("numa")?, 2);
 
     // Hijacked attach with stdin (run -i), streaming logs -f, exec: all through the proxy.
     let out = docker_output(
@@ -274,9 +258,13 @@ fn scenario(env: &Env) -> Result<()> {
 
     // Stop releases (idempotently again at delete); the other grant is untouched.
     env.docker(&["stop", "-t", "1", &c1])?;
-    wait_for("release at stop", || Ok(numa_containers(&agent)? == 1))?;
+    wait_for("release at stop", || Ok(agent.accounted_on("numa")? == 1))?;
     env.docker(&["rm", &c1])?;
-    assert_eq!(numa_containers(&agent)?, 1, "the exclusive grant vanished");
+    assert_eq!(
+        agent.accounted_on("numa")?,
+        1,
+        "the exclusive grant vanished"
+    );
     // Force-delete a running one: released too, everything back to zero.
     env.docker(&["rm", "-f", &c2])?;
     let state = agent.state()?;

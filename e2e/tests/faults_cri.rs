@@ -5,13 +5,13 @@
 use anyhow::{ensure, Context, Result};
 use k8s_cri::v1 as cri;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
     remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
 };
 use tap_e2e::docker::{temp_dir, TapAgent};
-use tap_e2e::util::{fixtures_dir, skip_unless_enabled};
+use tap_e2e::util::{fixtures_dir, skip_unless_enabled, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
@@ -29,16 +29,6 @@ fn agent_args(proxy: &Path, ctd: &Containerd, dir: &Path) -> Vec<String> {
         format!("--state-dir={}", dir.join("state").display()),
         "--graceful-timeout=2s".into(),
     ]
-}
-
-/// Containers the agent accounts, over all pools (each is charged to exactly one pool).
-fn accounted(agent: &TapAgent) -> Result<i64> {
-    Ok(agent
-        .state()?
-        .iter()
-        .filter(|l| l.starts_with("tap_topology_node_container_count{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
-        .sum())
 }
 
 /// Live containers that carry a grant record: what the runtime holds placed.
@@ -68,20 +58,13 @@ async fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> Result<bool>) 
 /// The ledger equals the runtime's truth, and the agent never panicked.
 async fn check_truth(agent: &TapAgent, cri: &mut Cri, when: &str) -> Result<()> {
     let runtime = placed_in_runtime(cri).await?;
-    let ours = accounted(agent)?;
+    let ours = agent.accounted()?;
     ensure!(
         ours == runtime,
         "{when}: the agent accounts {ours} containers, the runtime holds {runtime} placed"
     );
     ensure!(!agent.panicked(), "{when}: the agent log shows a panic");
     Ok(())
-}
-
-struct RmDir(PathBuf);
-impl Drop for RmDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -253,7 +236,7 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     wait_until(
         "the grant of a container that died to be released",
         20,
-        || Ok(accounted(&agent)? == 0),
+        || Ok(agent.accounted()? == 0),
     )
     .await?;
     eprintln!("released {:?} after containerd came back", t.elapsed());

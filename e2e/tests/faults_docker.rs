@@ -4,22 +4,11 @@
 
 use anyhow::{ensure, Result};
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tap_e2e::docker::{docker, temp_dir, unix_get, unix_post, Dockerd, ProxyEnv, TapAgent};
-use tap_e2e::util::skip_unless_enabled;
+use tap_e2e::util::{skip_unless_enabled, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
-
-/// Containers the agent accounts, over all pools.
-fn accounted(agent: &TapAgent) -> Result<i64> {
-    Ok(agent
-        .state()?
-        .iter()
-        .filter(|l| l.starts_with("tap_topology_node_container_count{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
-        .sum())
-}
 
 /// Running containers that carry a grant label: what dockerd holds placed.
 fn placed_in_dockerd(env: &ProxyEnv) -> Result<i64> {
@@ -31,7 +20,7 @@ fn placed_in_dockerd(env: &ProxyEnv) -> Result<i64> {
 }
 
 fn check_truth(agent: &TapAgent, env: &ProxyEnv, when: &str) -> Result<()> {
-    let ours = accounted(agent)?;
+    let ours = agent.accounted()?;
     let theirs = placed_in_dockerd(env)?;
     ensure!(
         ours == theirs,
@@ -83,12 +72,6 @@ fn docker_proxy_fault_matrix() -> Result<()> {
     }
     let t0 = Instant::now();
     let dir = temp_dir("tap-dkf")?;
-    struct RmDir(PathBuf);
-    impl Drop for RmDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
     let _rm = RmDir(dir.clone());
     let mut env = ProxyEnv {
         dockerd: Dockerd::start()?,
@@ -213,13 +196,13 @@ fn scenario(env: &mut ProxyEnv) -> Result<()> {
     check_truth(&agent, env, "after malformed input")?;
 
     // dockerd restarts and stops its containers: their grants are released.
-    ensure!(accounted(&agent)? == 1);
+    ensure!(agent.accounted()? == 1);
     env.dockerd.restart()?;
     let t = Instant::now();
     wait_until(
         "the grants of stopped containers to be released",
         20,
-        || Ok(accounted(&agent)? == 0),
+        || Ok(agent.accounted()? == 0),
     )?;
     eprintln!("released {:?} after dockerd came back", t.elapsed());
     check_truth(&agent, env, "after a dockerd restart")?;
@@ -227,7 +210,7 @@ fn scenario(env: &mut ProxyEnv) -> Result<()> {
     // Started again (outside the proxy): adopted again from its grant label.
     docker(&env.dockerd.socket(), &["start", &c1])?;
     wait_until("a restarted container to be adopted again", 20, || {
-        Ok(accounted(&agent)? == 1)
+        Ok(agent.accounted()? == 1)
     })?;
     check_truth(&agent, env, "after the container was started again")?;
 

@@ -5,13 +5,13 @@
 
 use anyhow::{ensure, Context, Result};
 use k8s_cri::v1 as cri;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
     remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
 };
 use tap_e2e::docker::{temp_dir, TapAgent};
-use tap_e2e::util::{fixtures_dir, skip_unless_enabled};
+use tap_e2e::util::{fixtures_dir, skip_unless_enabled, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
@@ -28,15 +28,6 @@ fn agent_args(nri: &Path, dir: &Path) -> Vec<String> {
         "--enable-node-topology".into(),
         "--node-name=fault-node".into(),
     ]
-}
-
-fn accounted(agent: &TapAgent) -> Result<i64> {
-    Ok(agent
-        .state()?
-        .iter()
-        .filter(|l| l.starts_with("tap_topology_node_container_count{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
-        .sum())
 }
 
 /// Live containers whose OCI spec carries a grant record: what containerd holds placed.
@@ -64,7 +55,7 @@ async fn placed_in_runtime(cri: &mut Cri) -> Result<i64> {
 async fn check_truth(agent: &TapAgent, cri: &mut Cri, when: &str) -> Result<()> {
     let until = Instant::now() + Duration::from_secs(20);
     loop {
-        let (ours, theirs) = (accounted(agent)?, placed_in_runtime(cri).await?);
+        let (ours, theirs) = (agent.accounted()?, placed_in_runtime(cri).await?);
         if ours == theirs {
             break;
         }
@@ -76,13 +67,6 @@ async fn check_truth(agent: &TapAgent, cri: &mut Cri, when: &str) -> Result<()> 
     }
     ensure!(!agent.panicked(), "{when}: the agent log shows a panic");
     Ok(())
-}
-
-struct RmDir(PathBuf);
-impl Drop for RmDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
