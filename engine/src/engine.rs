@@ -159,6 +159,9 @@ pub struct PoolLoad {
     pub shared_containers: u32,
     /// Exclusive CPUs of the grants charged to this pool and everything below it.
     pub exclusive_cpus: u32,
+    /// Exclusive CPUs inside this pool, whoever holds them (kept up to date when CPUs are
+    /// taken or returned, so decisions read it without set arithmetic).
+    pub taken_cpus: u32,
 }
 
 /// Per-pool figures for status reporting.
@@ -363,7 +366,7 @@ impl Engine {
         };
         self.uncharge(&g);
         if g.is_exclusive() {
-            self.taken = self.taken.difference(&g.exclusive);
+            self.set_taken(self.taken.difference(&g.exclusive));
             self.refresh_shared(&g.exclusive)
         } else {
             Vec::new()
@@ -447,6 +450,14 @@ impl Engine {
         }
     }
 
+    /// Sets the exclusive CPUs handed out, and each pool's count of them.
+    fn set_taken(&mut self, taken: CpuSet) {
+        self.taken = taken;
+        for (p, l) in self.topo.pools.iter().zip(self.pool_load.iter_mut()) {
+            l.taken_cpus = u32::try_from(p.cpus.intersection(&taken).len()).unwrap_or(u32::MAX);
+        }
+    }
+
     /// Recomputes the cpuset of every shared grant whose span meets `changed`, returning the
     /// updates for those whose cpuset changed.
     fn refresh_shared(&mut self, changed: &CpuSet) -> Vec<CpusetUpdate> {
@@ -496,7 +507,7 @@ impl Engine {
         };
         self.charge(&g);
         let updates = if g.is_exclusive() {
-            self.taken = self.taken.union(&g.exclusive);
+            self.set_taken(self.taken.union(&g.exclusive));
             let ex = g.exclusive;
             self.grants.insert(req.id.clone(), g);
             self.refresh_shared(&ex)
@@ -561,7 +572,7 @@ impl Engine {
                     // Two containers claim the same exclusive CPU: the later one becomes shared.
                     g.exclusive = CpuSet::new();
                 } else {
-                    self.taken = self.taken.union(&g.exclusive);
+                    self.set_taken(self.taken.union(&g.exclusive));
                 }
             }
             g.cpus = if g.is_exclusive() {
@@ -596,7 +607,7 @@ impl Engine {
             };
             if let Some(mut g) = self.grants.remove(&id) {
                 self.uncharge(&g);
-                self.taken = self.taken.difference(&g.exclusive);
+                self.set_taken(self.taken.difference(&g.exclusive));
                 g.exclusive = CpuSet::new();
                 self.charge(&g);
                 self.grants.insert(id, g);

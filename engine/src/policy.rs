@@ -158,10 +158,8 @@ fn pool_choice(
 /// to it and below, minus exclusive CPUs inside it held by grants charged above it. Wide
 /// arithmetic: loads and requests are `u64` figures from outside.
 fn free_milli(e: &Engine, id: PoolId) -> i128 {
-    let p = &e.topology().pools[id];
     let load = e.pool_load(id);
-    let taken_here = p.cpus.intersection(e.taken()).len() as i128;
-    let hidden = (taken_here - i128::from(load.exclusive_cpus)).max(0) * 1000;
+    let hidden = (i128::from(load.taken_cpus) - i128::from(load.exclusive_cpus)).max(0) * 1000;
     i128::from(e.capacity_milli(id)) - i128::from(load.request_milli) - hidden
 }
 
