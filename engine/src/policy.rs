@@ -175,16 +175,18 @@ fn nodes_hold_memory(e: &Engine, nodes: &NodeSet, need: u64) -> bool {
     let mut free: u64 = 0;
     for p in &topo.pools {
         // The shallowest pool of one node: the node's own pool (or a one-node socket or die).
-        let single = p.numa_nodes.len() == 1
-            && p.parent
-                .is_none_or(|q| topo.pools[q].numa_nodes.len() > 1);
+        let single =
+            p.numa_nodes.len() == 1 && p.parent.is_none_or(|q| topo.pools[q].numa_nodes.len() > 1);
         if !single || !p.numa_nodes.is_subset(nodes) {
             continue;
         }
         if p.memory_bytes == 0 {
             return true;
         }
-        free = free.saturating_add(p.memory_bytes.saturating_sub(e.pool_load(p.id).memory_bytes));
+        free = free.saturating_add(
+            p.memory_bytes
+                .saturating_sub(e.pool_load(p.id).memory_bytes),
+        );
     }
     free >= need
 }

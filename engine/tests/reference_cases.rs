@@ -187,7 +187,12 @@ fn memory_that_fits_one_node_stays_on_the_cpus_nodes() {
             let r = if i % 3 == 0 {
                 guaranteed(&format!("g{i}"), 1 + i % 4, 1 + i % 16)
             } else {
-                req(&format!("b{i}"), 500 + 300 * i, Some(1000 + 900 * i), 1 + i % 16)
+                req(
+                    &format!("b{i}"),
+                    500 + 300 * i,
+                    Some(1000 + 900 * i),
+                    1 + i % 16,
+                )
             };
             let p = placed(e.create(&r));
             let mems = p.mems.expect("mems with memory topology");
@@ -229,7 +234,9 @@ fn best_effort_runs_on_the_machines_shared_cpus() {
             assert!(!up.cpus.intersects(&pg.cpus));
             assert_restores(&e, &[be.clone(), g.clone()]);
             let ups = e.remove("g");
-            assert!(ups.iter().any(|u| u.container_id == "be" && u.cpus.len() == 96));
+            assert!(ups
+                .iter()
+                .any(|u| u.container_id == "be" && u.cpus.len() == 96));
         }
     }
 }
@@ -340,7 +347,12 @@ fn huge_requests_go_to_the_root_and_never_wrap() {
         let mut reqs = vec![
             req("r", max, None, 0),
             req("l", max, Some(max), 0),
-            req("g", 18_446_744_073_709_551_000, Some(18_446_744_073_709_551_000), 0),
+            req(
+                "g",
+                18_446_744_073_709_551_000,
+                Some(18_446_744_073_709_551_000),
+                0,
+            ),
         ];
         let mut m = req("m", 1000, Some(2000), 0);
         m.memory_limit_bytes = Some(max);

@@ -668,11 +668,7 @@ pub fn simulate_with(
         engine: matches!(run.policy, Policy::Engine(_)),
         placed,
         imbalance: if span > 0.0 { imb_area / span } else { 0.0 },
-        limit_imbalance: if span > 0.0 {
-            lim_imb_area / span
-        } else {
-            0.0
-        },
+        limit_imbalance: if span > 0.0 { lim_imb_area / span } else { 0.0 },
         overcommit: if span > 0.0 { oc_area / span } else { 0.0 },
         request_util: if span > 0.0 { util_area / span } else { 0.0 },
         max_node_util: if span > 0.0 {
@@ -803,7 +799,11 @@ mod tests {
         // Window [2, 4]: node 0 holds a and c (4 CPUs of request, 6 of limit), node 1 holds b
         // (2 and 3): 4/3 by request, 6/4.5 by limit.
         assert!((s.imbalance - 4.0 / 3.0).abs() < 1e-9, "{}", s.imbalance);
-        assert!((s.limit_imbalance - 6.0 / 4.5).abs() < 1e-9, "{}", s.limit_imbalance);
+        assert!(
+            (s.limit_imbalance - 6.0 / 4.5).abs() < 1e-9,
+            "{}",
+            s.limit_imbalance
+        );
         assert_eq!((s.refused, s.fallback), (0, 0));
         assert!(s.p50_us.is_some() && s.p99_us.is_some());
     }
