@@ -872,6 +872,43 @@ mod tests {
     }
 
     #[test]
+    fn best_effort_is_left_out_of_locality_where_one_fits() {
+        // A Burstable 1/2 and a BestEffort container: the engine leaves the BestEffort one on
+        // all CPUs (both nodes), which counts against "1 NUMA" but not against "1 NUMA where
+        // one fits" or the Guaranteed/Burstable share.
+        let m = tiny_machine();
+        let t = Trace::parse(
+            r#"{"name": "be", "pods": [
+          {"name": "b", "qos": "Burstable", "arrival_s": 0, "containers": [{"name": "c", "cpu_request": "1", "cpu_limit": "2"}]},
+          {"name": "e", "qos": "BestEffort", "arrival_s": 1, "containers": [{"name": "c"}]}
+        ]}"#,
+        )
+        .unwrap();
+        let o = simulate(
+            &m,
+            &t,
+            &PolicyRun {
+                label: "ta".into(),
+                policy: Policy::Engine(EngineConfig::default()),
+            },
+        );
+        assert_eq!(
+            o.placed.iter().map(|p| p.numa_nodes).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert_eq!(
+            o.placed
+                .iter()
+                .map(|p| p.single_possible)
+                .collect::<Vec<_>>(),
+            vec![true, false]
+        );
+        let s = o.summary();
+        assert_eq!((s.one_numa, s.one_numa_not_be), (0.5, 1.0));
+        assert_eq!(s.one_numa_where_fits, 1.0);
+    }
+
+    #[test]
     fn quantiles() {
         let v: Vec<u64> = (1..=100).collect();
         assert_eq!(quantile(&v, 0.5), Some(50));
