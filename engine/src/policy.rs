@@ -463,7 +463,8 @@ struct NodeFig {
     free: i128,
     /// Capacity minus the limits charged to the node.
     limit_room: i128,
-    /// Memory of the node and its attached memory-only nodes (`u64::MAX` when unknown).
+    /// Memory of the node and its attached memory-only nodes (`u64::MAX` when unknown or not
+    /// needed).
     mem: u64,
 }
 
@@ -476,16 +477,25 @@ fn numa_aware(
     let topo = e.topology();
     let usable = e.usable();
     let loads = e.node_load();
+    // With memory binding the nodes must hold the memory limit too.
+    let mem_need = if eff.memory {
+        req.memory_limit_bytes.unwrap_or(0)
+    } else {
+        0
+    };
     let mut nodes: Vec<NodeFig> = Vec::with_capacity(topo.nodes.len());
     nodes.extend(topo.nodes.iter().zip(loads.iter()).filter_map(|(n, l)| {
         let cap = n.cpus.intersection(usable).len() as i128 * 1000;
-        let mut single = NodeSet::new();
-        single.insert(n.id as usize);
-        let mem = topo
-            .mems_for_nodes(&single)
-            .iter()
-            .filter_map(|m| topo.node(m as u32))
-            .fold(0u64, |acc, m| acc.saturating_add(m.memory_bytes));
+        let mem = if mem_need == 0 {
+            0
+        } else {
+            let mut single = NodeSet::new();
+            single.insert(n.id as usize);
+            topo.mems_for_nodes(&single)
+                .iter()
+                .filter_map(|m| topo.node(m as u32))
+                .fold(0u64, |acc, m| acc.saturating_add(m.memory_bytes))
+        };
         (cap > 0).then_some(NodeFig {
             id: n.id,
             cap,
@@ -499,12 +509,6 @@ fn numa_aware(
     }
     let size = i128::from(req.size_milli());
     let req_milli = i128::from(req.cpu_request_milli);
-    // With memory binding the nodes must hold the memory limit too.
-    let mem_need = if eff.memory {
-        req.memory_limit_bytes.unwrap_or(0)
-    } else {
-        0
-    };
 
     let choice_for = |set: NodeSet| -> Choice {
         let mut span = CpuSet::new();
