@@ -108,6 +108,9 @@ pub const LEVEL_KEY: &str = "tap.kunpeng.huawei.com/level";
 pub const MEMORY_BINDING_KEY: &str = "tap.kunpeng.huawei.com/memory-binding";
 /// Annotation: `true`/`false`, exclusive CPUs for Guaranteed integer-CPU containers.
 pub const EXCLUSIVE_KEY: &str = "tap.kunpeng.huawei.com/exclusive-cpus";
+/// Annotation: `true`/`false`, confine a BestEffort container to one pool or NUMA node like
+/// the others (`false`, the default: the machine's shared CPUs).
+pub const CONFINE_BEST_EFFORT_KEY: &str = "tap.kunpeng.huawei.com/confine-best-effort";
 /// Annotation written by the agent into the container it placed (where the runtime lets it):
 /// the grant record that restart recovery reads back.
 pub const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
@@ -120,6 +123,7 @@ pub struct Overrides {
     pub level: Option<Level>,
     pub memory_binding: Option<bool>,
     pub exclusive: Option<bool>,
+    pub confine_best_effort: Option<bool>,
 }
 
 /// A problem with an annotation: its value was ignored.
@@ -187,6 +191,7 @@ impl Overrides {
         for (key, slot) in [
             (MEMORY_BINDING_KEY, &mut o.memory_binding),
             (EXCLUSIVE_KEY, &mut o.exclusive),
+            (CONFINE_BEST_EFFORT_KEY, &mut o.confine_best_effort),
         ] {
             if let Some((k, v)) = lookup(key) {
                 match parse_bool(v) {

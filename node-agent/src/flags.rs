@@ -126,6 +126,11 @@ pub struct Flags {
     #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub exclusive_cpus: bool,
 
+    /// Confine BestEffort containers to one pool or NUMA node like the others (charged
+    /// nothing); by default they run on the machine's shared CPUs, as the kubelet leaves them.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub confine_best_effort: bool,
+
     /// Map decisions onto this host's CPUs (`cpu % host CPUs`): for testing a fixture topology
     /// on a smaller machine. Never in production.
     #[arg(long)]
@@ -189,6 +194,7 @@ impl Flags {
             priority: self.resource_priority,
             exclusive_cpus: self.exclusive_cpus,
             annotations_allowed: true,
+            confine_best_effort: self.confine_best_effort,
         }
     }
 
