@@ -21,7 +21,7 @@ impl Engine {
             g.exclusive = CpuSet::new();
         }
         g.cpus = if g.is_exclusive() {
-            self.taken = self.taken.union(&g.exclusive);
+            self.set_taken(self.taken.union(&g.exclusive));
             g.exclusive
         } else {
             self.shared_cpus(&g.span)
