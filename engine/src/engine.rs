@@ -465,11 +465,15 @@ impl Engine {
     fn refresh_shared(&mut self, changed: &CpuSet) -> Vec<CpusetUpdate> {
         let usable = self.usable;
         let taken = self.taken;
-        let mut out = Vec::new();
-        for (id, g) in self.grants.iter_mut() {
-            if g.is_exclusive() || !g.span.intersects(changed) {
-                continue;
-            }
+        // In id order (deterministic), sorting references rather than the large updates.
+        let mut hit: Vec<(&String, &mut Grant)> = self
+            .grants
+            .iter_mut()
+            .filter(|(_, g)| !g.is_exclusive() && g.span.intersects(changed))
+            .collect();
+        hit.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let mut out = Vec::with_capacity(hit.len());
+        for (id, g) in hit {
             let cpus = g.span.intersection(&usable).difference(&taken);
             if cpus != g.cpus && !cpus.is_empty() {
                 g.cpus = cpus;
@@ -480,7 +484,6 @@ impl Engine {
                 });
             }
         }
-        out.sort_by(|a, b| a.container_id.cmp(&b.container_id));
         out
     }
 
