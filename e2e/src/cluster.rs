@@ -259,6 +259,22 @@ impl Cluster {
         c.write_kubelet_config(&pki)?;
         c.start_kubelet()?;
         c.wait_node_ready(Duration::from_secs(120))?;
+        // Pods need their namespace's default ServiceAccount and the root CA ConfigMap, which
+        // the controller-manager publishes.
+        c.kube().wait_for(
+            Duration::from_secs(60),
+            "ServiceAccount default/default and ConfigMap kube-root-ca.crt",
+            |k| {
+                Ok(
+                    k.kubectl(&["-n", "default", "get", "serviceaccount", "default"])?
+                        .status
+                        .success()
+                        && k.kubectl(&["-n", "default", "get", "configmap", "kube-root-ca.crt"])?
+                            .status
+                            .success(),
+                )
+            },
+        )?;
         c.bring_up = t0.elapsed();
         eprintln!(
             "cluster: node {NODE} ({node_ip}) Ready {:.1}s after start",

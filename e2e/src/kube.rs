@@ -340,7 +340,8 @@ impl KubeCluster {
                 .success())
         })?;
         eprintln!(
-            "kube-apiserver ready on 127.0.0.1:{port} after {:.1}s",
+            "kube-apiserver ready on {}:{port} after {:.1}s",
+            cluster.host,
             start.elapsed().as_secs_f64()
         );
         Ok(cluster)

@@ -473,6 +473,8 @@ fn helm_install(t: &Tier) -> Result<()> {
         "operator": {
             "image": {"repository": OPERATOR_IMAGE, "tag": TAG, "pullPolicy": "Never"},
             "replicas": 1,
+            // The operator is not a workload to place (and keeps the counts below exact).
+            "podLabels": {"tap.kunpeng.huawei.com/skip": "true"},
             "extraEnv": env.iter().map(|(k, v)| serde_json::json!({"name": k, "value": v})).collect::<Vec<_>>(),
         },
     });
@@ -550,15 +552,16 @@ fn guide_pod_and_policy_switch(t: &mut Tier) -> Result<()> {
     let second = t.run_pod(&PodDef::new("second", "250m", "500m"))?;
     let k2 = t.assert_on_one_node("second Pod", &second, "numa-aware")?;
     ensure!(k2 != k, "both Pods on NUMA node {k}");
-    ensure!(
-        k2 % host_cpus().len() != k % host_cpus().len() || host_cpus().len() == 1,
-        "NUMA nodes {k} and {k2} fold onto the same host CPU"
-    );
-    ensure!(
-        second.cgroup_cpus != g.cgroup_cpus,
-        "different NUMA nodes, same cgroup cpuset {}",
-        g.cgroup_cpus
-    );
+    // Each was checked against its own node's image (host CPU k mod n); nodes whose images
+    // differ must show different cgroup cpusets.
+    let n = host_cpus().len();
+    if k2 % n != k % n {
+        ensure!(
+            second.cgroup_cpus != g.cgroup_cpus,
+            "NUMA nodes {k} and {k2}, same cgroup cpuset {}",
+            g.cgroup_cpus
+        );
+    }
     t.notes.push(format!(
         "second Pod: NUMA node {k2}, cgroup cpuset.cpus {:?}",
         second.cgroup_cpus

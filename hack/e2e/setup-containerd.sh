@@ -40,7 +40,7 @@ debian_archive() {
 # The CRI client crate (k8s-cri) generates its bindings with protoc at build time.
 bash "$(dirname "$0")/../ensure-protoc.sh"
 
-if [ ! -e "$STAMP" ] || [ ! -x "$ROOT/usr/bin/containerd" ]; then
+if [ ! -e "$STAMP" ] || [ ! -x "$ROOT/usr/bin/containerd" ] || [ ! -x "$ROOT/usr/lib/cni/bridge" ]; then
   mkdir -p "$APT/lists/partial" "$APT/archives/partial" "$APT/etc/sources.list.d" "$APT/etc/preferences.d"
   archive=$(debian_archive)
   [ -n "$archive" ] || { echo "setup-containerd: no Debian archive in this system's apt sources" >&2; exit 1; }
@@ -78,6 +78,9 @@ if [ ! -e "$STAMP" ] || [ ! -x "$ROOT/usr/bin/containerd" ]; then
     [ -x "$ROOT/usr/lib/cni/$p" ] || { echo "setup-containerd: CNI plugin $p missing" >&2; exit 1; }
   done
   touch "$STAMP"
+  # v2 is a superset of v1 (which had no CNI plugins): an older copy of this script, run from
+  # another checkout on this machine, then finds its own stamp and keeps this install.
+  touch "$CACHE/.installed-v1"
   rm -f "$IMAGE_STAMP"
 fi
 
