@@ -450,11 +450,37 @@ nodeStatusUpdateFrequency: 5s
     /// Stops the kubelet (SIGTERM) and starts it again with the same configuration; Pods keep
     /// running. Waits until the node is Ready again.
     pub fn restart_kubelet(&mut self) -> Result<()> {
+        let beat = self.ready_heartbeat();
         if let Some(mut k) = self.kubelet.take() {
             k.terminate(Duration::from_secs(10));
         }
         self.start_kubelet()?;
+        // The node still shows the old kubelet's Ready: wait for the new one's heartbeat.
+        let start = Instant::now();
+        while self.ready_heartbeat() == beat {
+            if start.elapsed() > Duration::from_secs(120) {
+                bail!(
+                    "no node heartbeat from the restarted kubelet:\n{}",
+                    self.logs_tail(40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
         self.wait_node_ready(Duration::from_secs(120))
+    }
+
+    /// `lastHeartbeatTime` of the node's Ready condition.
+    fn ready_heartbeat(&self) -> Option<String> {
+        let n = self
+            .kube()
+            .get_json(&["get", "node", NODE])
+            .ok()
+            .flatten()?;
+        n["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .and_then(|c| c["lastHeartbeatTime"].as_str().map(str::to_string))
     }
 
     /// Points the kubelet at another runtime endpoint (a CRI proxy, or back at containerd)

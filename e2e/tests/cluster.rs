@@ -499,24 +499,29 @@ fn helm_install(t: &Tier) -> Result<()> {
         ],
     )?;
     eprintln!("helm install --wait: {:.1}s", t0.elapsed().as_secs_f64());
-    let ds =
-        t.cl.kube()
-            .get_json(&["-n", NS, "get", "daemonset", "tap-kunpeng-tap-agent"])?;
-    let ds = ds.context("no agent DaemonSet")?;
-    ensure!(
-        ds["status"]["numberReady"] == 1,
-        "agent DaemonSet: {}",
-        ds["status"]
-    );
-    let deploy =
-        t.cl.kube()
-            .get_json(&["-n", NS, "get", "deployment", "tap-kunpeng-tap-operator"])?
-            .context("no operator Deployment")?;
-    ensure!(
-        deploy["status"]["readyReplicas"] == 1,
-        "operator: {}",
-        deploy["status"]
-    );
+    // helm's --wait accepts a DaemonSet with maxUnavailable Pods not ready: wait for both.
+    wait(
+        "the agent DaemonSet's Pod Ready",
+        Duration::from_secs(120),
+        || {
+            let ds =
+                t.cl.kube()
+                    .get_json(&["-n", NS, "get", "daemonset", "tap-kunpeng-tap-agent"])?
+                    .context("no agent DaemonSet")?;
+            Ok(ds["status"]["numberReady"] == 1)
+        },
+    )?;
+    wait(
+        "the operator Deployment available",
+        Duration::from_secs(120),
+        || {
+            let d =
+                t.cl.kube()
+                    .get_json(&["-n", NS, "get", "deployment", "tap-kunpeng-tap-operator"])?
+                    .context("no operator Deployment")?;
+            Ok(d["status"]["readyReplicas"] == 1)
+        },
+    )?;
     // Registered over NRI: containerd logs the plugin, the agent synchronized with it.
     t.wait_agent_log("state restored from the runtime", 1)?;
     let log = std::fs::read_to_string(ctd.log_path())?;
@@ -658,9 +663,8 @@ fn resize(t: &Tier) -> Result<()> {
         "guide",
         "--subresource",
         "resize",
-        "--type=merge",
         "-p",
-        r#"{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"500m"},"limits":{"cpu":"2"}}}]}}"#,
+        r#"{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"500m","memory":"1Gi"},"limits":{"cpu":"2","memory":"1Gi"}}}]}}"#,
     ])?;
     wait(
         "the agent's update hook for the resized container",
@@ -683,6 +687,38 @@ fn resize(t: &Tier) -> Result<()> {
                 .starts_with("0.5/"))
         },
     )?;
+    Ok(())
+}
+
+/// After an in-place resize, deleting the agent Pod must leave the allocation as the resize
+/// made it. NOT RUN (commented out in `cluster_tier`): on today's code the restarted agent
+/// charges the container's request from its grant record (`r=` written at create time, which
+/// NRI cannot rewrite on update) instead of its current resources: NodeTopology went from 0.5
+/// to 1 CPU allocated on numa0 (measured 2026-12-03). Enable it with the fix.
+#[allow(dead_code)]
+fn agent_restart_after_resize(t: &mut Tier) -> Result<()> {
+    t.wait_containers(1)?;
+    let alloc = t.allocation()?;
+    let old = t.agent_pod()?;
+    t.kubectl(&[
+        "-n",
+        NS,
+        "delete",
+        "pod",
+        &old,
+        "--wait=true",
+        "--timeout=60s",
+    ])?;
+    wait("a new agent Pod", Duration::from_secs(120), || {
+        Ok(t.agent_pod().map(|p| p != old).unwrap_or(false))
+    })?;
+    t.wait_agent_log("state restored from the runtime", 1)?;
+    std::thread::sleep(Duration::from_secs(10));
+    let after = t.allocation()?;
+    ensure!(
+        after == alloc,
+        "resized allocation {alloc:?}, after the agent's restart {after:?}"
+    );
     Ok(())
 }
 
@@ -875,12 +911,14 @@ fn cluster_tier() {
         && run("nodetopology_and_release", &mut t, &|t| {
             nodetopology_and_release(t)
         })
-        && run("resize", &mut t, &|t| resize(t))
         && run(
             "agent_pod_and_kubelet_restarts",
             &mut t,
             &agent_pod_and_kubelet_restarts,
         )
+        && run("resize", &mut t, &|t| resize(t))
+        // Not run: fails on today's code (see agent_restart_after_resize).
+        // && run("agent_restart_after_resize", &mut t, &agent_restart_after_resize)
         && run("helm_uninstall", &mut t, &|t| helm_uninstall(t))
         && run("cri_proxy_mode", &mut t, &cri_proxy_mode);
     for n in &t.notes {
