@@ -8,6 +8,12 @@
 //! through the proxy times out after 8 s, and the kubelet retries, as a real kubelet does. When
 //! the Pod finally runs, its container must carry a grant and the agent's books must hold
 //! exactly the containers that run (no grant lost, none leaked).
+//!
+//! Measured on today's code (2026-12-03): the kubelet's deadline travels through the proxy to
+//! containerd, whose NRI call is cut at 8 s, so the first CreateContainer (attempt 0) fails;
+//! the kubelet's retry (attempt 1) succeeds and the Pod runs with a grant (numa1, cpuset and
+//! cgroup "1"), but the proxy keeps attempt 0's grant too (numa0): its books hold 2 containers
+//! for 1 running. Hence `#[ignore]` until the lifecycle ledger (issue 12) lands.
 
 use anyhow::{bail, ensure, Context, Result};
 use std::process::{Command, Stdio};
