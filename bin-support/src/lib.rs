@@ -73,3 +73,40 @@ mod tests {
         assert_eq!(level_of(9), "trace");
     }
 }
+
+/// The async runtime every binary runs on: two worker threads (a node agent shares the node with
+/// the workloads it places), all drivers enabled.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+}
+
+/// A listen address from `:9091`, `0.0.0.0:9091` or `127.0.0.1:9091` (a bare port means all
+/// interfaces).
+pub fn parse_bind(s: &str) -> Result<std::net::SocketAddr, String> {
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_string()
+    };
+    full.parse()
+        .map_err(|e| format!("invalid bind address {s:?}: {e}"))
+}
+
+#[cfg(test)]
+mod bind_tests {
+    use super::parse_bind;
+
+    #[test]
+    fn bind_addresses() {
+        assert_eq!(parse_bind(":9091").unwrap().to_string(), "0.0.0.0:9091");
+        assert_eq!(
+            parse_bind("127.0.0.1:8080").unwrap().to_string(),
+            "127.0.0.1:8080"
+        );
+        assert!(parse_bind("9091").unwrap_err().contains("9091"));
+        assert!(parse_bind("").is_err());
+    }
+}

@@ -308,6 +308,14 @@ state = "{state}"
         Ok(())
     }
 
+    /// Kills the daemon at once (SIGKILL); its containers live on in their shims.
+    pub fn kill_daemon(&mut self) {
+        if let Some(mut ch) = self.child.take() {
+            let _ = ch.kill();
+            let _ = ch.wait();
+        }
+    }
+
     /// Restarts the daemon on the same dirs (containers survive, as on a real node).
     pub fn restart(&mut self) -> Result<()> {
         self.stop_daemon()?;
@@ -512,6 +520,8 @@ pub struct ContainerSpec {
     pub labels: HashMap<String, String>,
     pub annotations: HashMap<String, String>,
     pub env: Vec<(String, String)>,
+    /// Sent instead of the resources computed from the fields above (fault tests).
+    pub raw_resources: Option<cri::LinuxContainerResources>,
 }
 
 impl ContainerSpec {
@@ -527,6 +537,7 @@ impl ContainerSpec {
             labels: HashMap::new(),
             annotations: HashMap::new(),
             env: Vec::new(),
+            raw_resources: None,
         }
     }
 
@@ -541,6 +552,9 @@ impl ContainerSpec {
 
     /// The CRI resources the kubelet would send.
     pub fn resources(&self) -> cri::LinuxContainerResources {
+        if let Some(r) = &self.raw_resources {
+            return r.clone();
+        }
         let shares = match self.cpu_request_milli {
             Some(m) if m > 0 => (m * 1024 / 1000).max(2) as i64,
             _ => 2,

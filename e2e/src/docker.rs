@@ -145,6 +145,49 @@ fn http_split(buf: &str) -> Result<(u16, String)> {
     Ok((status, body.to_string()))
 }
 
+fn spawn_dockerd(dir: &Path) -> Result<Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("dockerd.log"))?;
+    Command::new("dockerd")
+        .arg(format!(
+            "--host=unix://{}",
+            dir.join("docker.sock").display()
+        ))
+        .arg(format!("--data-root={}", dir.join("data").display()))
+        .arg(format!("--exec-root={}", dir.join("exec").display()))
+        .arg(format!("--pidfile={}", dir.join("dockerd.pid").display()))
+        .args([
+            "--iptables=false",
+            "--ip-masq=false",
+            "--bridge=none",
+            "--storage-driver=vfs",
+            "--log-level=warn",
+        ])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting dockerd")
+}
+
+/// A raw HTTP/1.1 POST over a unix socket (`Connection: close`): (status, body).
+pub fn unix_post(socket: &Path, path: &str, body: &[u8]) -> Result<(u16, String)> {
+    let mut s = std::os::unix::net::UnixStream::connect(socket)
+        .with_context(|| format!("connecting {}", socket.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )?;
+    s.write_all(body)?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    http_split(&String::from_utf8_lossy(&buf))
+}
+
 /// A running private dockerd. Kill-on-drop.
 pub struct Dockerd {
     dir: PathBuf,
@@ -163,42 +206,13 @@ impl Dockerd {
             std::process::id(),
             SEQ.fetch_add(1, Ordering::SeqCst)
         );
-        let log = std::fs::File::create(dir.join("dockerd.log"))?;
-        let child = Command::new("dockerd")
-            .arg(format!(
-                "--host=unix://{}",
-                dir.join("docker.sock").display()
-            ))
-            .arg(format!("--data-root={}", dir.join("data").display()))
-            .arg(format!("--exec-root={}", dir.join("exec").display()))
-            .arg(format!("--pidfile={}", dir.join("dockerd.pid").display()))
-            .args([
-                "--iptables=false",
-                "--ip-masq=false",
-                "--bridge=none",
-                "--storage-driver=vfs",
-                "--log-level=warn",
-            ])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting dockerd")?;
+        let child = spawn_dockerd(&dir)?;
         let d = Dockerd {
             dir,
             child: Some(child),
             cgroup_root,
         };
-        let until = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok((200, _)) = unix_get(&d.socket(), "/_ping") {
-                break;
-            }
-            if Instant::now() > until {
-                bail!("dockerd did not answer in 60 s:\n{}", d.log_tail(30));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        d.wait_ready()?;
         let out = Command::new("docker")
             .args(["import", ROOTFS_TARBALL, IMAGE])
             .env("DOCKER_HOST", format!("unix://{}", d.socket().display()))
@@ -211,6 +225,29 @@ impl Dockerd {
             );
         }
         Ok(d)
+    }
+
+    fn wait_ready(&self) -> Result<()> {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok((200, _)) = unix_get(&self.socket(), "/_ping") {
+                return Ok(());
+            }
+            if Instant::now() > until {
+                bail!("dockerd did not answer in 60 s:\n{}", self.log_tail(30));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops dockerd (SIGTERM: it stops its containers, no live-restore) and starts it again
+    /// on the same data.
+    pub fn restart(&mut self) -> Result<()> {
+        if let Some(mut ch) = self.child.take() {
+            terminate(&mut ch, Duration::from_secs(30));
+        }
+        self.child = Some(spawn_dockerd(&self.dir)?);
+        self.wait_ready()
     }
 
     pub fn dir(&self) -> &Path {
@@ -324,13 +361,28 @@ impl TapAgent {
     /// Starts `kunpeng-tap <args> --metrics-bind-address 127.0.0.1:<free>`, logging to `log`,
     /// and waits until /readyz answers 200 (the mode finished its start-up sync).
     pub fn start(args: &[String], log: &Path) -> Result<TapAgent> {
+        TapAgent::start_with_umask(args, log, None)
+    }
+
+    /// As [`TapAgent::start`], the agent running under `umask` (e.g. `"000"`) when given.
+    pub fn start_with_umask(args: &[String], log: &Path, umask: Option<&str>) -> Result<TapAgent> {
         let bin = crate::util::agent_binary()?;
         let metrics_addr = format!("127.0.0.1:{}", free_port()?);
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)?;
-        let child = Command::new(&bin)
+        let mut cmd = match umask {
+            Some(m) => {
+                let mut c = Command::new("/bin/sh");
+                c.arg("-c")
+                    .arg(format!("umask {m} && exec \"$0\" \"$@\""))
+                    .arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
+        let child = cmd
             .args(args)
             .arg(format!("--metrics-bind-address={metrics_addr}"))
             .env("TAP_LOG", "info")
@@ -365,6 +417,29 @@ impl TapAgent {
         tail(&self.log, n)
     }
 
+    /// The agent's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Peak resident memory of the agent so far (`VmHWM`), in KiB.
+    pub fn peak_rss_kib(&self) -> Result<u64> {
+        let pid = self.pid().context("agent not running")?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .context("no VmHWM in /proc/<pid>/status")
+    }
+
+    /// Whether the agent's log shows a panic.
+    pub fn panicked(&self) -> bool {
+        std::fs::read_to_string(&self.log)
+            .map(|l| l.contains("panicked"))
+            .unwrap_or(false)
+    }
+
     /// The OpenMetrics text.
     pub fn metrics(&self) -> Result<String> {
         let (s, body) = tcp_get(&self.metrics_addr, "/metrics")?;
@@ -388,6 +463,33 @@ impl TapAgent {
         Ok(v)
     }
 
+    /// Containers the agent accounts over all pools (each is charged to exactly one pool).
+    pub fn accounted(&self) -> Result<i64> {
+        self.accounted_where("")
+    }
+
+    /// Containers the agent accounts on pools of one level (`numa`, `socket`, …).
+    pub fn accounted_on(&self, level: &str) -> Result<i64> {
+        self.accounted_where(&format!("level=\"{level}\""))
+    }
+
+    fn accounted_where(&self, label: &str) -> Result<i64> {
+        Ok(self
+            .state()?
+            .iter()
+            .filter(|l| l.starts_with("tap_topology_node_container_count{") && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
+            .sum())
+    }
+
+    /// Kills the agent at once (SIGKILL), as a crash or an OOM kill would.
+    pub fn kill(&mut self) {
+        if let Some(mut ch) = self.child.take() {
+            let _ = ch.kill();
+            let _ = ch.wait();
+        }
+    }
+
     /// Stops the agent (SIGTERM) and returns its exit status.
     pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
         let mut ch = self.child.take()?;
@@ -399,5 +501,129 @@ impl TapAgent {
 impl Drop for TapAgent {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A private dockerd with the agent's Docker proxy in front of it, and helpers that make
+/// containers the way cri-dockerd does (labels, names, cgroup parents).
+pub struct ProxyEnv {
+    pub dockerd: Dockerd,
+    pub proxy: PathBuf,
+    pub dir: PathBuf,
+}
+
+impl ProxyEnv {
+    pub fn agent_args(&self) -> Vec<String> {
+        vec![
+            "--container-runtime-mode=Docker".into(),
+            format!("--runtime-proxy-endpoint={}", self.proxy.display()),
+            format!(
+                "--container-runtime-service-endpoint=unix://{}",
+                self.dockerd.socket().display()
+            ),
+            format!(
+                "--sysfs-root={}",
+                crate::util::fixtures_dir()
+                    .join("synthetic-2s-4numa-96c-gpu")
+                    .display()
+            ),
+            "--fold-cpus-to-host".into(),
+            format!("--state-dir={}", self.dir.join("state").display()),
+            "--graceful-timeout=2s".into(),
+        ]
+    }
+
+    pub fn start_agent(&self) -> Result<TapAgent> {
+        TapAgent::start(&self.agent_args(), &self.dir.join("agent.log"))
+    }
+
+    /// The docker CLI through the proxy.
+    pub fn docker(&self, args: &[&str]) -> Result<String> {
+        docker(&self.proxy, args)
+    }
+
+    pub fn inspect(&self, id: &str, fmt: &str) -> Result<String> {
+        docker(&self.dockerd.socket(), &["inspect", "-f", fmt, id])
+    }
+
+    /// A Pod sandbox the way cri-dockerd makes one.
+    pub fn sandbox(&self, pod: &str, uid: &str, qos_path: &str, extra: &[&str]) -> Result<String> {
+        let name = format!("k8s_POD_{pod}_default_{uid}_0");
+        let cg = self.dockerd.cgroup_parent(qos_path);
+        let mut args = vec![
+            "run".to_string(),
+            "-d".into(),
+            "--name".into(),
+            name,
+            "--cgroup-parent".into(),
+            cg,
+            "--network=none".into(),
+        ];
+        for l in [
+            format!("io.kubernetes.pod.name={pod}"),
+            "io.kubernetes.pod.namespace=default".into(),
+            format!("io.kubernetes.pod.uid={uid}"),
+            "io.kubernetes.container.name=POD".into(),
+            "io.kubernetes.docker.type=podsandbox".into(),
+        ] {
+            args.push("--label".into());
+            args.push(l);
+        }
+        for l in extra {
+            args.push("--label".into());
+            args.push(l.to_string());
+        }
+        args.extend([IMAGE.to_string(), "/bin/sleep".into(), "3600".into()]);
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.docker(&argv)
+    }
+
+    /// An application container of that Pod, created (and started) through the proxy.
+    #[allow(clippy::too_many_arguments)]
+    pub fn container(
+        &self,
+        pod: &str,
+        uid: &str,
+        sandbox: &str,
+        name: &str,
+        qos_path: &str,
+        shares: u64,
+        quota: Option<i64>,
+        extra: &[&str],
+    ) -> Result<String> {
+        let cname = format!("k8s_{name}_{pod}_default_{uid}_0");
+        let cg = self.dockerd.cgroup_parent(qos_path);
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "-d".into(),
+            "--name".into(),
+            cname,
+            "--cgroup-parent".into(),
+            cg,
+            "--network=none".into(),
+            format!("--cpu-shares={shares}"),
+            "--memory=64m".into(),
+        ];
+        if let Some(q) = quota {
+            args.push(format!("--cpu-quota={q}"));
+            args.push("--cpu-period=100000".into());
+        }
+        for l in [
+            format!("io.kubernetes.pod.name={pod}"),
+            "io.kubernetes.pod.namespace=default".into(),
+            format!("io.kubernetes.pod.uid={uid}"),
+            format!("io.kubernetes.container.name={name}"),
+            "io.kubernetes.docker.type=container".into(),
+            format!("io.kubernetes.sandbox.id={sandbox}"),
+        ] {
+            args.push("--label".into());
+            args.push(l);
+        }
+        for e in extra {
+            args.push(e.to_string());
+        }
+        args.extend([IMAGE.to_string(), "/bin/sleep".into(), "3600".into()]);
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.docker(&argv)
     }
 }

@@ -139,3 +139,12 @@ pub fn temp_dir(prefix: &str) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
+
+/// Removes a folder (and all in it) when dropped: a test's scratch space.
+pub struct RmDir(pub PathBuf);
+
+impl Drop for RmDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

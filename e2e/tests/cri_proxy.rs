@@ -7,14 +7,14 @@
 
 use anyhow::{ensure, Context, Result};
 use k8s_cri::v1 as cri;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
     cgroup_cpuset, remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd, ContainerdOptions,
     Cri, PodSpec, BUSYBOX_IMAGE,
 };
 use tap_e2e::docker::{temp_dir, TapAgent};
-use tap_e2e::util::{fixtures_dir, skip_unless_enabled};
+use tap_e2e::util::{fixtures_dir, skip_unless_enabled, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
@@ -32,23 +32,6 @@ fn agent_args(proxy: &Path, ctd: &Containerd, dir: &Path) -> Vec<String> {
         format!("--state-dir={}", dir.join("state").display()),
         "--graceful-timeout=2s".into(),
     ]
-}
-
-fn numa_containers(agent: &TapAgent) -> Result<i64> {
-    Ok(agent
-        .state()?
-        .iter()
-        .filter(|l| l.starts_with("tap_topology_node_container_count{"))
-        .filter(|l| l.contains("level=\"numa\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
-        .sum())
-}
-
-struct RmDir(PathBuf);
-impl Drop for RmDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,7 +180,7 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
         .0
         .annotations
         .contains_key(GRANT_KEY));
-    assert_eq!(numa_containers(&agent)?, 2);
+    assert_eq!(agent.accounted_on("numa")?, 2);
 
     // UpdateContainerResources through the proxy: re-placed for 8/16.
     let mut r = ContainerSpec::cpus("app", 8000, Some(16000)).resources();
@@ -285,15 +268,15 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     // Stop releases; remove is idempotent.
     cri.stop_container(&c1).await?;
     let until = Instant::now() + Duration::from_secs(10);
-    while numa_containers(&agent)? != 1 {
+    while agent.accounted_on("numa")? != 1 {
         ensure!(Instant::now() < until, "not released at StopContainer");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     cri.remove_container(&c1).await?;
-    assert_eq!(numa_containers(&agent)?, 1);
+    assert_eq!(agent.accounted_on("numa")?, 1);
     cri.stop_container(&c2).await?;
     cri.remove_container(&c2).await?;
-    assert_eq!(numa_containers(&agent)?, 0);
+    assert_eq!(agent.accounted_on("numa")?, 0);
     let state = agent.state()?;
     assert!(
         state

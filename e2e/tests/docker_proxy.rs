@@ -5,130 +5,13 @@
 //! of all of them).
 
 use anyhow::{ensure, Context, Result};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use tap_e2e::docker::{docker, docker_output, temp_dir, unix_get, Dockerd, TapAgent, IMAGE};
-use tap_e2e::util::{fixtures_dir, skip_unless_enabled};
+use tap_e2e::docker::{
+    docker_output, temp_dir, unix_get, Dockerd, ProxyEnv as Env, TapAgent, IMAGE,
+};
+use tap_e2e::util::{skip_unless_enabled, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
-const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
-
-struct Env {
-    dockerd: Dockerd,
-    proxy: PathBuf,
-    dir: PathBuf,
-}
-
-impl Env {
-    fn agent_args(&self) -> Vec<String> {
-        vec![
-            "--container-runtime-mode=Docker".into(),
-            format!("--runtime-proxy-endpoint={}", self.proxy.display()),
-            format!(
-                "--container-runtime-service-endpoint=unix://{}",
-                self.dockerd.socket().display()
-            ),
-            format!("--sysfs-root={}", fixtures_dir().join(FIXTURE).display()),
-            "--fold-cpus-to-host".into(),
-            format!("--state-dir={}", self.dir.join("state").display()),
-            "--graceful-timeout=2s".into(),
-        ]
-    }
-
-    fn start_agent(&self) -> Result<TapAgent> {
-        TapAgent::start(&self.agent_args(), &self.dir.join("agent.log"))
-    }
-
-    /// The docker CLI through the proxy.
-    fn docker(&self, args: &[&str]) -> Result<String> {
-        docker(&self.proxy, args)
-    }
-
-    fn inspect(&self, id: &str, fmt: &str) -> Result<String> {
-        docker(&self.dockerd.socket(), &["inspect", "-f", fmt, id])
-    }
-
-    /// A Pod sandbox the way cri-dockerd makes one.
-    fn sandbox(&self, pod: &str, uid: &str, qos_path: &str, extra: &[&str]) -> Result<String> {
-        let name = format!("k8s_POD_{pod}_default_{uid}_0");
-        let cg = self.dockerd.cgroup_parent(qos_path);
-        let mut args = vec![
-            "run".to_string(),
-            "-d".into(),
-            "--name".into(),
-            name,
-            "--cgroup-parent".into(),
-            cg,
-            "--network=none".into(),
-        ];
-        for l in [
-            format!("io.kubernetes.pod.name={pod}"),
-            "io.kubernetes.pod.namespace=default".into(),
-            format!("io.kubernetes.pod.uid={uid}"),
-            "io.kubernetes.container.name=POD".into(),
-            "io.kubernetes.docker.type=podsandbox".into(),
-        ] {
-            args.push("--label".into());
-            args.push(l);
-        }
-        for l in extra {
-            args.push("--label".into());
-            args.push(l.to_string());
-        }
-        args.extend([IMAGE.to_string(), "/bin/sleep".into(), "3600".into()]);
-        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.docker(&argv)
-    }
-
-    /// An application container of that Pod, created (and started) through the proxy.
-    #[allow(clippy::too_many_arguments)]
-    fn container(
-        &self,
-        pod: &str,
-        uid: &str,
-        sandbox: &str,
-        name: &str,
-        qos_path: &str,
-        shares: u64,
-        quota: Option<i64>,
-        extra: &[&str],
-    ) -> Result<String> {
-        let cname = format!("k8s_{name}_{pod}_default_{uid}_0");
-        let cg = self.dockerd.cgroup_parent(qos_path);
-        let mut args: Vec<String> = vec![
-            "run".into(),
-            "-d".into(),
-            "--name".into(),
-            cname,
-            "--cgroup-parent".into(),
-            cg,
-            "--network=none".into(),
-            format!("--cpu-shares={shares}"),
-            "--memory=64m".into(),
-        ];
-        if let Some(q) = quota {
-            args.push(format!("--cpu-quota={q}"));
-            args.push("--cpu-period=100000".into());
-        }
-        for l in [
-            format!("io.kubernetes.pod.name={pod}"),
-            "io.kubernetes.pod.namespace=default".into(),
-            format!("io.kubernetes.pod.uid={uid}"),
-            format!("io.kubernetes.container.name={name}"),
-            "io.kubernetes.docker.type=container".into(),
-            format!("io.kubernetes.sandbox.id={sandbox}"),
-        ] {
-            args.push("--label".into());
-            args.push(l);
-        }
-        for e in extra {
-            args.push(e.to_string());
-        }
-        args.extend([IMAGE.to_string(), "/bin/sleep".into(), "3600".into()]);
-        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.docker(&argv)
-    }
-}
 
 fn cpus_allowed(env: &Env, id: &str) -> Result<String> {
     // `docker exec` through the proxy (an upgraded connection).
@@ -165,15 +48,6 @@ fn metric(agent: &TapAgent, prefix: &str) -> Result<Vec<String>> {
         .collect())
 }
 
-/// Total containers the agent accounts on NUMA-node pools.
-fn numa_containers(agent: &TapAgent) -> Result<i64> {
-    Ok(metric(agent, "tap_topology_node_container_count{")?
-        .iter()
-        .filter(|l| l.contains("level=\"numa\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
-        .sum())
-}
-
 #[test]
 fn docker_proxy_places_passes_through_and_survives_restart() -> Result<()> {
     if skip_unless_enabled("docker_proxy_places_passes_through_and_survives_restart") {
@@ -181,12 +55,6 @@ fn docker_proxy_places_passes_through_and_survives_restart() -> Result<()> {
     }
     let t0 = Instant::now();
     let dir = temp_dir("tap-dkp")?;
-    struct RmDir(PathBuf);
-    impl Drop for RmDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
     let _rm = RmDir(dir.clone());
     let env = Env {
         dockerd: Dockerd::start()?,
@@ -241,7 +109,7 @@ fn scenario(env: &Env) -> Result<()> {
     let set1 = env.inspect(&c1, "{{.HostConfig.CpusetCpus}}")?;
     assert!(!set1.is_empty(), "CpusetCpus not set by the proxy");
     assert_eq!(env.dockerd.container_cgroup_cpus(&c1)?, set1);
-    assert_eq!(numa_containers(&agent)?, 1);
+    assert_eq!(agent.accounted_on("numa")?, 1);
 
     // A Guaranteed 1-CPU container: an exclusive CPU, i.e. a single host CPU after the fold.
     let sb2 = env.sandbox("db", "uid-db", "poduid-db", &[])?;
@@ -305,7 +173,7 @@ fn scenario(env: &Env) -> Result<()> {
     assert_eq!(env.inspect(&plain, "{{.HostConfig.CpusetCpus}}")?, "");
     assert_eq!(env.dockerd.container_cgroup_cpus(&plain)?, host);
     // Only the two placed containers are accounted (both on NUMA-node pools).
-    assert_eq!(numa_containers(&agent)?, 2);
+    assert_eq!(agent.accounted_on("numa")?, 2);
 
     // Hijacked attach with stdin (run -i), streaming logs -f, exec: all through the proxy.
     let out = docker_output(
@@ -390,9 +258,13 @@ fn scenario(env: &Env) -> Result<()> {
 
     // Stop releases (idempotently again at delete); the other grant is untouched.
     env.docker(&["stop", "-t", "1", &c1])?;
-    wait_for("release at stop", || Ok(numa_containers(&agent)? == 1))?;
+    wait_for("release at stop", || Ok(agent.accounted_on("numa")? == 1))?;
     env.docker(&["rm", &c1])?;
-    assert_eq!(numa_containers(&agent)?, 1, "the exclusive grant vanished");
+    assert_eq!(
+        agent.accounted_on("numa")?,
+        1,
+        "the exclusive grant vanished"
+    );
     // Force-delete a running one: released too, everything back to zero.
     env.docker(&["rm", "-f", &c2])?;
     let state = agent.state()?;

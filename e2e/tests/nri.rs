@@ -379,16 +379,26 @@ async fn nri_places_containers_through_containerd() {
         .run_container(&sb, &ContainerSpec::sleeper("app"))
         .await
         .unwrap();
-    // The engine spreads BestEffort containers over the pools without charging them (r=0);
-    // whatever it decided, the container gets exactly that and no capacity is used.
+    // BestEffort runs on the machine's shared CPUs (no NUMA affinity, as the reference and the
+    // kubelet do), charged nothing (r=0); folded, that is every host CPU.
     let usage_before = agent.numa_usage().unwrap();
     let p = placement(&mut cri, &id).await.unwrap();
-    if let Some(rec) = &p.record {
-        assert_placed_on_node(&p, "besteffort");
-        assert_eq!(rec["r"], "0", "{p:?}");
-    } else {
-        assert_untouched(&p, "besteffort");
-    }
+    let rec = p
+        .record
+        .as_ref()
+        .unwrap_or_else(|| panic!("besteffort: no grant record: {p:?}"));
+    assert_eq!(rec["pool"], "machine", "besteffort: {p:?}");
+    assert_eq!(rec["r"], "0", "besteffort: {p:?}");
+    let all: BTreeSet<usize> = host_cpus().into_iter().collect();
+    assert_eq!(
+        parse_list(&p.spec_cpus),
+        all,
+        "besteffort: spec cpuset {p:?}"
+    );
+    assert_eq!(
+        p.cgroup_cpus, p.spec_cpus,
+        "besteffort: cgroup cpuset {p:?}"
+    );
     assert_eq!(
         agent.numa_usage().unwrap(),
         usage_before,

@@ -10,6 +10,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+mod reinstate;
+
 /// Which device affinity outranks free CPU capacity when the two disagree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ResourcePriority {
@@ -42,6 +44,9 @@ pub struct EngineConfig {
     pub exclusive_cpus: bool,
     /// Whether Pod annotations may override the policy, level and memory binding.
     pub annotations_allowed: bool,
+    /// Place BestEffort containers like the others (one pool or NUMA node, charged nothing)
+    /// instead of on the machine's shared CPUs (the default, as the reference and the kubelet).
+    pub confine_best_effort: bool,
 }
 
 impl Default for EngineConfig {
@@ -54,6 +59,7 @@ impl Default for EngineConfig {
             priority: ResourcePriority::CpuFirst,
             exclusive_cpus: true,
             annotations_allowed: true,
+            confine_best_effort: false,
         }
     }
 }
@@ -92,6 +98,8 @@ pub enum Reason {
     NumaNodes(usize),
     /// A `kube-system` Pod: the whole machine.
     KubeSystem,
+    /// A BestEffort container: the machine's shared CPUs (not confined).
+    BestEffort,
     /// A forced level (annotation) that had no pool that fits: the root instead.
     ForcedLevelUnavailable(Level),
 }
@@ -105,6 +113,7 @@ impl fmt::Display for Reason {
             Reason::NumaNodes(1) => f.write_str("fits one NUMA node"),
             Reason::NumaNodes(n) => write!(f, "spans the {n} nearest NUMA nodes"),
             Reason::KubeSystem => f.write_str("kube-system Pod: all shared CPUs"),
+            Reason::BestEffort => f.write_str("BestEffort: all shared CPUs"),
             Reason::ForcedLevelUnavailable(l) => {
                 write!(f, "no {l} pool fits the requested level; using the root")
             }
@@ -150,6 +159,11 @@ pub struct PoolLoad {
     pub containers: u32,
     /// Shared (non-exclusive) containers charged to this pool itself.
     pub shared_containers: u32,
+    /// Exclusive CPUs of the grants charged to this pool and everything below it.
+    pub exclusive_cpus: u32,
+    /// Exclusive CPUs inside this pool, whoever holds them (kept up to date when CPUs are
+    /// taken or returned, so decisions read it without set arithmetic).
+    pub taken_cpus: u32,
 }
 
 /// Per-pool figures for status reporting.
@@ -171,7 +185,8 @@ pub struct PoolStatus {
 pub struct NodeLoad {
     pub request_milli: u64,
     pub limit_milli: u64,
-    /// Shared (non-exclusive) grants spanning this node.
+    /// Shared numa-aware grants spanning this node (topology-aware spans are pools, guarded
+    /// by the pool's own count).
     pub shared: u32,
 }
 
@@ -353,7 +368,7 @@ impl Engine {
         };
         self.uncharge(&g);
         if g.is_exclusive() {
-            self.taken = self.taken.difference(&g.exclusive);
+            self.set_taken(self.taken.difference(&g.exclusive));
             self.refresh_shared(&g.exclusive)
         } else {
             Vec::new()
@@ -361,28 +376,33 @@ impl Engine {
     }
 
     fn charge(&mut self, g: &Grant) {
-        let mut first = true;
-        for a in self
-            .topo
-            .ancestors(g.pool)
-            .collect::<smallvec_like::Ancestors>()
-        {
-            let l = &mut self.pool_load[a];
-            l.request_milli += g.request_milli;
-            l.limit_milli += g.limit_milli.unwrap_or(0);
-            l.memory_bytes += g.memory_bytes;
-            if first {
-                l.containers += 1;
-                if !g.is_exclusive() {
-                    l.shared_containers += 1;
-                }
-                first = false;
-            }
-        }
+        self.charge_pools(g, true);
         self.charge_nodes(g, true);
     }
 
     fn uncharge(&mut self, g: &Grant) {
+        self.charge_pools(g, false);
+        self.charge_nodes(g, false);
+    }
+
+    /// Adds (or takes back) a grant's load on its pool and every ancestor. Figures come from
+    /// outside (requests, limits, memory): saturating, so a huge request never wraps or panics.
+    fn charge_pools(&mut self, g: &Grant, add: bool) {
+        let step = |v: u64, d: u64| {
+            if add {
+                v.saturating_add(d)
+            } else {
+                v.saturating_sub(d)
+            }
+        };
+        let step32 = |v: u32, d: u32| {
+            if add {
+                v.saturating_add(d)
+            } else {
+                v.saturating_sub(d)
+            }
+        };
+        let excl = u32::try_from(g.exclusive.len()).unwrap_or(u32::MAX);
         let mut first = true;
         for a in self
             .topo
@@ -390,18 +410,18 @@ impl Engine {
             .collect::<smallvec_like::Ancestors>()
         {
             let l = &mut self.pool_load[a];
-            l.request_milli -= g.request_milli;
-            l.limit_milli -= g.limit_milli.unwrap_or(0);
-            l.memory_bytes -= g.memory_bytes;
+            l.request_milli = step(l.request_milli, g.request_milli);
+            l.limit_milli = step(l.limit_milli, g.limit_milli.unwrap_or(0));
+            l.memory_bytes = step(l.memory_bytes, g.memory_bytes);
+            l.exclusive_cpus = step32(l.exclusive_cpus, excl);
             if first {
-                l.containers -= 1;
+                l.containers = step32(l.containers, 1);
                 if !g.is_exclusive() {
-                    l.shared_containers -= 1;
+                    l.shared_containers = step32(l.shared_containers, 1);
                 }
                 first = false;
             }
         }
-        self.charge_nodes(g, false);
     }
 
     fn charge_nodes(&mut self, g: &Grant, add: bool) {
@@ -410,25 +430,33 @@ impl Engine {
             return;
         }
         let lim = g.limit_milli.unwrap_or(0);
+        let shared = u32::from(!g.is_exclusive() && g.policy == PolicyKind::NumaAware);
         for (i, node) in g.nodes.iter().enumerate() {
             let Some(pos) = self.topo.nodes.iter().position(|x| x.id as usize == node) else {
                 continue;
             };
             // Even split; the first node takes the remainder so the sum is exact.
             let extra = |v: u64| if i == 0 { v % n } else { 0 };
-            let r = g.request_milli / n + extra(g.request_milli);
-            let l = lim / n + extra(lim);
-            let shared = u32::from(!g.is_exclusive());
+            let r = (g.request_milli / n).saturating_add(extra(g.request_milli));
+            let l = (lim / n).saturating_add(extra(lim));
             let load = &mut self.node_load[pos];
             if add {
-                load.request_milli += r;
-                load.limit_milli += l;
-                load.shared += shared;
+                load.request_milli = load.request_milli.saturating_add(r);
+                load.limit_milli = load.limit_milli.saturating_add(l);
+                load.shared = load.shared.saturating_add(shared);
             } else {
-                load.request_milli -= r;
-                load.limit_milli -= l;
-                load.shared -= shared;
+                load.request_milli = load.request_milli.saturating_sub(r);
+                load.limit_milli = load.limit_milli.saturating_sub(l);
+                load.shared = load.shared.saturating_sub(shared);
             }
+        }
+    }
+
+    /// Sets the exclusive CPUs handed out, and each pool's count of them.
+    fn set_taken(&mut self, taken: CpuSet) {
+        self.taken = taken;
+        for (p, l) in self.topo.pools.iter().zip(self.pool_load.iter_mut()) {
+            l.taken_cpus = u32::try_from(p.cpus.intersection(&taken).len()).unwrap_or(u32::MAX);
         }
     }
 
@@ -481,7 +509,7 @@ impl Engine {
         };
         self.charge(&g);
         let updates = if g.is_exclusive() {
-            self.taken = self.taken.union(&g.exclusive);
+            self.set_taken(self.taken.union(&g.exclusive));
             let ex = g.exclusive;
             self.grants.insert(req.id.clone(), g);
             self.refresh_shared(&ex)
@@ -546,7 +574,7 @@ impl Engine {
                     // Two containers claim the same exclusive CPU: the later one becomes shared.
                     g.exclusive = CpuSet::new();
                 } else {
-                    self.taken = self.taken.union(&g.exclusive);
+                    self.set_taken(self.taken.union(&g.exclusive));
                 }
             }
             g.cpus = if g.is_exclusive() {
@@ -581,7 +609,7 @@ impl Engine {
             };
             if let Some(mut g) = self.grants.remove(&id) {
                 self.uncharge(&g);
-                self.taken = self.taken.difference(&g.exclusive);
+                self.set_taken(self.taken.difference(&g.exclusive));
                 g.exclusive = CpuSet::new();
                 self.charge(&g);
                 self.grants.insert(id, g);
@@ -630,15 +658,28 @@ impl Engine {
                 return None;
             }
         }
+        // The record says where the container was placed; what it asks for now is what the
+        // runtime reports (a resize after the record was written), when it reports anything.
+        let live = &e.request;
+        let reported = live.cpu_request_milli > 0 || live.cpu_limit_milli.is_some();
+        let (request_milli, limit_milli) = if reported {
+            (live.cpu_request_milli, live.cpu_limit_milli)
+        } else {
+            (r.request_milli, r.limit_milli)
+        };
+        let memory_bytes = match live.memory_limit_bytes {
+            Some(m) if r.memory_bytes > 0 => m,
+            _ => r.memory_bytes,
+        };
         Some(Grant {
             policy: r.policy,
             pool: pool.id,
             nodes: r.nodes,
             span,
             exclusive: r.exclusive,
-            request_milli: r.request_milli,
-            limit_milli: r.limit_milli,
-            memory_bytes: r.memory_bytes,
+            request_milli,
+            limit_milli,
+            memory_bytes,
             mems: r.mems,
             cpus: CpuSet::new(),
         })

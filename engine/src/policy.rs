@@ -5,16 +5,26 @@
 //!   the most free request capacity. Capacity is accounted by requests; CPUs are shared.
 //! - `topology-aware`: the pool tree (machine > socket > die > NUMA > cluster). Among pools whose
 //!   free request capacity (and that of every ancestor below the root) covers the request, the
-//!   best by: holds the limit too; device affinity first with `gpu-first`; deeper; device
-//!   affinity with `cpu-first`; more free capacity after the limit; fewer containers; pack
-//!   siblings (the fuller parent first); lower id. The root is the last resort. Guaranteed
-//!   integer-CPU containers get exclusive CPUs (whole cores first, packed into the fullest
-//!   cluster) taken out of the shared pool.
+//!   best by: below the root (the root is the last resort); device affinity first with
+//!   `gpu-first`; holds the limit too; deeper; device affinity with `cpu-first`; more free
+//!   capacity after the limit; more room after the limits already granted; fewer containers;
+//!   pack siblings (the fuller parent first); lower id. Guaranteed integer-CPU containers get
+//!   exclusive CPUs from the best pool that can give them (whole cores first, packed into the
+//!   fullest cluster) taken out of the shared pool. Free capacity counts exclusive CPUs taken
+//!   from a pool by a grant charged above it.
+//! - BestEffort containers (unless confined by the configuration or an annotation) get the
+//!   machine's shared CPUs: all usable CPUs minus exclusive ones.
+//! - With memory binding, `cpuset.mems` always covers memory that holds the container's memory
+//!   limit: the pool's (or the NUMA nodes') memory, and for exclusive CPUs their own nodes only
+//!   when those hold it.
+//!
+//! Requests, limits and memory come from outside: all capacity arithmetic is done in `i128`
+//! (or saturating), so a request of `u64::MAX` never wraps into "fits".
 
 use crate::cpuset::{CpuSet, NodeSet};
 use crate::engine::{Engine, Reason, ResourcePriority};
 use crate::grant::Grant;
-use crate::request::{ContainerRequest, PolicyKind};
+use crate::request::{ContainerRequest, PolicyKind, Qos};
 use crate::topology::{Level, Pool, PoolId};
 
 /// A policy's decision, before it is committed to the state.
@@ -38,6 +48,7 @@ struct Effective {
     level: Option<Level>,
     clusters: bool,
     exclusive: bool,
+    confine_best_effort: bool,
 }
 
 fn effective(e: &Engine, req: &ContainerRequest) -> Effective {
@@ -53,6 +64,7 @@ fn effective(e: &Engine, req: &ContainerRequest) -> Effective {
         level: o.level,
         clusters: cfg.cluster_affinity || o.level == Some(Level::Cluster),
         exclusive: cfg.exclusive_cpus && o.exclusive.unwrap_or(true),
+        confine_best_effort: o.confine_best_effort.unwrap_or(cfg.confine_best_effort),
     }
 }
 
@@ -71,6 +83,16 @@ pub fn choose(e: &Engine, req: &ContainerRequest) -> Option<Choice> {
             Reason::KubeSystem,
         ));
     }
+    if req.qos() == Qos::BestEffort && !eff.confine_best_effort {
+        return Some(pool_choice(
+            e,
+            req,
+            eff,
+            0,
+            CpuSet::new(),
+            Reason::BestEffort,
+        ));
+    }
     match eff.policy {
         PolicyKind::NumaAware => numa_aware(e, req, eff, None),
         PolicyKind::TopologyAware => topology_aware(e, req, eff, None),
@@ -83,7 +105,8 @@ pub fn choose_preferring(e: &Engine, req: &ContainerRequest, old: &Grant) -> Opt
     if e.usable().is_empty() {
         return None;
     }
-    if req.namespace == "kube-system" {
+    if req.namespace == "kube-system" || (req.qos() == Qos::BestEffort && !eff.confine_best_effort)
+    {
         return choose(e, req);
     }
     match eff.policy {
@@ -109,9 +132,14 @@ fn pool_choice(
     let p = &topo.pools[pool];
     let mems = eff.memory.then(|| {
         if exclusive.is_empty() {
-            p.mems
-        } else {
-            topo.mems_for_nodes(&topo.nodes_of(&exclusive))
+            return p.mems;
+        }
+        // Exclusive CPUs: their own nodes when those hold the memory limit, else the pool's
+        // nodes (the pool passed the memory check, and the CPUs are inside it).
+        let cpu_nodes = topo.nodes_of(&exclusive);
+        match req.memory_limit_bytes {
+            Some(m) if !nodes_hold_memory(e, &cpu_nodes, m) => p.mems,
+            _ => topo.mems_for_nodes(&cpu_nodes),
         }
     });
     Choice {
@@ -126,8 +154,41 @@ fn pool_choice(
     }
 }
 
-fn free_milli(e: &Engine, id: PoolId) -> i64 {
-    e.capacity_milli(id) as i64 - e.pool_load(id).request_milli as i64
+/// Free request capacity of a pool in milli-CPUs: its usable CPUs, minus the requests charged
+/// to it and below, minus exclusive CPUs inside it held by grants charged above it. Wide
+/// arithmetic: loads and requests are `u64` figures from outside.
+fn free_milli(e: &Engine, id: PoolId) -> i128 {
+    let load = e.pool_load(id);
+    let hidden = (i128::from(load.taken_cpus) - i128::from(load.exclusive_cpus)).max(0) * 1000;
+    i128::from(e.capacity_milli(id)) - i128::from(load.request_milli) - hidden
+}
+
+/// Room left by the CPU limits already granted on a pool (and below), in milli-CPUs.
+fn limit_room(e: &Engine, id: PoolId) -> i128 {
+    i128::from(e.capacity_milli(id)) - i128::from(e.pool_load(id).limit_milli)
+}
+
+/// Whether the memory of `nodes` (their single-node pools, with attached memory-only nodes)
+/// has `need` bytes free. A node of unknown size (0) does not constrain.
+fn nodes_hold_memory(e: &Engine, nodes: &NodeSet, need: u64) -> bool {
+    let topo = e.topology();
+    let mut free: u64 = 0;
+    for p in &topo.pools {
+        // The shallowest pool of one node: the node's own pool (or a one-node socket or die).
+        let single =
+            p.numa_nodes.len() == 1 && p.parent.is_none_or(|q| topo.pools[q].numa_nodes.len() > 1);
+        if !single || !p.numa_nodes.is_subset(nodes) {
+            continue;
+        }
+        if p.memory_bytes == 0 {
+            return true;
+        }
+        free = free.saturating_add(
+            p.memory_bytes
+                .saturating_sub(e.pool_load(p.id).memory_bytes),
+        );
+    }
+    free >= need
 }
 
 fn matches_level(p: &Pool, level: Level) -> bool {
@@ -141,12 +202,12 @@ fn fits(e: &Engine, pool: PoolId, req_milli: u64, mem: Option<u64>) -> bool {
         if a == 0 && pool != 0 {
             break; // the root only bounds itself
         }
-        if free_milli(e, a) < req_milli as i64 {
+        if free_milli(e, a) < i128::from(req_milli) {
             return false;
         }
         if let Some(m) = mem {
-            let free_mem = topo.pools[a].memory_bytes as i64 - e.pool_load(a).memory_bytes as i64;
-            if topo.pools[a].memory_bytes > 0 && free_mem < m as i64 {
+            let cap = topo.pools[a].memory_bytes;
+            if cap > 0 && cap.saturating_sub(e.pool_load(a).memory_bytes) < m {
                 return false;
             }
         }
@@ -155,10 +216,11 @@ fn fits(e: &Engine, pool: PoolId, req_milli: u64, mem: Option<u64>) -> bool {
 }
 
 /// Ranking key of a fitting pool; larger is better.
-type Key = (bool, bool, u32, bool, i64, i64, i64, i64);
+type Key = (bool, bool, bool, u32, bool, i128, i128, i64, i128, i64);
 
 fn rank(e: &Engine, p: &Pool, limit: u64, device_nodes: &NodeSet, prio: ResourcePriority) -> Key {
     let free = free_milli(e, p.id);
+    let limit = i128::from(limit);
     let device = !device_nodes.is_empty() && p.numa_nodes.intersects(device_nodes);
     let (dev_first, dev_late) = match prio {
         ResourcePriority::GpuFirst => (device, false),
@@ -166,12 +228,14 @@ fn rank(e: &Engine, p: &Pool, limit: u64, device_nodes: &NodeSet, prio: Resource
     };
     let parent_free = p.parent.map(|q| free_milli(e, q)).unwrap_or(0);
     (
+        p.id != 0,
         dev_first,
-        free >= limit as i64,
+        free >= limit,
         p.depth,
         dev_late,
-        free - limit as i64,
-        -(e.pool_load(p.id).containers as i64),
+        free - limit,
+        limit_room(e, p.id) - limit,
+        -i64::from(e.pool_load(p.id).containers),
         -parent_free,
         -(p.id as i64),
     )
@@ -387,7 +451,22 @@ fn pick_exclusive(e: &Engine, id: PoolId, n: usize) -> Option<CpuSet> {
 }
 
 /// Ranking key of a multi-node set: has room for the request, free capacity, lower start id.
-type SetKey = (bool, i64, std::cmp::Reverse<u32>);
+type SetKey = (bool, i128, std::cmp::Reverse<u32>);
+
+/// One NUMA node as numa-aware sees it.
+#[derive(Clone, Copy)]
+struct NodeFig {
+    id: u32,
+    /// Usable CPUs, milli-CPU.
+    cap: i128,
+    /// Capacity minus the requests charged to the node.
+    free: i128,
+    /// Capacity minus the limits charged to the node.
+    limit_room: i128,
+    /// Memory of the node and its attached memory-only nodes (`u64::MAX` when unknown or not
+    /// needed).
+    mem: u64,
+}
 
 fn numa_aware(
     e: &Engine,
@@ -398,17 +477,38 @@ fn numa_aware(
     let topo = e.topology();
     let usable = e.usable();
     let loads = e.node_load();
-    // (node id, capacity, free, limit load) for nodes with usable CPUs.
-    let mut nodes: Vec<(u32, i64, i64, u64)> = Vec::with_capacity(topo.nodes.len());
+    // With memory binding the nodes must hold the memory limit too.
+    let mem_need = if eff.memory {
+        req.memory_limit_bytes.unwrap_or(0)
+    } else {
+        0
+    };
+    let mut nodes: Vec<NodeFig> = Vec::with_capacity(topo.nodes.len());
     nodes.extend(topo.nodes.iter().zip(loads.iter()).filter_map(|(n, l)| {
-        let cap = n.cpus.intersection(usable).len() as i64 * 1000;
-        (cap > 0).then_some((n.id, cap, cap - l.request_milli as i64, l.limit_milli))
+        let cap = n.cpus.intersection(usable).len() as i128 * 1000;
+        let mem = if mem_need == 0 {
+            0
+        } else {
+            let mut single = NodeSet::new();
+            single.insert(n.id as usize);
+            topo.mems_for_nodes(&single)
+                .iter()
+                .filter_map(|m| topo.node(m as u32))
+                .fold(0u64, |acc, m| acc.saturating_add(m.memory_bytes))
+        };
+        (cap > 0).then_some(NodeFig {
+            id: n.id,
+            cap,
+            free: cap - i128::from(l.request_milli),
+            limit_room: cap - i128::from(l.limit_milli),
+            mem: if mem == 0 { u64::MAX } else { mem },
+        })
     }));
     if nodes.is_empty() {
         return None;
     }
-    let size = req.size_milli() as i64;
-    let req_milli = req.cpu_request_milli as i64;
+    let size = i128::from(req.size_milli());
+    let req_milli = i128::from(req.cpu_request_milli);
 
     let choice_for = |set: NodeSet| -> Choice {
         let mut span = CpuSet::new();
@@ -431,51 +531,62 @@ fn numa_aware(
     };
 
     if let Some(old) = prefer {
-        let (cap, free) = nodes
+        let (cap, free, mem) = nodes
             .iter()
-            .filter(|n| old.contains(n.0 as usize))
-            .fold((0, 0), |(c, f), n| (c + n.1, f + n.2));
-        if cap >= size && free >= req_milli {
+            .filter(|n| old.contains(n.id as usize))
+            .fold((0, 0, 0u64), |(c, f, m), n| {
+                (c + n.cap, f + n.free, m.saturating_add(n.mem))
+            });
+        if cap >= size && free >= req_milli && mem >= mem_need {
             return Some(choice_for(old));
         }
     }
 
-    // One node: the most free capacity among nodes that hold the size; nodes that also have
-    // room for the request beat nodes that would be overcommitted.
-    let single = nodes.iter().filter(|n| n.1 >= size).max_by_key(|n| {
-        (
-            n.2 >= req_milli,
-            n.2,
-            std::cmp::Reverse(n.3),
-            std::cmp::Reverse(n.0),
-        )
-    });
+    // One node: the most free capacity among nodes that hold the size (and memory); nodes that
+    // also have room for the request beat nodes that would be overcommitted; then the most
+    // room after the limits already granted.
+    let single = nodes
+        .iter()
+        .filter(|n| n.cap >= size && n.mem >= mem_need)
+        .max_by_key(|n| {
+            (
+                n.free >= req_milli,
+                n.free,
+                n.limit_room,
+                std::cmp::Reverse(n.id),
+            )
+        });
     if let Some(n) = single {
         let mut set = NodeSet::new();
-        set.insert(n.0 as usize);
+        set.insert(n.id as usize);
         return Some(choice_for(set));
     }
     // Several nodes: for k = 2.., the k nearest nodes from each start node; the smallest k
-    // whose capacity holds the size, then the most free capacity.
+    // whose capacity (and memory) holds the size, then the most free capacity.
+    let mut by_dist: Vec<NodeFig> = Vec::with_capacity(nodes.len());
     for k in 2..=nodes.len() {
         let mut best: Option<(SetKey, NodeSet)> = None;
         for start in &nodes {
-            let Some(sn) = topo.node(start.0) else {
+            let Some(sn) = topo.node(start.id) else {
                 continue;
             };
-            let mut by_dist: Vec<&(u32, i64, i64, u64)> = nodes.iter().collect();
-            by_dist.sort_by_key(|n| (sn.distance_to(n.0), n.0 != start.0, n.0));
+            by_dist.clear();
+            by_dist.extend_from_slice(&nodes);
+            by_dist.sort_by_key(|n| (sn.distance_to(n.id), n.id != start.id, n.id));
             let set_nodes = &by_dist[..k];
-            let cap: i64 = set_nodes.iter().map(|n| n.1).sum();
-            if cap < size {
+            let cap: i128 = set_nodes.iter().map(|n| n.cap).sum();
+            let mem = set_nodes
+                .iter()
+                .fold(0u64, |acc, n| acc.saturating_add(n.mem));
+            if cap < size || mem < mem_need {
                 continue;
             }
-            let free: i64 = set_nodes.iter().map(|n| n.2).sum();
+            let free: i128 = set_nodes.iter().map(|n| n.free).sum();
             let mut set = NodeSet::new();
             for n in set_nodes {
-                set.insert(n.0 as usize);
+                set.insert(n.id as usize);
             }
-            let key = (free >= req_milli, free, std::cmp::Reverse(start.0));
+            let key = (free >= req_milli, free, std::cmp::Reverse(start.id));
             if best.as_ref().is_none_or(|(bk, _)| key > *bk) {
                 best = Some((key, set));
             }
@@ -487,7 +598,7 @@ fn numa_aware(
     // Larger than the machine: all nodes.
     let mut all = NodeSet::new();
     for n in &nodes {
-        all.insert(n.0 as usize);
+        all.insert(n.id as usize);
     }
     Some(choice_for(all))
 }

@@ -49,7 +49,10 @@ pub fn milli_cpu_from_shares(shares: u64) -> u64 {
     } else {
         // Round to the nearest milli-CPU: the kubelet floors when it converts, so a plain
         // division can come out one short (e.g. 4000m -> 4096 shares -> 4000; 100m -> 102 -> 99).
-        (shares * 1000 + 512) / 1024
+        // Shares come from outside: in u128 nothing can overflow, and a result beyond u64
+        // saturates (the engine then treats it as larger than the machine).
+        let milli = (u128::from(shares) * 1000 + 512) / 1024;
+        u64::try_from(milli).unwrap_or(u64::MAX)
     }
 }
 
@@ -58,7 +61,9 @@ pub fn milli_cpu_from_quota(quota: i64, period: u64) -> Option<u64> {
     if quota <= 0 || period == 0 {
         None
     } else {
-        Some((quota as u64 * 1000).div_ceil(period))
+        // `quota > 0` here, so the cast is exact; u128 cannot overflow and the result saturates.
+        let milli = (u128::from(quota as u64) * 1000).div_ceil(u128::from(period));
+        Some(u64::try_from(milli).unwrap_or(u64::MAX))
     }
 }
 
@@ -103,6 +108,9 @@ pub const LEVEL_KEY: &str = "tap.kunpeng.huawei.com/level";
 pub const MEMORY_BINDING_KEY: &str = "tap.kunpeng.huawei.com/memory-binding";
 /// Annotation: `true`/`false`, exclusive CPUs for Guaranteed integer-CPU containers.
 pub const EXCLUSIVE_KEY: &str = "tap.kunpeng.huawei.com/exclusive-cpus";
+/// Annotation: `true`/`false`, confine a BestEffort container to one pool or NUMA node like
+/// the others (`false`, the default: the machine's shared CPUs).
+pub const CONFINE_BEST_EFFORT_KEY: &str = "tap.kunpeng.huawei.com/confine-best-effort";
 /// Annotation written by the agent into the container it placed (where the runtime lets it):
 /// the grant record that restart recovery reads back.
 pub const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
@@ -115,6 +123,7 @@ pub struct Overrides {
     pub level: Option<Level>,
     pub memory_binding: Option<bool>,
     pub exclusive: Option<bool>,
+    pub confine_best_effort: Option<bool>,
 }
 
 /// A problem with an annotation: its value was ignored.
@@ -182,6 +191,7 @@ impl Overrides {
         for (key, slot) in [
             (MEMORY_BINDING_KEY, &mut o.memory_binding),
             (EXCLUSIVE_KEY, &mut o.exclusive),
+            (CONFINE_BEST_EFFORT_KEY, &mut o.confine_best_effort),
         ] {
             if let Some((k, v)) = lookup(key) {
                 match parse_bool(v) {
@@ -278,6 +288,24 @@ mod tests {
         assert_eq!(milli_cpu_from_quota(800_000, 100_000), Some(8000));
         assert_eq!(milli_cpu_from_quota(-1, 100_000), None);
         assert_eq!(milli_cpu_from_quota(50_000, 100_000), Some(500));
+    }
+
+    #[test]
+    fn conversions_of_outside_values_saturate_instead_of_wrapping() {
+        // 1e17 shares (the fault that made the CRI proxy panic): exact in u128.
+        assert_eq!(
+            milli_cpu_from_shares(100_000_000_000_000_000),
+            97_656_250_000_000_000
+        );
+        assert_eq!(milli_cpu_from_shares(u64::MAX), 18_014_398_509_481_983_999);
+        assert_eq!(milli_cpu_from_quota(i64::MAX, 1), Some(u64::MAX));
+        assert_eq!(
+            milli_cpu_from_quota(i64::MAX, 100_000),
+            Some(92_233_720_368_547_759)
+        );
+        assert_eq!(milli_cpu_from_quota(i64::MIN, 100_000), None);
+        assert_eq!(milli_cpu_from_quota(1, u64::MAX), Some(1));
+        assert_eq!(milli_cpu_from_quota(100_000, 0), None);
     }
 
     #[test]

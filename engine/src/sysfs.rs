@@ -1,99 +1,29 @@
 //! Topology discovery from a sysfs tree (`/sys`, or a fixture folder in tests).
 //!
 //! Reading files is behind [`FileSource`], so the parsing here is testable on in-memory trees;
-//! [`DirSource`] reads a real directory. Every error names the file it came from.
+//! [`DirSource`] reads a real directory. The tree is checked, not trusted: every error names the
+//! file it came from (and the CPUs, where CPUs are involved), and oddities discovery can work
+//! around come back as [`DiscoveryWarning`]s for the caller to log.
+//!
+//! - `source`: [`FileSource`], [`DirSource`], [`MapSource`].
+//! - `parse`: single values (id files, `cpuN`/`nodeN` names, `meminfo`).
+//! - `checks`: consistency across files (node overlaps, CPUs in no node, distances, ...).
+//! - `error`: [`DiscoveryError`] and [`DiscoveryWarning`].
 
-use crate::cpuset::CpuSet;
+mod checks;
+mod error;
+mod parse;
+mod source;
+
+use crate::cpuset::{CpuSet, MAX_IDS};
 use crate::topology::{PciDevice, RawCpu, RawNode, RawTopology};
+use checks::NodeFiles;
+pub use error::{DiscoveryError, DiscoveryWarning};
+use parse::{cpus_error, dir_id, malformed, parse_id, parse_memtotal, Id};
+pub use source::{DirSource, FileSource, MapSource};
 use std::collections::BTreeMap;
 use std::io;
-use std::path::{Path, PathBuf};
-
-/// Where sysfs files come from.
-pub trait FileSource {
-    /// The file's text; `Err` with `NotFound` when it does not exist.
-    fn read(&self, rel: &str) -> io::Result<String>;
-    /// Entry names of a directory.
-    fn list(&self, rel: &str) -> io::Result<Vec<String>>;
-}
-
-/// A sysfs tree on disk rooted at `root` (e.g. `/sys`).
-#[derive(Debug, Clone)]
-pub struct DirSource {
-    pub root: PathBuf,
-}
-
-impl DirSource {
-    pub fn new(root: impl Into<PathBuf>) -> Self {
-        DirSource { root: root.into() }
-    }
-}
-
-impl FileSource for DirSource {
-    fn read(&self, rel: &str) -> io::Result<String> {
-        std::fs::read_to_string(self.root.join(rel))
-    }
-    fn list(&self, rel: &str) -> io::Result<Vec<String>> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(self.root.join(rel))? {
-            out.push(e?.file_name().to_string_lossy().into_owned());
-        }
-        out.sort();
-        Ok(out)
-    }
-}
-
-/// An in-memory tree for tests: path -> content.
-#[derive(Debug, Clone, Default)]
-pub struct MapSource {
-    pub files: BTreeMap<String, String>,
-}
-
-impl MapSource {
-    pub fn with(mut self, path: &str, content: &str) -> Self {
-        self.files.insert(path.to_string(), content.to_string());
-        self
-    }
-}
-
-impl FileSource for MapSource {
-    fn read(&self, rel: &str) -> io::Result<String> {
-        self.files
-            .get(rel)
-            .cloned()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, rel.to_string()))
-    }
-    fn list(&self, rel: &str) -> io::Result<Vec<String>> {
-        let prefix = format!("{}/", rel.trim_end_matches('/'));
-        let mut out: Vec<String> = self
-            .files
-            .keys()
-            .filter_map(|k| k.strip_prefix(&prefix))
-            .map(|rest| rest.split('/').next().unwrap_or(rest).to_string())
-            .collect();
-        out.dedup();
-        if out.is_empty() {
-            return Err(io::Error::new(io::ErrorKind::NotFound, rel.to_string()));
-        }
-        Ok(out)
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum DiscoveryError {
-    #[error("cannot read {path}")]
-    Read {
-        path: String,
-        #[source]
-        source: io::Error,
-    },
-    #[error("malformed {path}: {what} (content {content:?})")]
-    Malformed {
-        path: String,
-        what: String,
-        content: String,
-    },
-}
+use std::path::Path;
 
 const CPU_DIR: &str = "devices/system/cpu";
 const NODE_DIR: &str = "devices/system/node";
@@ -122,18 +52,46 @@ impl<S: FileSource + ?Sized> Reader<'_, S> {
         }
     }
 
-    fn cpuset(&self, path: &str, text: &str) -> Result<CpuSet, DiscoveryError> {
-        CpuSet::parse(text).map_err(|e| malformed(path, e.to_string(), text))
+    /// Directory entries; `None` when the directory does not exist.
+    fn list_opt(&self, path: &str) -> Result<Option<Vec<String>>, DiscoveryError> {
+        match self.src.list(path) {
+            Ok(names) => Ok(Some(names)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(DiscoveryError::Read {
+                path: path.to_string(),
+                source,
+            }),
+        }
     }
 
-    fn int_opt(&self, path: &str) -> Result<Option<i64>, DiscoveryError> {
-        match self.read_opt(path)? {
-            None => Ok(None),
-            Some(t) => t
-                .trim()
-                .parse::<i64>()
-                .map(Some)
-                .map_err(|_| malformed(path, "not an integer".into(), &t)),
+    fn cpuset(&self, path: &str, text: &str) -> Result<CpuSet, DiscoveryError> {
+        CpuSet::parse(text).map_err(|e| cpus_error(path, text, e))
+    }
+
+    /// A topology id file of `cpu` (`physical_package_id`, `die_id`, ...): a decimal integer
+    /// below `limit`, or -1 for "unknown" (`None`, as is a missing file).
+    fn id_opt(
+        &self,
+        cpu: usize,
+        dir: &str,
+        name: &'static str,
+        limit: u64,
+    ) -> Result<Option<u64>, DiscoveryError> {
+        let path = format!("{dir}/{name}");
+        let Some(text) = self.read_opt(&path)? else {
+            return Ok(None);
+        };
+        match parse_id(&text) {
+            Id::Unknown => Ok(None),
+            Id::Value(v) if v < limit => Ok(Some(v)),
+            Id::Value(_) | Id::OutOfRange => Err(DiscoveryError::TopologyIdOutOfRange {
+                path,
+                cpu,
+                what: name,
+                value: text.trim().chars().take(40).collect(),
+                limit,
+            }),
+            Id::Malformed => Err(malformed(&path, "not an integer".into(), &text)),
         }
     }
 
@@ -150,14 +108,6 @@ impl<S: FileSource + ?Sized> Reader<'_, S> {
     }
 }
 
-fn malformed(path: &str, what: String, content: &str) -> DiscoveryError {
-    DiscoveryError::Malformed {
-        path: path.to_string(),
-        what,
-        content: content.chars().take(120).collect(),
-    }
-}
-
 /// Options for discovery.
 #[derive(Debug, Clone, Default)]
 pub struct DiscoveryOptions {
@@ -165,170 +115,254 @@ pub struct DiscoveryOptions {
     pub extra_devices: Vec<String>,
 }
 
-/// Discovers the topology under a sysfs root.
+/// A discovered topology and what was odd about the tree it came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Discovery {
+    pub raw: RawTopology,
+    pub warnings: Vec<DiscoveryWarning>,
+}
+
+/// Discovers the topology under a sysfs root, dropping warnings: see [`discover_with_warnings`].
 pub fn discover(
     src: &(impl FileSource + ?Sized),
     opts: &DiscoveryOptions,
 ) -> Result<RawTopology, DiscoveryError> {
+    discover_with_warnings(src, opts).map(|d| d.raw)
+}
+
+/// Discovers the topology under a sysfs root. The tree is checked, not trusted: files that
+/// disagree with each other are an error (see [`DiscoveryError`]) rather than a wrong model;
+/// oddities discovery can work around are returned as warnings.
+pub fn discover_with_warnings(
+    src: &(impl FileSource + ?Sized),
+    opts: &DiscoveryOptions,
+) -> Result<Discovery, DiscoveryError> {
     let r = Reader { src };
-    // Online CPUs: the `online` list, or every cpuN directory when it is missing.
+    // CPUs with a cpuN directory; online ones are the `online` list (every directory when the
+    // list is missing), each of which must have its directory.
+    let mut cpu_dirs = CpuSet::new();
+    for name in r.list_opt(CPU_DIR)?.unwrap_or_default() {
+        match dir_id(&name, "cpu") {
+            None => {}
+            Some(Ok(id)) => {
+                cpu_dirs.insert(id);
+            }
+            Some(Err(value)) => {
+                return Err(DiscoveryError::CpuIdOutOfRange {
+                    path: format!("{CPU_DIR}/{name}"),
+                    value,
+                })
+            }
+        }
+    }
     let online_path = format!("{CPU_DIR}/online");
     let online = match r.read_opt(&online_path)? {
-        Some(t) => r.cpuset(&online_path, &t)?,
-        None => {
-            let mut s = CpuSet::new();
-            for name in src.list(CPU_DIR).map_err(|source| DiscoveryError::Read {
-                path: CPU_DIR.to_string(),
-                source,
-            })? {
-                if let Some(id) = name
-                    .strip_prefix("cpu")
-                    .and_then(|n| n.parse::<usize>().ok())
-                {
-                    s.insert(id);
-                }
-            }
-            s
+        Some(t) => {
+            let online = r.cpuset(&online_path, &t)?;
+            checks::online_has_dirs(&online_path, CPU_DIR, &online, &cpu_dirs)?;
+            online
         }
+        None => cpu_dirs,
     };
+    if online.is_empty() {
+        return Err(DiscoveryError::NoCpus {
+            path: CPU_DIR.to_string(),
+        });
+    }
     let isolated_path = format!("{CPU_DIR}/isolated");
     let isolated = match r.read_opt(&isolated_path)? {
         Some(t) => r.cpuset(&isolated_path, &t)?,
         None => CpuSet::new(),
     };
 
-    // NUMA nodes.
+    let node_files = read_nodes(&r)?;
+    checks::nodes_disjoint(&node_files)?;
+    checks::every_cpu_in_a_node(NODE_DIR, &online, &node_files)?;
+    checks::memory_adds_up(&node_files)?;
+    let mut warnings = checks::distance_warnings(&node_files);
+    let nodes: Vec<RawNode> = node_files.into_iter().map(|n| n.node).collect();
+
+    let mut cpus = Vec::new();
+    for id in online.iter() {
+        cpus.push(read_cpu(&r, id, &nodes)?);
+    }
+    let devices = read_devices(&r, opts, &nodes, &mut warnings)?;
+    Ok(Discovery {
+        raw: RawTopology {
+            cpus,
+            nodes,
+            devices,
+            isolated,
+        },
+        warnings,
+    })
+}
+
+/// NUMA nodes, ascending by id; none when the kernel has no node directory (no NUMA).
+fn read_nodes<S: FileSource + ?Sized>(r: &Reader<S>) -> Result<Vec<NodeFiles>, DiscoveryError> {
+    let mut dirs: BTreeMap<u32, String> = BTreeMap::new();
+    for name in r.list_opt(NODE_DIR)?.unwrap_or_default() {
+        let path = format!("{NODE_DIR}/{name}");
+        let id = match dir_id(&name, "node") {
+            None => continue,
+            // Below MAX_IDS, so it fits a u32.
+            Some(Ok(id)) => id as u32,
+            Some(Err(value)) => return Err(DiscoveryError::NodeIdOutOfRange { path, value }),
+        };
+        if let Some(first) = dirs.insert(id, path.clone()) {
+            return Err(DiscoveryError::DuplicateNode {
+                first,
+                second: path,
+                id,
+            });
+        }
+    }
     let mut nodes = Vec::new();
-    if let Ok(names) = src.list(NODE_DIR) {
-        let mut ids: Vec<u32> = names
-            .iter()
-            .filter_map(|n| n.strip_prefix("node").and_then(|x| x.parse().ok()))
-            .collect();
-        ids.sort_unstable();
-        for id in ids {
-            let base = format!("{NODE_DIR}/node{id}");
-            let cl_path = format!("{base}/cpulist");
-            let cpus = match r.read_opt(&cl_path)? {
-                Some(t) => r.cpuset(&cl_path, &t)?,
-                None => {
-                    let map_path = format!("{base}/cpumap");
-                    let t = r.read(&map_path)?;
-                    CpuSet::parse_mask(&t).map_err(|e| malformed(&map_path, e.to_string(), &t))?
-                }
-            };
-            let mi_path = format!("{base}/meminfo");
-            let memory_bytes = match r.read_opt(&mi_path)? {
-                Some(t) => parse_memtotal(&t)
-                    .ok_or_else(|| malformed(&mi_path, "no MemTotal line".into(), &t))?,
-                None => 0,
-            };
-            let d_path = format!("{base}/distance");
-            let distances = match r.read_opt(&d_path)? {
-                Some(t) => t
-                    .split_whitespace()
-                    .map(|x| x.parse::<u32>())
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|_| malformed(&d_path, "not a list of integers".into(), &t))?,
-                None => Vec::new(),
-            };
-            nodes.push(RawNode {
+    for (id, base) in dirs {
+        let mut cpus_path = format!("{base}/cpulist");
+        let cpus = match r.read_opt(&cpus_path)? {
+            Some(t) => r.cpuset(&cpus_path, &t)?,
+            None => {
+                cpus_path = format!("{base}/cpumap");
+                let t = r.read(&cpus_path)?;
+                CpuSet::parse_mask(&t).map_err(|e| cpus_error(&cpus_path, &t, e))?
+            }
+        };
+        let mi_path = format!("{base}/meminfo");
+        let memory_bytes = match r.read_opt(&mi_path)? {
+            Some(t) => parse_memtotal(&mi_path, &t)?,
+            None => 0,
+        };
+        let distance_path = format!("{base}/distance");
+        let distances = match r.read_opt(&distance_path)? {
+            Some(t) => t
+                .split_whitespace()
+                .map(|x| x.parse::<u32>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| malformed(&distance_path, "not a list of integers".into(), &t))?,
+            None => Vec::new(),
+        };
+        nodes.push(NodeFiles {
+            node: RawNode {
                 id,
                 cpus,
                 memory_bytes,
                 distances,
-            });
-        }
-    }
-
-    // CPUs.
-    let mut cpus = Vec::new();
-    for id in online.iter() {
-        let base = format!("{CPU_DIR}/cpu{id}/topology");
-        let package = r
-            .int_opt(&format!("{base}/physical_package_id"))?
-            .unwrap_or(0);
-        let die = r.int_opt(&format!("{base}/die_id"))?.unwrap_or(0);
-        let first_of = |name: &str| -> Result<Option<usize>, DiscoveryError> {
-            let p = format!("{base}/{name}");
-            match r.read_opt(&p)? {
-                Some(t) => Ok(r.cpuset(&p, &t)?.first()),
-                None => Ok(None),
-            }
-        };
-        let core = match first_of("thread_siblings_list")? {
-            Some(c) => c as u64,
-            None => {
-                let cid = r.int_opt(&format!("{base}/core_id"))?.unwrap_or(id as i64);
-                // Not unique machine-wide on its own; the builder keys it by package and die.
-                (1u64 << 40) | (cid.max(0) as u64)
-            }
-        };
-        let cluster = match first_of("cluster_cpus_list")? {
-            Some(c) => Some(c as u64),
-            None => r
-                .int_opt(&format!("{base}/cluster_id"))?
-                .filter(|v| *v >= 0)
-                .map(|v| (1u64 << 40) | v as u64),
-        };
-        let numa = nodes.iter().find(|n| n.cpus.contains(id)).map(|n| n.id);
-        cpus.push(RawCpu {
-            id,
-            package: package.max(0) as u32,
-            die: die.max(0) as u32,
-            cluster,
-            core,
-            numa,
+            },
+            cpus_path,
+            distance_path,
         });
     }
+    Ok(nodes)
+}
 
-    // PCI devices: display controllers, and any device named in the options.
-    let mut devices = Vec::new();
-    if let Ok(addrs) = src.list(PCI_DIR) {
-        for addr in addrs {
-            let base = format!("{PCI_DIR}/{addr}");
-            let Some(class) = r.hex_opt(&format!("{base}/class"))? else {
-                continue;
-            };
-            let wanted = class >> 16 == 0x03 || opts.extra_devices.iter().any(|d| d == &addr);
-            if !wanted {
-                continue;
-            }
-            let numa_node = r
-                .int_opt(&format!("{base}/numa_node"))?
-                .filter(|n| *n >= 0)
-                .map(|n| n as u32);
-            devices.push(PciDevice {
-                address: addr.clone(),
-                class,
-                vendor: r.hex_opt(&format!("{base}/vendor"))?.unwrap_or(0),
-                device: r.hex_opt(&format!("{base}/device"))?.unwrap_or(0),
-                numa_node,
+/// One online CPU's `topology/` facts.
+fn read_cpu<S: FileSource + ?Sized>(
+    r: &Reader<S>,
+    id: usize,
+    nodes: &[RawNode],
+) -> Result<RawCpu, DiscoveryError> {
+    let base = format!("{CPU_DIR}/cpu{id}/topology");
+    let limit = MAX_IDS as u64;
+    // Ids below MAX_IDS fit a u32.
+    let package = r.id_opt(id, &base, "physical_package_id", limit)?;
+    let die = r.id_opt(id, &base, "die_id", limit)?;
+    // The first CPU of a sibling list, which must include the CPU itself (an empty list counts
+    // as missing).
+    let first_of = |name: &str| -> Result<Option<usize>, DiscoveryError> {
+        let p = format!("{base}/{name}");
+        let Some(t) = r.read_opt(&p)? else {
+            return Ok(None);
+        };
+        let list = r.cpuset(&p, &t)?;
+        if !list.is_empty() && !list.contains(id) {
+            return Err(DiscoveryError::ListOmitsItsCpu {
+                path: p,
+                cpu: id,
+                list: Box::new(list),
             });
         }
-    }
-
-    Ok(RawTopology {
-        cpus,
-        nodes,
-        devices,
-        isolated,
+        Ok(list.first())
+    };
+    // Identities from id files carry bit 40 so they never equal a CPU number; they are not
+    // unique machine-wide on their own, the builder keys them by package and die.
+    let core = match first_of("thread_siblings_list")? {
+        Some(c) => c as u64,
+        None => {
+            let cid = r.id_opt(id, &base, "core_id", 1 << 32)?;
+            (1u64 << 40) | cid.unwrap_or(id as u64)
+        }
+    };
+    let cluster = match first_of("cluster_cpus_list")? {
+        Some(c) => Some(c as u64),
+        None => r
+            .id_opt(id, &base, "cluster_id", limit)?
+            .map(|v| (1u64 << 40) | v),
+    };
+    Ok(RawCpu {
+        id,
+        package: package.unwrap_or(0) as u32,
+        die: die.unwrap_or(0) as u32,
+        cluster,
+        core,
+        numa: nodes.iter().find(|n| n.cpus.contains(id)).map(|n| n.id),
     })
 }
 
-fn parse_memtotal(text: &str) -> Option<u64> {
-    for line in text.lines() {
-        if let Some(idx) = line.find("MemTotal:") {
-            let rest = line[idx + "MemTotal:".len()..].trim();
-            let kb: u64 = rest.split_whitespace().next()?.parse().ok()?;
-            return Some(kb * 1024);
+/// PCI devices: display controllers, and any device named in the options. A `numa_node` that
+/// names no discovered node is a warning and the device gets no node.
+fn read_devices<S: FileSource + ?Sized>(
+    r: &Reader<S>,
+    opts: &DiscoveryOptions,
+    nodes: &[RawNode],
+    warnings: &mut Vec<DiscoveryWarning>,
+) -> Result<Vec<PciDevice>, DiscoveryError> {
+    let mut devices = Vec::new();
+    for addr in r.list_opt(PCI_DIR)?.unwrap_or_default() {
+        let base = format!("{PCI_DIR}/{addr}");
+        let Some(class) = r.hex_opt(&format!("{base}/class"))? else {
+            continue;
+        };
+        let wanted = class >> 16 == 0x03 || opts.extra_devices.iter().any(|d| d == &addr);
+        if !wanted {
+            continue;
         }
+        let nn_path = format!("{base}/numa_node");
+        let numa_node = match r.read_opt(&nn_path)? {
+            None => None,
+            Some(t) => match parse_id(&t) {
+                Id::Unknown => None,
+                // A kernel without NUMA has no node directories and the model's one node is 0.
+                Id::Value(0) if nodes.is_empty() => Some(0),
+                Id::Value(v) if nodes.iter().any(|n| u64::from(n.id) == v) => Some(v as u32),
+                _ => {
+                    warnings.push(DiscoveryWarning::DeviceNodeUnknown {
+                        path: nn_path,
+                        value: t.trim().chars().take(40).collect(),
+                    });
+                    None
+                }
+            },
+        };
+        devices.push(PciDevice {
+            address: addr.clone(),
+            class,
+            vendor: r.hex_opt(&format!("{base}/vendor"))?.unwrap_or(0),
+            device: r.hex_opt(&format!("{base}/device"))?.unwrap_or(0),
+            numa_node,
+        });
     }
-    None
+    Ok(devices)
 }
 
-/// Convenience: discover from a directory on disk.
+/// Convenience: discover from a directory on disk, dropping warnings.
 pub fn discover_dir(root: &Path) -> Result<RawTopology, DiscoveryError> {
     discover(&DirSource::new(root), &DiscoveryOptions::default())
+}
+
+/// Discover from a directory on disk, with warnings for the caller to log.
+pub fn discover_dir_with_warnings(root: &Path) -> Result<Discovery, DiscoveryError> {
+    discover_with_warnings(&DirSource::new(root), &DiscoveryOptions::default())
 }
 
 #[cfg(test)]

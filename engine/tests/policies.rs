@@ -97,9 +97,13 @@ fn numa_aware_one_node_most_free_then_nearest_nodes() {
     assert_eq!(p.reason, Reason::NumaNodes(2));
     let s = p.cpus.to_string();
     assert!(s == "0-47" || s == "48-95", "{s}");
-    // Requests are accounted per node; BestEffort still gets a node.
+    // BestEffort is not confined: the machine's shared CPUs (confined: one node).
     let p = placed(e.create(&c("be", 0.0, 0.0)));
-    assert_eq!(p.cpus.len(), 24);
+    assert_eq!(p.reason, Reason::BestEffort);
+    assert_eq!(p.cpus.len(), 96);
+    let mut be = c("be2", 0.0, 0.0);
+    be.overrides.confine_best_effort = Some(true);
+    assert_eq!(placed(e.create(&be)).cpus.len(), 24);
 }
 
 #[test]

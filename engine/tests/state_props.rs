@@ -71,8 +71,9 @@ fn config() -> impl Strategy<Value = EngineConfig> {
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(numa, mem, clusters, excl, gpu)| EngineConfig {
+        .prop_map(|(numa, mem, clusters, excl, gpu, confine)| EngineConfig {
             policy: if numa {
                 PolicyKind::NumaAware
             } else {
@@ -88,6 +89,7 @@ fn config() -> impl Strategy<Value = EngineConfig> {
             },
             reserved: CpuSet::parse("1").unwrap(),
             annotations_allowed: true,
+            confine_best_effort: confine,
         })
 }
 

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
+use tap_engine::grant::Grant;
 use tap_engine::request::{milli_cpu_from_quota, milli_cpu_from_shares, GRANT_KEY};
 use tap_engine::{
     ContainerRequest, CpuSet, CpusetUpdate, Engine, EngineConfig, Existing, NodeSet, Outcome,
@@ -84,7 +85,8 @@ pub const DEVICE_ENV_VARS: [&str; 3] = [
 ];
 
 pub struct Agent {
-    engine: Mutex<Engine>,
+    /// Shared with the metrics, which read the per-pool figures at scrape time.
+    engine: Arc<Mutex<Engine>>,
     topo: Arc<Topology>,
     metrics: Arc<Metrics>,
     fold: Option<HostFold>,
@@ -99,15 +101,19 @@ impl Agent {
         mode: &'static str,
     ) -> Agent {
         let topo = engine.topology().clone();
-        let agent = Agent {
-            engine: Mutex::new(engine),
+        let engine = Arc::new(Mutex::new(engine));
+        let weak = Arc::downgrade(&engine);
+        metrics.set_usage_source(Box::new(move || match weak.upgrade() {
+            Some(e) => e.lock().unwrap_or_else(|p| p.into_inner()).pool_status(),
+            None => Vec::new(),
+        }));
+        Agent {
+            engine,
             topo,
             metrics,
             fold,
             mode,
-        };
-        agent.publish_usage();
-        agent
+        }
     }
 
     pub fn topology(&self) -> &Arc<Topology> {
@@ -265,7 +271,6 @@ impl Agent {
                 );
                 self.metrics
                     .count_placement(self.topo.pools[p.pool].level.as_str(), p.exclusive);
-                self.publish_usage();
                 Adjustment {
                     cpus: Some(self.fold_cpus(&p.cpus)),
                     mems: p.mems.as_ref().map(|m| self.fold_nodes(m)),
@@ -281,10 +286,11 @@ impl Agent {
         }
     }
 
-    /// A container is being created.
+    /// A container is being created. Everything that reads the runtime's input runs inside
+    /// the panic guard.
     pub fn create(&self, c: &ContainerInfo) -> Adjustment {
-        let req = self.request_of(c);
         let out = self.guarded("create", |e| {
+            let req = self.request_of(c);
             let o = e.create(&req);
             let rec = e.record(&req.id);
             (o, rec)
@@ -294,8 +300,8 @@ impl Agent {
 
     /// A container's resources changed.
     pub fn update(&self, c: &ContainerInfo) -> Adjustment {
-        let req = self.request_of(c);
         let out = self.guarded("update", |e| {
+            let req = self.request_of(c);
             if req.overrides.skip && e.grant(&req.id).is_none() {
                 return (Outcome::Skipped(tap_engine::SkipReason::OptedOut), None);
             }
@@ -306,34 +312,69 @@ impl Agent {
         self.adjustment("update", c, out)
     }
 
+    /// The grant a container has now (to undo a change the runtime refuses).
+    pub fn grant_of(&self, id: &str) -> Option<Grant> {
+        self.lock().grant(id).cloned()
+    }
+
+    /// Puts back the grant a container had before a change the runtime refused (`None`: it had
+    /// none). Returns cpuset updates of containers whose cpuset must change for it.
+    pub fn reinstate(&self, id: &str, previous: Option<Grant>) -> Vec<Update> {
+        let ups = self
+            .guarded("rollback", |e| e.reinstate(id, previous))
+            .unwrap_or_default();
+        self.to_updates(ups)
+    }
+
+    /// The cpuset and memory nodes the engine gives a container now, as the runtime writes
+    /// them (folded onto the host where a fold is set); `None` without a grant.
+    pub fn current(&self, id: &str) -> Option<(String, Option<String>)> {
+        let e = self.lock();
+        let g = e.grant(id)?;
+        Some((
+            self.fold_cpus(&g.cpus),
+            g.mems.as_ref().map(|m| self.fold_nodes(m)),
+        ))
+    }
+
+    /// The grant record of a placed container.
+    pub fn record_of(&self, id: &str) -> Option<String> {
+        self.lock().record(id)
+    }
+
+    /// The ids of every container with a grant.
+    pub fn granted(&self) -> Vec<String> {
+        self.lock().grants().map(|(id, _)| id.clone()).collect()
+    }
+
     /// A container stopped or was removed (idempotent).
     pub fn remove(&self, id: &str) -> Vec<Update> {
         let ups = self.guarded("remove", |e| e.remove(id)).unwrap_or_default();
-        self.publish_usage();
         self.to_updates(ups)
     }
 
     /// Rebuilds the state from what the runtime reports. Returns updates for containers whose
     /// cpuset should change. Containers already known keep their grant.
     pub fn restore(&self, containers: &[ContainerInfo]) -> Vec<Update> {
-        let existing: Vec<Existing> = containers
-            .iter()
-            .map(|c| Existing {
-                request: self.request_of(c),
-                // With a host fold the live cpuset is in host CPUs, not the topology's: it
-                // cannot confirm a record (the record alone is used then).
-                cpus: c
-                    .cpus
-                    .as_deref()
-                    .and_then(|s| CpuSet::parse(s).ok())
-                    .filter(|s| !s.is_empty())
-                    .filter(|_| self.fold.is_none() || !c.annotations.contains_key(GRANT_KEY)),
-                mems: c.mems.as_deref().and_then(|s| CpuSet::parse(s).ok()),
-                record: c.annotations.get(GRANT_KEY).cloned(),
-            })
-            .collect();
-        let report = self.guarded("sync", |e| e.restore(&existing));
-        self.publish_usage();
+        let report = self.guarded("sync", |e| {
+            let existing: Vec<Existing> = containers
+                .iter()
+                .map(|c| Existing {
+                    request: self.request_of(c),
+                    // With a host fold the live cpuset is in host CPUs, not the topology's: it
+                    // cannot confirm a record (the record alone is used then).
+                    cpus: c
+                        .cpus
+                        .as_deref()
+                        .and_then(|s| CpuSet::parse(s).ok())
+                        .filter(|s| !s.is_empty())
+                        .filter(|_| self.fold.is_none() || !c.annotations.contains_key(GRANT_KEY)),
+                    mems: c.mems.as_deref().and_then(|s| CpuSet::parse(s).ok()),
+                    record: c.annotations.get(GRANT_KEY).cloned(),
+                })
+                .collect();
+            e.restore(&existing)
+        });
         match report {
             Some(r) => {
                 tracing::info!(
@@ -373,10 +414,11 @@ impl Agent {
         self.lock().clone()
     }
 
-    /// Pushes per-pool capacity and usage to the metrics.
-    fn publish_usage(&self) {
-        let status = self.lock().pool_status();
-        self.metrics.set_usage(&status);
+    /// Keeps the engine locked for `d` (tests of the decision deadline).
+    #[cfg(test)]
+    pub fn hold_engine_for(&self, d: std::time::Duration) {
+        let _g = self.lock();
+        std::thread::sleep(d);
     }
 }
 

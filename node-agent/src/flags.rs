@@ -64,6 +64,11 @@ pub struct Flags {
     #[arg(long, default_value = "/var/run/kunpeng/tap-runtime-proxy.sock")]
     pub runtime_proxy_endpoint: PathBuf,
 
+    /// Group (name or numeric id) allowed to use the proxy socket: it is then 0660 and owned by
+    /// that group; empty keeps it 0600 (root only, as the kubelet runs), whatever the umask.
+    #[arg(long, default_value = "")]
+    pub socket_group: String,
+
     /// The runtime's own socket the proxy forwards to (a path, `unix://` optional).
     #[arg(long, default_value = "/var/run/docker.sock")]
     pub container_runtime_service_endpoint: String,
@@ -122,6 +127,11 @@ pub struct Flags {
     #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub exclusive_cpus: bool,
 
+    /// Confine BestEffort containers to one pool or NUMA node like the others (charged
+    /// nothing); by default they run on the machine's shared CPUs, as the kubelet leaves them.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub confine_best_effort: bool,
+
     /// Map decisions onto this host's CPUs (`cpu % host CPUs`): for testing a fixture topology
     /// on a smaller machine. Never in production.
     #[arg(long)]
@@ -141,7 +151,7 @@ pub struct Flags {
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub enable_node_topology: bool,
 
-    /// Where the agent keeps its cached policy.
+    /// Where the agent keeps its cached policy and the proxies' grant records (made 0700).
     #[arg(long, default_value = "/var/lib/kunpeng-tap")]
     pub state_dir: PathBuf,
 
@@ -156,16 +166,22 @@ impl Flags {
         tap_bin_support::init_logging(self.verbose, self.log_format);
     }
 
-    /// Discovers the topology under `--sysfs-root` and builds its model.
+    /// Discovers the topology under `--sysfs-root` and builds its model. What discovery worked
+    /// around (asymmetric or short NUMA distance rows, ...) is logged as warnings.
     pub fn load_topology(&self) -> anyhow::Result<std::sync::Arc<tap_engine::Topology>> {
         use anyhow::Context;
-        let raw = tap_engine::sysfs::discover_dir(&self.sysfs_root).with_context(|| {
-            format!(
-                "discovering the topology under {}",
-                self.sysfs_root.display()
-            )
-        })?;
-        let topo = tap_engine::Topology::build(&raw).context("building the topology model")?;
+        let found =
+            tap_engine::sysfs::discover_dir_with_warnings(&self.sysfs_root).with_context(|| {
+                format!(
+                    "discovering the topology under {}",
+                    self.sysfs_root.display()
+                )
+            })?;
+        for w in &found.warnings {
+            tracing::warn!(sysfs_root = %self.sysfs_root.display(), "sysfs: {w}");
+        }
+        let topo =
+            tap_engine::Topology::build(&found.raw).context("building the topology model")?;
         Ok(std::sync::Arc::new(topo))
     }
 
@@ -179,6 +195,7 @@ impl Flags {
             priority: self.resource_priority,
             exclusive_cpus: self.exclusive_cpus,
             annotations_allowed: true,
+            confine_best_effort: self.confine_best_effort,
         }
     }
 

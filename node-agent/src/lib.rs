@@ -8,6 +8,7 @@ pub mod explain;
 pub mod flags;
 pub mod fold;
 pub mod kube_link;
+pub mod ledger;
 pub mod metrics;
 pub mod nri;
 pub mod proxy_server;

@@ -70,15 +70,12 @@ fn run(flags: Flags) -> anyhow::Result<()> {
         "kunpeng-tap starting"
     );
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let rt = tap_bin_support::runtime().context("starting the async runtime")?;
     rt.block_on(async move {
         let shutdown = tap_bin_support::shutdown_on_signal();
         if !flags.metrics_bind_address.is_empty() {
-            let addr = parse_bind(&flags.metrics_bind_address)?;
+            let addr = tap_bin_support::parse_bind(&flags.metrics_bind_address)
+                .map_err(|e| anyhow::anyhow!("--metrics-bind-address: {e}"))?;
             let m = metrics.clone();
             tokio::spawn(async move {
                 if let Err(e) = node_agent::metrics::serve(addr, m).await {
@@ -104,15 +101,4 @@ fn run(flags: Flags) -> anyhow::Result<()> {
         shutdown.cancel();
         result
     })
-}
-
-/// `:9091`, `0.0.0.0:9091` or `127.0.0.1:9091`.
-fn parse_bind(s: &str) -> anyhow::Result<std::net::SocketAddr> {
-    let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
-    } else {
-        s.to_string()
-    };
-    full.parse()
-        .with_context(|| format!("invalid --metrics-bind-address {s:?}"))
 }

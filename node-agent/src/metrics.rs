@@ -1,15 +1,19 @@
 //! Prometheus metrics of the agent (the reference's names kept) and the HTTP endpoint that
 //! serves them with `/healthz` and `/readyz`.
 
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tap_engine::engine::PoolStatus;
 
@@ -52,13 +56,74 @@ pub struct Metrics {
     pub proxy_up: Gauge,
     pub proxy_request_duration: Family<MethodLabels, Histogram>,
     pub hook_request_duration: Family<HookLabels, Histogram>,
-    pub node_capacity: Family<ZoneLabels, Gauge<f64, AtomicU64>>,
-    pub node_usage: Family<ZoneLabels, Gauge<f64, AtomicU64>>,
-    pub node_container_count: Family<ZoneLabels, Gauge>,
     pub errors: Family<ErrorLabels, Counter>,
     pub placements: Family<PlacementLabels, Counter>,
     pub runtime_connected: Gauge,
+    /// Where the per-pool figures come from at scrape time.
+    usage: UsageSource,
     ready: AtomicBool,
+}
+
+/// Reads the per-pool figures (capacity, usage, containers) when they are scraped.
+pub type UsageFn = dyn Fn() -> Vec<PoolStatus> + Send + Sync;
+
+#[derive(Clone, Default)]
+struct UsageSource(Arc<OnceLock<Box<UsageFn>>>);
+
+impl std::fmt::Debug for UsageSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UsageSource")
+    }
+}
+
+/// `tap_topology_node_{capacity,usage,container_count}`, computed from the engine's state on
+/// each scrape rather than on every hook.
+#[derive(Debug)]
+struct UsageCollector(UsageSource);
+
+impl Collector for UsageCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let pools = self.0 .0.get().map(|f| f()).unwrap_or_default();
+        let labels: Vec<ZoneLabels> = pools
+            .iter()
+            .map(|p| ZoneLabels {
+                zone: p.name.clone(),
+                level: p.level.as_str().to_string(),
+            })
+            .collect();
+        let cpus = |m: u64| m as f64 / 1000.0;
+        let series = [
+            (
+                "tap_topology_node_capacity",
+                "CPUs a topology zone (pool) can share out",
+                pools
+                    .iter()
+                    .map(|p| cpus(p.capacity_milli))
+                    .collect::<Vec<_>>(),
+            ),
+            (
+                "tap_topology_node_usage",
+                "CPUs requested by containers placed in a topology zone (pool) and below",
+                pools.iter().map(|p| cpus(p.request_milli)).collect(),
+            ),
+        ];
+        for (name, help, values) in series {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (v, l) in values.into_iter().zip(&labels) {
+                ConstGauge::new(v).encode(family.encode_family(l)?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "tap_topology_node_container_count",
+            "Containers placed on a topology zone (pool) itself",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (p, l) in pools.iter().zip(&labels) {
+            ConstGauge::new(i64::from(p.containers)).encode(family.encode_family(l)?)?;
+        }
+        Ok(())
+    }
 }
 
 impl Default for Metrics {
@@ -77,9 +142,6 @@ impl Metrics {
         let hook_request_duration = Family::<HookLabels, Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
         );
-        let node_capacity = Family::<ZoneLabels, Gauge<f64, AtomicU64>>::default();
-        let node_usage = Family::<ZoneLabels, Gauge<f64, AtomicU64>>::default();
-        let node_container_count = Family::<ZoneLabels, Gauge>::default();
         let errors = Family::<ErrorLabels, Counter>::default();
         let placements = Family::<PlacementLabels, Counter>::default();
         let runtime_connected = Gauge::default();
@@ -98,21 +160,8 @@ impl Metrics {
             "Time the placement engine took for a hook, by hook and mode",
             hook_request_duration.clone(),
         );
-        registry.register(
-            "tap_topology_node_capacity",
-            "CPUs a topology zone (pool) can share out",
-            node_capacity.clone(),
-        );
-        registry.register(
-            "tap_topology_node_usage",
-            "CPUs requested by containers placed in a topology zone (pool) and below",
-            node_usage.clone(),
-        );
-        registry.register(
-            "tap_topology_node_container_count",
-            "Containers placed on a topology zone (pool) itself",
-            node_container_count.clone(),
-        );
+        let usage = UsageSource::default();
+        registry.register_collector(Box::new(UsageCollector(usage.clone())));
         registry.register(
             "tap_errors",
             "Problems that were failed open (the container started unchanged), by hook and kind",
@@ -133,12 +182,10 @@ impl Metrics {
             proxy_up,
             proxy_request_duration,
             hook_request_duration,
-            node_capacity,
-            node_usage,
-            node_container_count,
             errors,
             placements,
             runtime_connected,
+            usage,
             ready: AtomicBool::new(false),
         }
     }
@@ -178,22 +225,10 @@ impl Metrics {
             .inc();
     }
 
-    pub fn set_usage(&self, pools: &[PoolStatus]) {
-        for p in pools {
-            let l = ZoneLabels {
-                zone: p.name.clone(),
-                level: p.level.as_str().to_string(),
-            };
-            self.node_capacity
-                .get_or_create(&l)
-                .set(p.capacity_milli as f64 / 1000.0);
-            self.node_usage
-                .get_or_create(&l)
-                .set(p.request_milli as f64 / 1000.0);
-            self.node_container_count
-                .get_or_create(&l)
-                .set(p.containers as i64);
-        }
+    /// Sets where the per-pool gauges are read from at scrape time (once; later calls are
+    /// ignored).
+    pub fn set_usage_source(&self, f: Box<UsageFn>) {
+        let _ = self.usage.0.set(f);
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -280,5 +315,48 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }
+    }
+
+    #[test]
+    fn pool_figures_are_read_when_scraped() {
+        let m = Metrics::new();
+        let n = Arc::new(std::sync::atomic::AtomicU64::new(1000));
+        let n2 = n.clone();
+        m.set_usage_source(Box::new(move || {
+            vec![PoolStatus {
+                name: "numa0".into(),
+                level: tap_engine::Level::Numa,
+                cpus: "0-3".into(),
+                capacity_milli: 4000,
+                request_milli: n2.load(Ordering::SeqCst),
+                limit_milli: 0,
+                exclusive_cpus: String::new(),
+                shared_cpus: "0-3".into(),
+                containers: 2,
+            }]
+        }));
+        let line = |t: &str, name: &str| {
+            t.lines()
+                .find(|l| l.starts_with(name))
+                .map(str::to_string)
+                .unwrap_or_default()
+        };
+        let t = m.render();
+        assert_eq!(
+            line(&t, "tap_topology_node_usage{"),
+            "tap_topology_node_usage{zone=\"numa0\",level=\"numa\"} 1.0"
+        );
+        assert_eq!(
+            line(&t, "tap_topology_node_capacity{"),
+            "tap_topology_node_capacity{zone=\"numa0\",level=\"numa\"} 4.0"
+        );
+        assert_eq!(
+            line(&t, "tap_topology_node_container_count{"),
+            "tap_topology_node_container_count{zone=\"numa0\",level=\"numa\"} 2"
+        );
+        n.store(2500, Ordering::SeqCst);
+        assert!(m
+            .render()
+            .contains("tap_topology_node_usage{zone=\"numa0\",level=\"numa\"} 2.5"));
     }
 }

@@ -4,22 +4,73 @@
 use crate::metrics::Metrics;
 use anyhow::Context;
 use std::future::Future;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
-/// Binds the proxy's unix socket, making its folder and removing a stale socket file.
-pub fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
+/// The group id named by `--socket-group` (a number, or a name in /etc/group); `None` when
+/// empty.
+pub fn resolve_group(spec: &str) -> anyhow::Result<Option<u32>> {
+    let spec = spec.trim();
+    if spec.is_empty() {
+        return Ok(None);
+    }
+    if let Ok(gid) = spec.parse::<u32>() {
+        return Ok(Some(gid));
+    }
+    let groups = std::fs::read_to_string("/etc/group").context("reading /etc/group")?;
+    groups
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            let gid = f.nth(1)?.parse::<u32>().ok()?;
+            (name == spec).then_some(gid)
+        })
+        .next()
+        .map(Some)
+        .with_context(|| format!("--socket-group={spec}: no such group in /etc/group"))
+}
+
+/// Binds the proxy's unix socket: 0600, or 0660 owned by `group`, whatever the umask. The
+/// socket is made under a temporary name and renamed into place, so it never exists with a
+/// looser mode. A stale socket at the path is replaced; any other file there is an error.
+pub fn bind_unix(path: &Path, group: Option<u32>) -> anyhow::Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    match std::fs::remove_file(path) {
-        Ok(()) => tracing::info!(socket = %path.display(), "removed a stale socket"),
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            tracing::info!(socket = %path.display(), "replacing a stale socket")
+        }
+        Ok(m) => anyhow::bail!(
+            "{} exists and is not a socket ({}); refusing to replace it",
+            path.display(),
+            if m.is_dir() { "a directory" } else { "a file" }
+        ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
+        Err(e) => return Err(e).with_context(|| format!("inspecting {}", path.display())),
     }
-    UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = std::path::PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let listener =
+        UnixListener::bind(&tmp).with_context(|| format!("binding {}", tmp.display()))?;
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    let secured = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+        .and_then(|_| match group {
+            Some(gid) => std::os::unix::fs::chown(&tmp, None, Some(gid)),
+            None => Ok(()),
+        })
+        .and_then(|_| std::fs::rename(&tmp, path));
+    if let Err(e) = secured {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("securing {}", path.display()));
+    }
+    Ok(listener)
 }
 
 /// Rebuilds the state with `restore` (which says how many containers it found), retrying with
@@ -107,10 +158,10 @@ mod tests {
     async fn serves_then_stops_within_the_grace() {
         let dir = std::env::temp_dir().join(format!("tap-ps-{}", std::process::id()));
         let sock = dir.join("sub/s.sock");
-        let l = bind_unix(&sock).expect("bind");
+        let l = bind_unix(&sock, None).expect("bind");
         // A second bind replaces the stale socket file.
         drop(l);
-        let l = bind_unix(&sock).expect("rebind");
+        let l = bind_unix(&sock, None).expect("rebind");
         let stop = CancellationToken::new();
         // Echo one byte; the second connection never ends by itself.
         let server = tokio::spawn(serve_connections(
@@ -137,6 +188,31 @@ mod tests {
         assert_eq!(closed, 1, "the open connection is closed at the deadline");
         assert!(t.elapsed() >= Duration::from_millis(300));
         assert!(t.elapsed() < Duration::from_secs(5));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn the_socket_is_private_whatever_the_umask_and_other_files_are_kept() {
+        let dir = std::env::temp_dir().join(format!("tap-ps-mode-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let sock = dir.join("p.sock");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let _l = bind_unix(&sock, None).expect("bind");
+        assert_eq!(mode(&sock), 0o600);
+        let gid = std::fs::metadata(&dir)
+            .map(|m| std::os::unix::fs::MetadataExt::gid(&m))
+            .unwrap();
+        let _l = bind_unix(&sock, Some(gid)).expect("rebind with a group");
+        assert_eq!(mode(&sock), 0o660);
+        let file = dir.join("not-a-socket");
+        std::fs::write(&file, "keep me").unwrap();
+        let e = bind_unix(&file, None).unwrap_err().to_string();
+        assert!(e.contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+        assert_eq!(resolve_group("").unwrap(), None);
+        assert_eq!(resolve_group("0").unwrap(), Some(0));
+        assert_eq!(resolve_group("root").unwrap(), Some(0));
+        assert!(resolve_group("no-such-group-here").is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -1,44 +1,55 @@
-//! The I/O layer: three kube-runtime Controllers over shared caches; every decision is made by
-//! [`crate::resolve`] and [`crate::plan`].
+//! The reconcilers of the three kube-runtime Controllers (wired up in [`crate::watches`]);
+//! every decision is made by [`crate::resolve`] and [`crate::plan`].
 //!
 //! - `node`: per Node, apply its NodeTopology spec (server-side apply) when it differs.
-//!   Triggered by the Node, its NodeTopology (owned), and every TopologyPolicy change.
 //! - `policy`: per TopologyPolicy, write its status from a full pass over all nodes (cached
-//!   while neither policies nor node labels changed). Triggered by the policy, and by policy
-//!   and node-label changes.
+//!   while neither policies nor node labels changed).
 //! - `gc`: per NodeTopology, delete it when its Node is gone (there is no garbage collector
 //!   without kube-controller-manager, and with one this is merely early).
 
 use crate::metrics::{Metrics, PolicyLabel};
 use crate::plan::{self, EventSpec, FIELD_MANAGER};
 use crate::resolve::{FullPass, NodeInput, PolicyInput, Resolver};
-use futures::channel::mpsc;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::controller::{Action, Config as CtlConfig, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{Hash, Hasher};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tap_api::{NodeTopology, TopologyPolicy, API_VERSION};
-use tokio_util::sync::CancellationToken;
+
+pub use crate::watches::run;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("kube API: {0}")]
     Kube(#[from] kube::Error),
-    #[error("cache writer dropped")]
+    #[error("reflector cache unavailable")]
     Cache,
-    #[error("serializing: {0}")]
-    Json(#[from] serde_json::Error),
+}
+
+impl Error {
+    /// A short, stable label for metrics: the variant, and for API errors the kind of refusal.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(s)) => match s.code {
+                401 | 403 => "api_forbidden",
+                404 => "api_not_found",
+                409 => "api_conflict",
+                422 => "api_invalid",
+                429 => "api_throttled",
+                500..=599 => "api_server_error",
+                _ => "api_other",
+            },
+            Error::Kube(_) => "kube_client",
+            Error::Cache => "cache",
+        }
+    }
 }
 
 type Cached<T> = Mutex<Option<((u64, u64), Arc<T>)>>;
@@ -80,6 +91,37 @@ pub fn node_input(n: &Node) -> NodeInput {
 }
 
 impl Ctx {
+    pub(crate) fn new(
+        client: Client,
+        stores: (Store<Node>, Store<TopologyPolicy>, Store<NodeTopology>),
+        metrics: Arc<Metrics>,
+        recorder: Recorder,
+    ) -> Ctx {
+        let (nodes, policies, node_topologies) = stores;
+        Ctx {
+            client,
+            nodes,
+            policies,
+            node_topologies,
+            metrics,
+            recorder,
+            policy_version: AtomicU64::new(0),
+            node_version: AtomicU64::new(0),
+            resolver: Mutex::new(None),
+            full: Mutex::new(None),
+        }
+    }
+
+    /// The set of policies or one's spec changed: cached resolutions are stale.
+    pub(crate) fn policies_changed(&self) {
+        self.policy_version.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The set of nodes or one's labels changed: the cached full pass is stale.
+    pub(crate) fn nodes_changed(&self) {
+        self.node_version.fetch_add(1, Ordering::SeqCst);
+    }
+
     fn versions(&self) -> (u64, u64) {
         (
             self.policy_version.load(Ordering::SeqCst),
@@ -146,7 +188,8 @@ impl Ctx {
     }
 }
 
-async fn reconcile_node(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+#[tracing::instrument(skip_all, fields(name = %node.name_any(), node = %node.name_any()))]
+pub(crate) async fn reconcile_node(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let start = Instant::now();
     let r = reconcile_node_inner(&node, &ctx).await;
     ctx.metrics.observe("node", start.elapsed(), r.is_ok());
@@ -193,7 +236,11 @@ async fn reconcile_node_inner(node: &Node, ctx: &Ctx) -> Result<Action, Error> {
     Ok(Action::requeue(Duration::from_secs(600)))
 }
 
-async fn reconcile_policy(p: Arc<TopologyPolicy>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+#[tracing::instrument(skip_all, fields(name = %p.name_any()))]
+pub(crate) async fn reconcile_policy(
+    p: Arc<TopologyPolicy>,
+    ctx: Arc<Ctx>,
+) -> Result<Action, Error> {
     let start = Instant::now();
     let r = reconcile_policy_inner(&p, &ctx).await;
     ctx.metrics.observe("policy", start.elapsed(), r.is_ok());
@@ -260,7 +307,8 @@ async fn reconcile_policy_inner(p: &TopologyPolicy, ctx: &Ctx) -> Result<Action,
     Ok(Action::await_change())
 }
 
-async fn reconcile_gc(nt: Arc<NodeTopology>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+#[tracing::instrument(skip_all, fields(name = %nt.name_any(), node = %nt.spec.node_name))]
+pub(crate) async fn reconcile_gc(nt: Arc<NodeTopology>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let start = Instant::now();
     let r = reconcile_gc_inner(&nt, &ctx).await;
     ctx.metrics.observe("gc", start.elapsed(), r.is_ok());
@@ -300,190 +348,38 @@ async fn reconcile_gc_inner(nt: &NodeTopology, ctx: &Ctx) -> Result<Action, Erro
     Ok(Action::await_change())
 }
 
-fn error_policy<K>(_: Arc<K>, e: &Error, _: Arc<Ctx>) -> Action {
-    tracing::warn!("reconcile failed: {e}");
+/// Logs the failed object and counts the failure by kind and reason; retries soon.
+pub(crate) fn error_policy<K: Resource<DynamicType = ()>>(
+    obj: Arc<K>,
+    e: &Error,
+    ctx: Arc<Ctx>,
+) -> Action {
+    let (kind, reason) = (K::kind(&()), e.reason());
+    tracing::warn!(%kind, name = %obj.name_any(), reason, "reconcile failed: {e}");
+    ctx.metrics.failed(&kind, reason);
     Action::requeue(Duration::from_secs(2))
 }
 
-fn labels_fingerprint(labels: &BTreeMap<String, String>) -> u64 {
-    let mut h = DefaultHasher::new();
-    labels.hash(&mut h);
-    h.finish()
-}
+#[cfg(test)]
+mod tests {
+    use super::Error;
+    use kube::core::Status;
 
-/// Runs the controllers until `shutdown`; the stores are fed by reflectors owned here, and
-/// their changes trigger the reconcile-all paths.
-pub async fn run(
-    client: Client,
-    metrics: Arc<Metrics>,
-    identity: &str,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    let nodes_api: Api<Node> = Api::all(client.clone());
-    let policies_api: Api<TopologyPolicy> = Api::all(client.clone());
-    let nt_api: Api<NodeTopology> = Api::all(client.clone());
-    let wc = watcher::Config::default();
-
-    let (nodes, nodes_writer) = reflector::store::<Node>();
-    let (policies, policies_writer) = reflector::store::<TopologyPolicy>();
-
-    let gc_controller = Controller::new(nt_api.clone(), wc.clone())
-        .with_config(CtlConfig::default().debounce(Duration::from_millis(200)));
-    let node_topologies = gc_controller.store();
-
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: Some(identity.to_string()),
-        },
-    );
-    let ctx = Arc::new(Ctx {
-        client: client.clone(),
-        nodes: nodes.clone(),
-        policies: policies.clone(),
-        node_topologies,
-        metrics: metrics.clone(),
-        recorder,
-        policy_version: AtomicU64::new(0),
-        node_version: AtomicU64::new(0),
-        resolver: Mutex::new(None),
-        full: Mutex::new(None),
-    });
-
-    // Policy changes (spec or membership) -> all nodes and all policies.
-    let (pol_to_nodes, pol_nodes_rx) = mpsc::unbounded::<()>();
-    let (pol_to_pols, pol_pols_rx) = mpsc::unbounded::<()>();
-    // Node label or membership changes -> all policies and the GC.
-    let (node_to_pols, node_pols_rx) = mpsc::unbounded::<()>();
-    let (node_to_gc, node_gc_rx) = mpsc::unbounded::<()>();
-
-    let policy_feed = {
-        let ctx = ctx.clone();
-        let stream = reflector::reflector(
-            policies_writer,
-            watcher(policies_api.clone(), wc.clone()).default_backoff(),
-        );
-        async move {
-            let mut seen: HashMap<String, (i64, Option<String>)> = HashMap::new();
-            let mut stream = std::pin::pin!(stream);
-            while let Some(ev) = stream.next().await {
-                let changed = match ev {
-                    Ok(watcher::Event::Apply(p)) | Ok(watcher::Event::InitApply(p)) => {
-                        let v = (p.metadata.generation.unwrap_or(0), p.metadata.uid.clone());
-                        seen.insert(p.name_any(), v.clone()) != Some(v)
-                    }
-                    Ok(watcher::Event::Delete(p)) => seen.remove(&p.name_any()).is_some(),
-                    Ok(watcher::Event::InitDone) => true,
-                    Ok(watcher::Event::Init) => false,
-                    Err(e) => {
-                        tracing::warn!("TopologyPolicy watch: {e}");
-                        false
-                    }
-                };
-                if changed {
-                    ctx.policy_version.fetch_add(1, Ordering::SeqCst);
-                    let _ = pol_to_nodes.unbounded_send(());
-                    let _ = pol_to_pols.unbounded_send(());
-                }
-            }
-        }
-    };
-    let node_feed = {
-        let ctx = ctx.clone();
-        let stream = reflector::reflector(
-            nodes_writer,
-            watcher(nodes_api.clone(), wc.clone()).default_backoff(),
-        );
-        async move {
-            let mut seen: HashMap<String, (u64, Option<String>)> = HashMap::new();
-            let mut stream = std::pin::pin!(stream);
-            while let Some(ev) = stream.next().await {
-                let changed = match ev {
-                    Ok(watcher::Event::Apply(n)) | Ok(watcher::Event::InitApply(n)) => {
-                        let v = (
-                            labels_fingerprint(
-                                n.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
-                            ),
-                            n.metadata.uid.clone(),
-                        );
-                        seen.insert(n.name_any(), v.clone()) != Some(v)
-                    }
-                    Ok(watcher::Event::Delete(n)) => seen.remove(&n.name_any()).is_some(),
-                    Ok(watcher::Event::InitDone) => true,
-                    Ok(watcher::Event::Init) => false,
-                    Err(e) => {
-                        tracing::warn!("Node watch: {e}");
-                        false
-                    }
-                };
-                if changed {
-                    ctx.node_version.fetch_add(1, Ordering::SeqCst);
-                    let _ = node_to_pols.unbounded_send(());
-                    let _ = node_to_gc.unbounded_send(());
-                }
-            }
-        }
-    };
-
-    let node_controller = Controller::new(nodes_api.clone(), wc.clone())
-        .owns(nt_api.clone(), wc.clone())
-        .reconcile_all_on(pol_nodes_rx)
-        .with_config(CtlConfig::default().debounce(Duration::from_millis(200)))
-        .graceful_shutdown_on({
-            let s = shutdown.clone();
-            async move { s.cancelled().await }
-        })
-        .run(reconcile_node, error_policy, ctx.clone())
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!("node controller: {e}");
-            }
-        });
-
-    let policy_controller = Controller::new(policies_api.clone(), wc.clone())
-        .reconcile_all_on(futures::stream::select(pol_pols_rx, node_pols_rx))
-        .with_config(CtlConfig::default().debounce(Duration::from_millis(300)))
-        .graceful_shutdown_on({
-            let s = shutdown.clone();
-            async move { s.cancelled().await }
-        })
-        .run(reconcile_policy, error_policy, ctx.clone())
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!("policy controller: {e}");
-            }
-        });
-
-    let gc = gc_controller
-        .reconcile_all_on(node_gc_rx)
-        .graceful_shutdown_on({
-            let s = shutdown.clone();
-            async move { s.cancelled().await }
-        })
-        .run(reconcile_gc, error_policy, ctx.clone())
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!("gc controller: {e}");
-            }
-        });
-
-    let ready = {
-        let ctx = ctx.clone();
-        async move {
-            let _ = ctx.nodes.wait_until_ready().await;
-            let _ = ctx.policies.wait_until_ready().await;
-            let _ = ctx.node_topologies.wait_until_ready().await;
-            ctx.metrics.ready.store(true, Ordering::Relaxed);
-            tracing::info!("caches synced");
-        }
-    };
-
-    tokio::select! {
-        _ = async { tokio::join!(node_controller, policy_controller, gc, ready) } => {}
-        _ = policy_feed => {}
-        _ = node_feed => {}
-        _ = shutdown.cancelled() => {}
+    fn api(code: u16) -> Error {
+        Error::Kube(kube::Error::Api(
+            Status::failure("refused", "Test").with_code(code).boxed(),
+        ))
     }
-    Ok(())
+
+    #[test]
+    fn error_reasons_are_short_and_stable() {
+        assert_eq!(api(409).reason(), "api_conflict");
+        assert_eq!(api(404).reason(), "api_not_found");
+        assert_eq!(api(403).reason(), "api_forbidden");
+        assert_eq!(api(422).reason(), "api_invalid");
+        assert_eq!(api(429).reason(), "api_throttled");
+        assert_eq!(api(503).reason(), "api_server_error");
+        assert_eq!(api(400).reason(), "api_other");
+        assert_eq!(Error::Cache.reason(), "cache");
+    }
 }

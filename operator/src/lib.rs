@@ -2,7 +2,8 @@
 //!
 //! - [`selector`], [`resolve`], [`plan`]: pure logic (observed state -> desired objects),
 //!   unit-tested and benchmarked.
-//! - [`controller`]: the kube-runtime Controllers (thin I/O layer).
+//! - [`controller`]: the reconcilers (thin I/O layer); [`watches`]: one shared watch per kind
+//!   feeding the stores and the Controllers.
 //! - [`lease`]: leader election on a Lease.
 //! - [`metrics`]: Prometheus metrics, health and readiness.
 
@@ -12,3 +13,4 @@ pub mod metrics;
 pub mod plan;
 pub mod resolve;
 pub mod selector;
+pub mod watches;

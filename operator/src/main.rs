@@ -27,13 +27,13 @@ struct Flags {
     #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
     lease_namespace: String,
     /// How long a lease stays valid without renewal.
-    #[arg(long, default_value = "15s", value_parser = humantime_secs)]
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
     lease_duration: Duration,
     /// A leader that could not renew for this long stops (must be < lease duration).
-    #[arg(long, default_value = "10s", value_parser = humantime_secs)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
     renew_deadline: Duration,
     /// How often to try to acquire or renew.
-    #[arg(long, default_value = "2s", value_parser = humantime_secs)]
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
     retry_period: Duration,
     /// This replica's identity in the Lease (default: $POD_NAME or the hostname, plus the pid).
     #[arg(long, env = "POD_NAME")]
@@ -51,32 +51,12 @@ struct Flags {
     log_format: LogFormat,
 }
 
-fn humantime_secs(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let (num, mul) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = t.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (t, 1.0)
-    };
-    num.parse::<f64>()
-        .ok()
-        .filter(|v| *v >= 0.0 && v.is_finite())
-        .map(|v| Duration::from_secs_f64(v * mul))
-        .ok_or_else(|| format!("invalid duration {s:?} (e.g. 15s, 500ms, 1m)"))
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
 }
 
-fn parse_bind(s: &str) -> anyhow::Result<std::net::SocketAddr> {
-    let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
-    } else {
-        s.to_string()
-    };
-    full.parse()
-        .with_context(|| format!("invalid bind address {s:?}"))
+fn bind(s: &str) -> anyhow::Result<std::net::SocketAddr> {
+    tap_bin_support::parse_bind(s).map_err(anyhow::Error::msg)
 }
 
 fn hostname() -> String {
@@ -100,11 +80,7 @@ async fn client(f: &Flags) -> anyhow::Result<kube::Client> {
 fn main() -> std::process::ExitCode {
     let f = Flags::parse();
     tap_bin_support::init_logging(f.verbose, f.log_format);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let rt = match tap_bin_support::runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("kunpeng-tap-operator: starting the runtime: {e}");
@@ -128,7 +104,7 @@ async fn run(f: Flags) -> anyhow::Result<()> {
     let client = client(&f).await.context("connecting to the API server")?;
     let metrics = Arc::new(Metrics::new());
     if !f.metrics_bind_address.is_empty() {
-        let addr = parse_bind(&f.metrics_bind_address)?;
+        let addr = bind(&f.metrics_bind_address)?;
         let m = metrics.clone();
         tokio::spawn(async move {
             if let Err(e) = metrics::serve_metrics(addr, m).await {
@@ -137,7 +113,7 @@ async fn run(f: Flags) -> anyhow::Result<()> {
         });
     }
     if !f.health_probe_bind_address.is_empty() {
-        let addr = parse_bind(&f.health_probe_bind_address)?;
+        let addr = bind(&f.health_probe_bind_address)?;
         let m = metrics.clone();
         tokio::spawn(async move {
             if let Err(e) = metrics::serve_health(addr, m).await {
@@ -155,7 +131,7 @@ async fn run(f: Flags) -> anyhow::Result<()> {
 
     if !f.leader_elect {
         metrics.leader.set(1);
-        return tap_operator::controller::run(client, metrics, &identity, shutdown).await;
+        return Ok(tap_operator::controller::run(client, metrics, &identity, shutdown).await?);
     }
 
     let elector = Arc::new(LeaderElector::new(
@@ -226,7 +202,9 @@ async fn run(f: Flags) -> anyhow::Result<()> {
         });
     }
     let result =
-        tap_operator::controller::run(client, metrics.clone(), &identity, controllers_stop).await;
+        tap_operator::controller::run(client, metrics.clone(), &identity, controllers_stop)
+            .await
+            .map_err(anyhow::Error::from);
     renewer.abort();
     metrics.leader.set(0);
     if lost.is_cancelled() {

@@ -19,6 +19,12 @@ pub struct ControllerLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabel {
+    pub kind: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PolicyLabel {
     pub policy: String,
 }
@@ -27,6 +33,7 @@ pub struct Metrics {
     registry: Registry,
     pub reconciles: Family<ControllerLabel, Counter>,
     pub errors: Family<ControllerLabel, Counter>,
+    pub failures: Family<FailureLabel, Counter>,
     pub durations: Family<ControllerLabel, Histogram>,
     pub policy_nodes: Family<PolicyLabel, Gauge>,
     pub writes: Family<ControllerLabel, Counter>,
@@ -52,6 +59,7 @@ impl Metrics {
         let mut registry = Registry::default();
         let reconciles = Family::<ControllerLabel, Counter>::default();
         let errors = Family::<ControllerLabel, Counter>::default();
+        let failures = Family::<FailureLabel, Counter>::default();
         let writes = Family::<ControllerLabel, Counter>::default();
         let durations = Family::<ControllerLabel, Histogram>::new_with_constructor(
             histogram as fn() -> Histogram,
@@ -67,6 +75,11 @@ impl Metrics {
             "tap_operator_reconcile_errors",
             "Reconciles that failed, by controller",
             errors.clone(),
+        );
+        registry.register(
+            "tap_operator_reconcile_errors_by_reason",
+            "Reconciles that failed, by object kind and reason (from the error policy)",
+            failures.clone(),
         );
         registry.register(
             "tap_operator_writes",
@@ -92,6 +105,7 @@ impl Metrics {
             registry,
             reconciles,
             errors,
+            failures,
             durations,
             policy_nodes,
             writes,
@@ -109,6 +123,16 @@ impl Metrics {
         if !ok {
             self.errors.get_or_create(&l).inc();
         }
+    }
+
+    /// A failed reconcile of a `kind` object, by [`crate::controller::Error::reason`].
+    pub fn failed(&self, kind: &str, reason: &str) {
+        self.failures
+            .get_or_create(&FailureLabel {
+                kind: kind.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     pub fn wrote(&self, controller: &str) {
@@ -129,7 +153,7 @@ impl Metrics {
 }
 
 /// Serves `/metrics`.
-pub async fn serve_metrics(addr: std::net::SocketAddr, m: Arc<Metrics>) -> anyhow::Result<()> {
+pub async fn serve_metrics(addr: std::net::SocketAddr, m: Arc<Metrics>) -> std::io::Result<()> {
     let app = Router::new().route(
         "/metrics",
         get(move || {
@@ -146,12 +170,11 @@ pub async fn serve_metrics(addr: std::net::SocketAddr, m: Arc<Metrics>) -> anyho
         }),
     );
     let l = tokio::net::TcpListener::bind(addr).await?;
-    axum::serve(l, app).await?;
-    Ok(())
+    axum::serve(l, app).await
 }
 
 /// Serves `/healthz` (the process runs) and `/readyz` (see [`Metrics::ready`]).
-pub async fn serve_health(addr: std::net::SocketAddr, m: Arc<Metrics>) -> anyhow::Result<()> {
+pub async fn serve_health(addr: std::net::SocketAddr, m: Arc<Metrics>) -> std::io::Result<()> {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route(
@@ -168,8 +191,7 @@ pub async fn serve_health(addr: std::net::SocketAddr, m: Arc<Metrics>) -> anyhow
             }),
         );
     let l = tokio::net::TcpListener::bind(addr).await?;
-    axum::serve(l, app).await?;
-    Ok(())
+    axum::serve(l, app).await
 }
 
 #[cfg(test)]
@@ -194,6 +216,21 @@ mod tests {
             "tap_operator_leader 0",
         ] {
             assert!(s.contains(name), "{name} missing in\n{s}");
+        }
+    }
+
+    #[test]
+    fn failures_are_counted_by_kind_and_reason() {
+        let m = Metrics::new();
+        m.failed("Node", "api_conflict");
+        m.failed("Node", "api_conflict");
+        m.failed("TopologyPolicy", "cache");
+        let s = m.encode();
+        for line in [
+            "tap_operator_reconcile_errors_by_reason_total{kind=\"Node\",reason=\"api_conflict\"} 2",
+            "tap_operator_reconcile_errors_by_reason_total{kind=\"TopologyPolicy\",reason=\"cache\"} 1",
+        ] {
+            assert!(s.contains(line), "{line} missing in\n{s}");
         }
     }
 }

@@ -159,6 +159,7 @@ fn main() -> Result<()> {
         let mut header = String::from("| policy |");
         let mut rows: Vec<String> = series.iter().map(|s| format!("| {} |", s.label)).collect();
         let mut imb_rows: Vec<String> = rows.clone();
+        let mut lim_rows: Vec<String> = rows.clone();
         for oc in levels {
             let t = generate(&params(&args, &m, oc)?);
             let res = run_all(&m, &t, 1);
@@ -175,6 +176,7 @@ fn main() -> Result<()> {
                     .push((measured, s.one_numa, s.one_numa_where_fits));
                 rows[i].push_str(&format!(" {:.1}% |", s.one_numa_where_fits * 100.0));
                 imb_rows[i].push_str(&format!(" {:.3} |", s.imbalance));
+                lim_rows[i].push_str(&format!(" {:.3} |", s.limit_imbalance));
             }
         }
         println!("{header}");
@@ -190,6 +192,16 @@ fn main() -> Result<()> {
         println!("{header}");
         println!("|---|{}", "---:|".repeat(series[0].points.len()));
         for r in imb_rows {
+            println!("{r}");
+        }
+        println!();
+        println!(
+            "sweep (seed {}): NUMA imbalance (max/mean of CPU limits, requests where none)",
+            args.seed
+        );
+        println!("{header}");
+        println!("|---|{}", "---:|".repeat(series[0].points.len()));
+        for r in lim_rows {
             println!("{r}");
         }
         plot(

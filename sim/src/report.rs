@@ -16,11 +16,11 @@ pub fn table(results: &[Outcomes]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| policy | containers | 1 NUMA | 1 die | 1 socket | 1 NUMA where one fits | spans NUMA though one fits | NUMA imbalance (max/mean) | exclusive grants / CPUs (peak) | Guaranteed-integer left shared | refused | fallback to root | cpuset updates of others | decision p50 µs | decision p99 µs | GPU-local |"
+        "| policy | containers | 1 NUMA | 1 NUMA (not BestEffort) | 1 die | 1 socket | 1 NUMA where one fits | spans NUMA though one fits | NUMA imbalance by request (max/mean) | by limit | exclusive grants / CPUs (peak) | Guaranteed-integer left shared | refused | fallback to root | cpuset updates of others | decision p50 µs | decision p99 µs | GPU-local |"
     );
     let _ = writeln!(
         out,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in results {
         let s: Summary = r.summary();
@@ -31,15 +31,17 @@ pub fn table(results: &[Outcomes]) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {:.3} | {} / {} ({}) | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.3} | {} / {} ({}) | {} | {} | {} | {} | {} | {} | {} |",
             r.label,
             s.containers,
             pct(s.one_numa),
+            pct(s.one_numa_not_be),
             pct(s.one_die),
             pct(s.one_socket),
             pct(s.one_numa_where_fits),
             pct(s.spans_although_fits),
             s.imbalance,
+            s.limit_imbalance,
             s.exclusive_grants,
             s.exclusive_cpus,
             s.exclusive_peak,

@@ -5,11 +5,12 @@
 //! its public API exactly as the node agent drives it (`Engine::create` / `Engine::remove`).
 //!
 //! Every policy is judged by the same policy-independent ledger: each container's CPU request
-//! is charged to the NUMA nodes of the cpuset it got (in proportion to its CPUs on each node),
-//! and exclusive CPUs are counted per node. From that ledger, before each placement, the
-//! simulator asks whether a single-node placement was possible: some NUMA node whose
-//! non-exclusive CPUs hold the container's size (limit, or request without a limit) and whose
-//! uncommitted request capacity holds its request.
+//! and size (limit, or request without a limit) are charged to the NUMA nodes of the cpuset it
+//! got (in proportion to its CPUs on each node), and exclusive CPUs are counted per node. From
+//! that ledger, before each placement, the simulator asks whether a single-node placement was
+//! possible: some NUMA node whose non-exclusive CPUs hold the container's size and whose
+//! uncommitted request capacity holds its request. BestEffort containers (no request, no
+//! limit, and by design no NUMA affinity) are left out of that question.
 
 use crate::kubelet::KubeletStatic;
 use crate::trace::Trace;
@@ -176,8 +177,9 @@ pub struct Placed {
     pub numa_nodes: usize,
     pub dies: usize,
     pub sockets: usize,
-    /// A single-NUMA placement was possible when it arrived.
+    /// A single-NUMA placement was possible when it arrived (never for BestEffort).
     pub single_possible: bool,
+    pub best_effort: bool,
     pub exclusive_cpus: usize,
     /// Whole CPUs a Guaranteed integer-CPU container qualifies for (the kubelet's rule).
     pub exclusive_eligible: Option<usize>,
@@ -197,6 +199,8 @@ pub struct Outcomes {
     pub placed: Vec<Placed>,
     /// Time-weighted mean over the measured window of max/mean requested CPUs per NUMA node.
     pub imbalance: f64,
+    /// The same for CPU limits (requests where no limit).
+    pub limit_imbalance: f64,
     /// Time-weighted mean overcommit (limits, or requests without limits, over CPUs).
     pub overcommit: f64,
     /// Time-weighted mean of the live containers' CPU requests over the machine's CPUs.
@@ -215,11 +219,14 @@ pub struct Summary {
     pub one_numa: f64,
     pub one_die: f64,
     pub one_socket: f64,
+    /// Share of Guaranteed and Burstable containers within one NUMA node.
+    pub one_numa_not_be: f64,
     /// Share within one NUMA node among containers for which one was possible.
     pub one_numa_where_fits: f64,
     /// Share of all containers spanning NUMA nodes although one node was possible.
     pub spans_although_fits: f64,
     pub imbalance: f64,
+    pub limit_imbalance: f64,
     pub overcommit: f64,
     pub exclusive_grants: usize,
     pub exclusive_cpus: usize,
@@ -264,12 +271,20 @@ impl Outcomes {
             one_numa: share(self.placed.iter().filter(|p| p.numa_nodes == 1).count(), n),
             one_die: share(self.placed.iter().filter(|p| p.dies == 1).count(), n),
             one_socket: share(self.placed.iter().filter(|p| p.sockets == 1).count(), n),
+            one_numa_not_be: share(
+                self.placed
+                    .iter()
+                    .filter(|p| !p.best_effort && p.numa_nodes == 1)
+                    .count(),
+                self.placed.iter().filter(|p| !p.best_effort).count(),
+            ),
             one_numa_where_fits: share(
                 fits.iter().filter(|p| p.numa_nodes == 1).count(),
                 fits.len(),
             ),
             spans_although_fits: share(fits.iter().filter(|p| p.numa_nodes > 1).count(), n),
             imbalance: self.imbalance,
+            limit_imbalance: self.limit_imbalance,
             overcommit: self.overcommit,
             exclusive_grants: self.placed.iter().filter(|p| p.exclusive_cpus > 0).count(),
             exclusive_cpus: self.placed.iter().map(|p| p.exclusive_cpus).sum(),
@@ -295,11 +310,13 @@ struct Ledger {
     /// CPUs per node.
     cap: Vec<u64>,
     req: Vec<u64>,
+    /// Sizes (limit, or request without a limit) per node.
+    lim: Vec<u64>,
     excl: Vec<u64>,
-    /// Per container: (node index, milli-CPU charged, exclusive CPUs on that node).
-    charges: HashMap<String, Vec<(usize, u64, u64)>>,
-    /// Per container: its request and whether its CPUs are exclusive.
-    meta: HashMap<String, (u64, bool)>,
+    /// Per container: (node index, request and size charged, exclusive CPUs on that node).
+    charges: HashMap<String, Vec<(usize, u64, u64, u64)>>,
+    /// Per container: its request, size and whether its CPUs are exclusive.
+    meta: HashMap<String, (u64, u64, bool)>,
 }
 
 impl Ledger {
@@ -307,6 +324,7 @@ impl Ledger {
         let cap: Vec<u64> = m.topo.nodes.iter().map(|n| n.cpus.len() as u64).collect();
         Ledger {
             req: vec![0; cap.len()],
+            lim: vec![0; cap.len()],
             excl: vec![0; cap.len()],
             cap,
             charges: HashMap::new(),
@@ -321,7 +339,14 @@ impl Ledger {
         })
     }
 
-    fn charge(&mut self, m: &Machine, id: &str, cpus: &CpuSet, request: u64, exclusive: bool) {
+    fn charge(
+        &mut self,
+        m: &Machine,
+        id: &str,
+        cpus: &CpuSet,
+        (request, size): (u64, u64),
+        exclusive: bool,
+    ) {
         let mut per: Vec<(usize, u64)> = Vec::new();
         for cpu in cpus.iter() {
             let idx = m.cpu_node_idx.get(cpu).copied().unwrap_or(usize::MAX);
@@ -335,50 +360,57 @@ impl Ledger {
         }
         let total: u64 = per.iter().map(|p| p.1).sum();
         let mut out = Vec::new();
-        let mut given = 0;
+        let (mut given, mut given_l) = (0, 0);
         for (k, (idx, n)) in per.iter().enumerate() {
             // Proportional split; the last node takes the rounding remainder.
-            let r = if k + 1 == per.len() {
-                request - given
-            } else {
-                request * n / total.max(1)
+            let split = |v: u64, given: u64| {
+                if k + 1 == per.len() {
+                    v - given
+                } else {
+                    v * n / total.max(1)
+                }
             };
+            let (r, l) = (split(request, given), split(size, given_l));
             given += r;
+            given_l += l;
             let ex = if exclusive { *n } else { 0 };
             self.req[*idx] += r;
+            self.lim[*idx] += l;
             self.excl[*idx] += ex;
-            out.push((*idx, r, ex));
+            out.push((*idx, r, l, ex));
         }
         self.charges.insert(id.to_string(), out);
-        self.meta.insert(id.to_string(), (request, exclusive));
+        self.meta.insert(id.to_string(), (request, size, exclusive));
     }
 
     /// A running container's cpuset changed (exclusive CPUs taken from or returned to its
     /// pool): its request now spreads over the new cpuset.
     fn recharge(&mut self, m: &Machine, id: &str, cpus: &CpuSet) {
-        if let Some((request, exclusive)) = self.meta.get(id).copied() {
+        if let Some((request, size, exclusive)) = self.meta.get(id).copied() {
             self.uncharge(id);
-            self.charge(m, id, cpus, request, exclusive);
+            self.charge(m, id, cpus, (request, size), exclusive);
         }
     }
 
     fn uncharge(&mut self, id: &str) {
         self.meta.remove(id);
         if let Some(v) = self.charges.remove(id) {
-            for (idx, r, ex) in v {
+            for (idx, r, l, ex) in v {
                 self.req[idx] -= r;
+                self.lim[idx] -= l;
                 self.excl[idx] -= ex;
             }
         }
     }
 
-    fn imbalance(&self) -> Option<f64> {
-        let total: u64 = self.req.iter().sum();
-        if total == 0 || self.req.is_empty() {
+    /// Max/mean over NUMA nodes of `load` (requests or sizes).
+    fn imbalance(load: &[u64]) -> Option<f64> {
+        let total: u64 = load.iter().sum();
+        if total == 0 || load.is_empty() {
             return None;
         }
-        let mean = total as f64 / self.req.len() as f64;
-        let max = *self.req.iter().max().unwrap_or(&0) as f64;
+        let mean = total as f64 / load.len() as f64;
+        let max = *load.iter().max().unwrap_or(&0) as f64;
         Some(max / mean)
     }
 }
@@ -446,6 +478,7 @@ pub fn simulate_with(
     let mut gpu_held: HashMap<String, Vec<usize>> = HashMap::new();
     let (w0, w1) = (trace.warmup_s, trace.last_arrival());
     let (mut imb_area, mut oc_area, mut span) = (0.0f64, 0.0f64, 0.0f64);
+    let mut lim_imb_area = 0.0f64;
     let (mut util_area, mut max_util_area) = (0.0f64, 0.0f64);
     let mut last_t = 0.0f64;
     let mut size_live: u64 = 0;
@@ -460,8 +493,11 @@ pub fn simulate_with(
         let (a, b) = (last_t.max(w0), ev.time.min(w1));
         if b > a {
             let dt = b - a;
-            if let Some(i) = ledger.imbalance() {
+            if let Some(i) = Ledger::imbalance(&ledger.req) {
                 imb_area += i * dt;
+            }
+            if let Some(i) = Ledger::imbalance(&ledger.lim) {
+                lim_imb_area += i * dt;
             }
             oc_area += size_live as f64 / (machine.cpus() as f64 * 1000.0) * dt;
             let total: u64 = ledger.req.iter().sum();
@@ -544,7 +580,8 @@ pub fn simulate_with(
                 device_nodes: device_nodes.clone(),
                 overrides,
             };
-            let single_possible = ledger.single_possible(request, size);
+            let best_effort = req.qos() == tap_engine::Qos::BestEffort;
+            let single_possible = !best_effort && ledger.single_possible(request, size);
             let (mut cpus, mut exclusive, mut refused, mut fallback, mut latency) =
                 (all, 0usize, false, false, None);
             match &mut state {
@@ -594,7 +631,7 @@ pub fn simulate_with(
                     }
                 }
             }
-            ledger.charge(machine, &id, &cpus, request, exclusive > 0);
+            ledger.charge(machine, &id, &cpus, (request, size), exclusive > 0);
             if matches!(state, State::Kubelet(_)) && exclusive == 0 {
                 kubelet_shared.insert(id.clone());
             }
@@ -616,6 +653,7 @@ pub fn simulate_with(
                 dies: machine.dies_of(&cpus),
                 sockets: machine.sockets_of(&cpus),
                 single_possible,
+                best_effort,
                 exclusive_cpus: exclusive,
                 exclusive_eligible: req.exclusive_cpus(),
                 refused,
@@ -630,6 +668,7 @@ pub fn simulate_with(
         engine: matches!(run.policy, Policy::Engine(_)),
         placed,
         imbalance: if span > 0.0 { imb_area / span } else { 0.0 },
+        limit_imbalance: if span > 0.0 { lim_imb_area / span } else { 0.0 },
         overcommit: if span > 0.0 { oc_area / span } else { 0.0 },
         request_util: if span > 0.0 { util_area / span } else { 0.0 },
         max_node_util: if span > 0.0 {
@@ -741,27 +780,30 @@ mod tests {
         // Pools: machine > socket0 (node 0), socket1 (node 1).
         // a -> socket0 (tie, lower id); b -> socket1 (only there does the limit fit too);
         // c: both sockets have 2 CPUs of request free, less than its limit of 3, while the
-        // machine has 4: "holds the limit" outranks depth, so c goes to the machine (2 nodes)
-        // although its request fits one node. d: the machine has 2 free as well now, and
-        // neither holds the limit, so the deeper socket0 wins.
+        // machine has 4; the root is the last resort, so c goes to a socket (socket0: tie on
+        // free request and limit room, lower id). d: only socket1 has room left.
         assert_eq!(
             o.placed.iter().map(|p| p.numa_nodes).collect::<Vec<_>>(),
-            vec![1, 1, 2, 1]
+            vec![1, 1, 1, 1]
         );
-        // Ledger before d: c charged 1 CPU to each node -> 3 and 3 of 4: no single node.
+        // Ledger before d: node 0 holds 4, node 1 holds 2 of 4: node 1 still fits.
         assert_eq!(
             o.placed
                 .iter()
                 .map(|p| p.single_possible)
                 .collect::<Vec<_>>(),
-            vec![true, true, true, false]
+            vec![true, true, true, true]
         );
-        assert_eq!(s.one_numa, 0.75);
-        assert_eq!(s.one_socket, 0.75);
-        assert!((s.one_numa_where_fits - 2.0 / 3.0).abs() < 1e-9);
-        assert_eq!(s.spans_although_fits, 0.25);
-        // Window [2, 4]: nodes hold 2+1 and 2+1 CPUs of request -> balanced.
-        assert!((s.imbalance - 1.0).abs() < 1e-9, "{}", s.imbalance);
+        assert_eq!((s.one_numa, s.one_socket), (1.0, 1.0));
+        assert_eq!((s.one_numa_where_fits, s.spans_although_fits), (1.0, 0.0));
+        // Window [2, 4]: node 0 holds a and c (4 CPUs of request, 6 of limit), node 1 holds b
+        // (2 and 3): 4/3 by request, 6/4.5 by limit.
+        assert!((s.imbalance - 4.0 / 3.0).abs() < 1e-9, "{}", s.imbalance);
+        assert!(
+            (s.limit_imbalance - 6.0 / 4.5).abs() < 1e-9,
+            "{}",
+            s.limit_imbalance
+        );
         assert_eq!((s.refused, s.fallback), (0, 0));
         assert!(s.p50_us.is_some() && s.p99_us.is_some());
     }
@@ -827,6 +869,43 @@ mod tests {
             o.imbalance
         );
         assert_eq!(o.updates, 1);
+    }
+
+    #[test]
+    fn best_effort_is_left_out_of_locality_where_one_fits() {
+        // A Burstable 1/2 and a BestEffort container: the engine leaves the BestEffort one on
+        // all CPUs (both nodes), which counts against "1 NUMA" but not against "1 NUMA where
+        // one fits" or the Guaranteed/Burstable share.
+        let m = tiny_machine();
+        let t = Trace::parse(
+            r#"{"name": "be", "pods": [
+          {"name": "b", "qos": "Burstable", "arrival_s": 0, "containers": [{"name": "c", "cpu_request": "1", "cpu_limit": "2"}]},
+          {"name": "e", "qos": "BestEffort", "arrival_s": 1, "containers": [{"name": "c"}]}
+        ]}"#,
+        )
+        .unwrap();
+        let o = simulate(
+            &m,
+            &t,
+            &PolicyRun {
+                label: "ta".into(),
+                policy: Policy::Engine(EngineConfig::default()),
+            },
+        );
+        assert_eq!(
+            o.placed.iter().map(|p| p.numa_nodes).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert_eq!(
+            o.placed
+                .iter()
+                .map(|p| p.single_possible)
+                .collect::<Vec<_>>(),
+            vec![true, false]
+        );
+        let s = o.summary();
+        assert_eq!((s.one_numa, s.one_numa_not_be), (0.5, 1.0));
+        assert_eq!(s.one_numa_where_fits, 1.0);
     }
 
     #[test]

@@ -119,11 +119,14 @@ fn record_annotation(adj: &Adjustment) -> HashMap<String, String> {
 }
 
 /// The resources to send for an [`Update`] of another container: what it has, new cpuset.
+/// CRI fields are `i64`: a share or period beyond `i64::MAX` (the runtime may report one as a
+/// JSON `u64`) is sent as `i64::MAX`, never wrapped to a negative value.
 pub fn update_resources(info: &ContainerInfo, u: &Update) -> cri::LinuxContainerResources {
+    let saturate = |v: Option<u64>| i64::try_from(v.unwrap_or(0)).unwrap_or(i64::MAX);
     cri::LinuxContainerResources {
-        cpu_shares: info.cpu_shares.unwrap_or(0) as i64,
+        cpu_shares: saturate(info.cpu_shares),
         cpu_quota: info.cpu_quota.unwrap_or(0),
-        cpu_period: info.cpu_period.unwrap_or(0) as i64,
+        cpu_period: saturate(info.cpu_period),
         memory_limit_in_bytes: info.memory_limit.unwrap_or(0),
         cpuset_cpus: u.cpus.clone(),
         cpuset_mems: u.mems.clone().unwrap_or_default(),
@@ -426,5 +429,30 @@ mod tests {
         assert_eq!(r.memory_limit_in_bytes, 1 << 20);
         assert_eq!(r.cpuset_cpus, "4-7");
         assert_eq!(r.cpuset_mems, "");
+    }
+
+    /// Caught by the update_resources property in tests/fuzz_cri.rs: a share or period above
+    /// `i64::MAX` (read from a verbose status as a JSON `u64`) was cast with `as` and sent
+    /// negative.
+    #[test]
+    fn update_resources_saturate_instead_of_wrapping() {
+        let info = ContainerInfo {
+            cpu_shares: Some(u64::MAX),
+            cpu_period: Some(1 << 63),
+            ..Default::default()
+        };
+        let u = Update {
+            container_id: "k".into(),
+            cpus: "0".into(),
+            mems: None,
+        };
+        let r = update_resources(&info, &u);
+        assert_eq!(r.cpu_shares, i64::MAX);
+        assert_eq!(r.cpu_period, i64::MAX);
+        let ok = ContainerInfo {
+            cpu_shares: Some(i64::MAX as u64),
+            ..Default::default()
+        };
+        assert_eq!(update_resources(&ok, &u).cpu_shares, i64::MAX);
     }
 }

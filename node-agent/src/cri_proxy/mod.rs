@@ -22,9 +22,11 @@ pub mod grpc;
 pub use convert::*;
 
 use crate::agent::{Agent, ContainerInfo, PodInfo, Update};
-use crate::docker_proxy::RecordFile;
 use crate::flags::Flags;
-use crate::proxy_server::{bind_unix, restore_until_done};
+use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime, RECONCILE_EVERY};
+use crate::ledger::state_file::StateFile;
+use crate::ledger::{hook_span, Ledger, Listed};
+use crate::proxy_server::{bind_unix, resolve_group, restore_until_done};
 use anyhow::Context;
 use grpc::{error_response, read_unary, with_overlay, ProxyBody, Unary, Upstream};
 use hyper::body::Incoming;
@@ -34,12 +36,12 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use prost::Message;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tap_engine::request::GRANT_KEY;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::{Code, Status};
+use tracing::Instrument;
 
 /// Message size limit both ways (the kubelet's).
 pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
@@ -47,37 +49,17 @@ pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 // ---------------------------------------------------------------------------------------------
 // The proxy.
 
-#[derive(Default)]
-struct Known {
-    /// Engine key -> container.
-    by_key: HashMap<String, ContainerInfo>,
-    /// Runtime container id -> engine key.
-    ids: HashMap<String, String>,
-}
-
-impl Known {
-    fn id_of(&self, key: &str) -> Option<String> {
-        self.ids
-            .iter()
-            .find(|(_, k)| k.as_str() == key)
-            .map(|(id, _)| id.clone())
-    }
-}
-
 #[derive(Clone)]
 pub struct CriProxy {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    agent: Arc<Agent>,
-    /// Records changed by UpdateContainerResources (annotations are fixed at create).
-    records: Option<RecordFile>,
+    ledger: Arc<Ledger>,
     /// Where the calls of the kubelet go, as HTTP/2 streams.
     upstream: Upstream,
     /// The calls the proxy makes itself (restore, sandbox lookups, updates of other containers).
     runtime: RuntimeServiceClient<Channel>,
-    known: Mutex<Known>,
 }
 
 /// A lazily connected channel to a unix socket.
@@ -98,15 +80,14 @@ impl CriProxy {
         state_dir: Option<&Path>,
     ) -> anyhow::Result<CriProxy> {
         let ch = unix_channel(backend)?;
+        let file = state_dir.map(|d| StateFile::new(d.join("cri-grants.json")));
         Ok(CriProxy {
             inner: Arc::new(Inner {
-                agent,
-                records: state_dir.map(|d| RecordFile::new(d.join("cri-grants.json"))),
+                ledger: Arc::new(Ledger::new(agent, file)),
                 upstream: Upstream::new(backend),
                 runtime: RuntimeServiceClient::new(ch)
                     .max_decoding_message_size(MAX_MESSAGE)
                     .max_encoding_message_size(MAX_MESSAGE),
-                known: Mutex::new(Known::default()),
             }),
         })
     }
@@ -116,50 +97,15 @@ impl CriProxy {
     }
 
     fn agent(&self) -> &Agent {
-        &self.inner.agent
+        self.inner.ledger.agent()
     }
 
-    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
-        self.inner.known.lock().unwrap_or_else(|p| p.into_inner())
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.inner.ledger
     }
 
-    async fn apply_updates(&self, updates: &[Update]) {
-        for u in updates {
-            let target = {
-                let k = self.known();
-                k.id_of(&u.container_id).map(|id| {
-                    (
-                        id,
-                        k.by_key.get(&u.container_id).cloned().unwrap_or_default(),
-                    )
-                })
-            };
-            let Some((id, info)) = target else {
-                tracing::warn!(container = %u.container_id, "cpuset update for an unknown container");
-                continue;
-            };
-            let req = cri::UpdateContainerResourcesRequest {
-                container_id: id.clone(),
-                linux: Some(update_resources(&info, u)),
-                ..Default::default()
-            };
-            match self.rt().update_container_resources(req).await {
-                Ok(_) => {
-                    tracing::info!(container = %id, cpus = %u.cpus, "cpuset updated");
-                    if let Some(i) = self.known().by_key.get_mut(&u.container_id) {
-                        i.cpus = Some(u.cpus.clone());
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(container = %id, "cpuset update failed: {e}");
-                    self.agent().metrics().count_error("update", "runtime");
-                }
-            }
-        }
-    }
-
-    /// Rebuilds the state from the runtime. Returns how many containers were reported.
-    pub async fn restore(&self) -> anyhow::Result<usize> {
+    /// The Pod of every sandbox, by sandbox id.
+    async fn pods(&self) -> anyhow::Result<HashMap<String, PodInfo>> {
         let sandboxes = self
             .rt()
             .list_pod_sandbox(cri::ListPodSandboxRequest::default())
@@ -190,25 +136,64 @@ impl CriProxy {
             }
             pods.insert(sb.id, pod);
         }
-        let containers = self
+        Ok(pods)
+    }
+
+    /// The runtime's live containers (not exited).
+    async fn live_containers(&self) -> anyhow::Result<Vec<cri::Container>> {
+        Ok(self
             .rt()
             .list_containers(cri::ListContainersRequest::default())
             .await
             .context("ListContainers")?
             .into_inner()
-            .containers;
-        let records = self
-            .inner
-            .records
-            .as_ref()
-            .map(RecordFile::load)
-            .unwrap_or_default();
-        let mut infos = Vec::new();
-        let mut ids = HashMap::new();
-        for c in containers {
-            if c.state == cri::ContainerState::ContainerExited as i32 {
-                continue;
-            }
+            .containers
+            .into_iter()
+            .filter(|c| c.state != cri::ContainerState::ContainerExited as i32)
+            .collect())
+    }
+
+    /// Rebuilds the state from the runtime. Returns how many containers were reported.
+    pub async fn restore(&self) -> anyhow::Result<usize> {
+        self.inner.ledger.restore_from(self).await
+    }
+}
+
+#[async_trait::async_trait]
+impl LedgerRuntime for CriProxy {
+    async fn update_cpuset(&self, u: &Update) -> Result<(), String> {
+        let info = self.inner.ledger.info(&u.container_id).unwrap_or_default();
+        let req = cri::UpdateContainerResourcesRequest {
+            container_id: u.container_id.clone(),
+            linux: Some(update_resources(&info, u)),
+            ..Default::default()
+        };
+        self.rt()
+            .update_container_resources(req)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    async fn live(&self) -> anyhow::Result<Vec<LiveId>> {
+        Ok(self
+            .live_containers()
+            .await?
+            .into_iter()
+            .map(|c| {
+                let md = c.metadata.unwrap_or_default();
+                LiveId {
+                    key: container_key(&c.pod_sandbox_id, &md.name, md.attempt),
+                    runtime_id: c.id,
+                }
+            })
+            .collect())
+    }
+
+    async fn list(&self) -> anyhow::Result<Vec<Listed>> {
+        let pods = self.pods().await?;
+        let mut out = Vec::new();
+        for c in self.live_containers().await? {
             let Ok(st) = self
                 .rt()
                 .container_status(cri::ContainerStatusRequest {
@@ -221,9 +206,8 @@ impl CriProxy {
             };
             let st = st.into_inner();
             let md = c.metadata.clone().unwrap_or_default();
-            let key = container_key(&c.pod_sandbox_id, &md.name, md.attempt);
             let mut info = ContainerInfo {
-                id: key.clone(),
+                id: container_key(&c.pod_sandbox_id, &md.name, md.attempt),
                 name: md.name,
                 pod: pods.get(&c.pod_sandbox_id).cloned().unwrap_or_default(),
                 annotations: st
@@ -248,47 +232,16 @@ impl CriProxy {
                 }
             }
             resources_from_verbose(&st.info, &mut info);
-            if let Some(r) = records.get(&key) {
-                info.annotations.insert(GRANT_KEY.into(), r.clone());
-            }
-            ids.insert(c.id, key);
-            infos.push(info);
+            out.push(Listed {
+                runtime_id: c.id,
+                info,
+            });
         }
-        let updates = self.agent().restore(&infos);
-        {
-            let mut k = self.known();
-            for i in &infos {
-                k.by_key.insert(i.id.clone(), i.clone());
-            }
-            k.ids.extend(ids);
-        }
-        self.apply_updates(&updates).await;
-        Ok(infos.len())
+        Ok(out)
     }
+}
 
-    async fn release(&self, container_id: &str, forget: bool) {
-        let key = self.known().ids.get(container_id).cloned();
-        if let Some(key) = key {
-            let ups = self.agent().remove(&key);
-            self.store_record(&key, None);
-            if forget {
-                let mut k = self.known();
-                k.by_key.remove(&key);
-                k.ids.remove(container_id);
-            }
-            self.apply_updates(&ups).await;
-        }
-    }
-
-    fn store_record(&self, key: &str, record: Option<&str>) {
-        if let Some(f) = &self.inner.records {
-            if let Err(e) = f.store(key, record) {
-                tracing::warn!(file = %f.path.display(), "cannot store the grant record: {e}");
-                self.agent().metrics().count_error("update", "state");
-            }
-        }
-    }
-
+impl CriProxy {
     fn observe(&self, method: &str, start: Instant) {
         self.agent()
             .metrics()
@@ -398,12 +351,22 @@ impl CriProxy {
             Ok(c) => c,
             Err(s) => return error_response(s),
         };
-        match kind {
-            Intercept::Create => self.create_container(call).await,
-            Intercept::Update => self.update_container_resources(call).await,
-            Intercept::Stop => self.stop_or_remove(call, false).await,
-            Intercept::Remove => self.stop_or_remove(call, true).await,
+        let hook = match kind {
+            Intercept::Create => "create",
+            Intercept::Update => "update",
+            Intercept::Stop => "stop",
+            Intercept::Remove => "remove",
+        };
+        async move {
+            match kind {
+                Intercept::Create => self.create_container(call).await,
+                Intercept::Update => self.update_container_resources(call).await,
+                Intercept::Stop => self.stop_or_remove(call, false).await,
+                Intercept::Remove => self.stop_or_remove(call, true).await,
+            }
         }
+        .instrument(hook_span(hook, "Containerd"))
+        .await
     }
 
     /// The message of an intercepted call, or why it is forwarded without a look.
@@ -473,54 +436,41 @@ impl CriProxy {
             return reply(self.send(call, original).await);
         };
         // An unknown sandbox is forwarded unmodified.
-        let placed = match self.pod_of(&req).await {
-            Some(pod) => info_from_create(&req, pod).map(|info| {
-                let adj = self.agent().create(&info);
-                (info, adj)
-            }),
+        let info = match self.pod_of(&req).await {
+            Some(pod) => info_from_create(&req, pod),
             None => None,
         };
-        let body = match placed.as_ref().and_then(|(_, adj)| create_overlay(adj)) {
+        let Some(info) = info else {
+            return reply(self.send(call, original).await);
+        };
+        let ledger = &self.inner.ledger;
+        let ticket = ledger.begin_create(info).await;
+        let body = match create_overlay(&ticket.adjustment) {
             Some(overlay) => with_overlay(&original, &overlay).unwrap_or(original),
             None => original,
         };
         let res = self.send(call, body).await;
-        if let Some((mut info, adj)) = placed {
-            let created = res
-                .as_ref()
-                .ok()
-                .filter(|r| r.code() == Code::Ok)
-                .map(|r| r.decode::<cri::CreateContainerResponse>());
-            match created {
-                Some(resp) => {
-                    info.cpus = adj.cpus.clone();
-                    info.mems = adj.mems.clone();
-                    if let Some(r) = &adj.record {
-                        info.annotations.insert(GRANT_KEY.into(), r.clone());
-                    }
-                    {
-                        let mut k = self.known();
-                        match resp {
-                            Some(resp) => {
-                                k.ids.insert(resp.container_id, info.id.clone());
-                            }
-                            None => tracing::warn!(
-                                container = %info.id,
-                                "created, but the runtime's answer has no readable container id; \
-                                 its CPUs are released when the agent restarts"
-                            ),
-                        }
-                        k.by_key.insert(info.id.clone(), info);
-                    }
-                    self.apply_updates(&adj.updates).await;
+        let created = res
+            .as_ref()
+            .ok()
+            .filter(|r| r.code() == Code::Ok)
+            .map(|r| r.decode::<cri::CreateContainerResponse>());
+        let ups = match created {
+            Some(resp) => {
+                let id = resp.map(|r| r.container_id).filter(|id| !id.is_empty());
+                if id.is_none() {
+                    tracing::warn!(
+                        container = %ticket.key(),
+                        "created, but the runtime's answer has no readable container id; \
+                         the next reconcile learns it"
+                    );
                 }
-                None => {
-                    // The runtime refused (or could not be reached): give the CPUs back.
-                    let ups = self.agent().remove(&info.id);
-                    self.apply_updates(&ups).await;
-                }
+                ledger.commit_create(ticket, id)
             }
-        }
+            // The runtime refused (or could not be reached): give the CPUs back.
+            None => ledger.abort(ticket),
+        };
+        ledger.apply(self, ups).await;
         reply(res)
     }
 
@@ -533,38 +483,23 @@ impl CriProxy {
         else {
             return reply(self.send(call, original).await);
         };
-        let known = {
-            let k = self.known();
-            k.ids
-                .get(&req.container_id)
-                .and_then(|key| k.by_key.get(key))
-                .cloned()
+        let Some(linux) = req.linux.as_ref() else {
+            return reply(self.send(call, original).await);
         };
-        let mut updates = Vec::new();
-        let mut body = original.clone();
-        if let (Some(mut info), Some(linux)) = (known, req.linux.as_ref()) {
-            apply_linux_resources(&mut info, linux);
-            let adj = self.agent().update(&info);
-            if let Some(c) = &adj.cpus {
-                info.cpus = Some(c.clone());
-            }
-            if let Some(m) = &adj.mems {
-                info.mems = Some(m.clone());
-            }
-            if let Some(rec) = &adj.record {
-                info.annotations.insert(GRANT_KEY.into(), rec.clone());
-                self.store_record(&info.id, Some(rec));
-            }
-            if let Some(b) = update_overlay(&adj).and_then(|o| with_overlay(&original, &o).ok()) {
-                body = b;
-            }
-            self.known().by_key.insert(info.id.clone(), info);
-            updates = adj.updates;
-        }
+        let ledger = &self.inner.ledger;
+        let ticket = ledger
+            .begin_update(&req.container_id, |info| apply_linux_resources(info, linux))
+            .await;
+        let body = update_overlay(&ticket.adjustment)
+            .and_then(|o| with_overlay(&original, &o).ok())
+            .unwrap_or(original);
         let res = self.send(call, body).await;
-        if matches!(&res, Ok(r) if r.code() == Code::Ok) {
-            self.apply_updates(&updates).await;
-        }
+        let ups = if matches!(&res, Ok(r) if r.code() == Code::Ok) {
+            ledger.commit_update(ticket)
+        } else {
+            ledger.abort(ticket)
+        };
+        ledger.apply(self, ups).await;
         reply(res)
     }
 
@@ -580,11 +515,12 @@ impl CriProxy {
             .map(|r| r.container_id);
         let res = self.send(call, original).await;
         if let Some(id) = id {
-            match res.as_ref().map(|r| r.code()) {
-                Ok(Code::Ok) => self.release(&id, remove).await,
-                Ok(Code::NotFound) => self.release(&id, true).await,
-                _ => {}
-            }
+            let ups = match res.as_ref().map(|r| r.code()) {
+                Ok(Code::Ok) => self.inner.ledger.release(&id, remove),
+                Ok(Code::NotFound) => self.inner.ledger.release(&id, true),
+                _ => Vec::new(),
+            };
+            self.inner.ledger.apply(self, ups).await;
         }
         reply(res)
     }
@@ -641,15 +577,22 @@ pub async fn run(
     let backend: PathBuf = flags.runtime_endpoint_path();
     let proxy = CriProxy::new(agent.clone(), &backend, Some(&flags.state_dir))?;
     let runtime = format!("the CRI runtime at {}", backend.display());
+    let group = resolve_group(&flags.socket_group)?;
     if !restore_until_done(agent.metrics(), &runtime, &shutdown, || proxy.restore()).await {
         return Ok(());
     }
-    let listener = bind_unix(&flags.runtime_proxy_endpoint)?;
+    let listener = bind_unix(&flags.runtime_proxy_endpoint, group)?;
     agent.metrics().proxy_up.set(1);
     agent.metrics().runtime_connected.set(1);
     agent.metrics().set_ready(true);
     tracing::info!(socket = %flags.runtime_proxy_endpoint.display(), backend = %backend.display(), "CRI proxy serving");
+    let reconciler = tokio::spawn(proxy.ledger().clone().keep_reconciled(
+        Arc::new(proxy.clone()),
+        RECONCILE_EVERY,
+        shutdown.clone(),
+    ));
     serve(proxy, listener, shutdown, flags.graceful_timeout).await;
+    let _ = reconciler.await;
     agent.metrics().proxy_up.set(0);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
     Ok(())

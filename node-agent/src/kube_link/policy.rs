@@ -35,6 +35,15 @@ pub struct CachedPolicy {
     pub policy: Option<PolicySettings>,
 }
 
+/// The engine's policy for the CRD's policy name: the one conversion between the two (a new
+/// policy fails to compile here until it is mapped).
+pub fn policy_kind(p: tap_api::PolicyName) -> PolicyKind {
+    match p {
+        tap_api::PolicyName::NumaAware => PolicyKind::NumaAware,
+        tap_api::PolicyName::TopologyAware => PolicyKind::TopologyAware,
+    }
+}
+
 /// The flags' configuration with a policy's settings on top (the settings a policy does not
 /// carry, resource priority and exclusive CPUs, stay with the flags). `None` = the flags.
 pub fn engine_config(
@@ -44,8 +53,7 @@ pub fn engine_config(
     let Some(s) = s else {
         return Ok(base.clone());
     };
-    let policy = PolicyKind::parse(s.policy.as_str())
-        .ok_or_else(|| format!("unknown policy {}", s.policy))?;
+    let policy = policy_kind(s.policy);
     let reserved = CpuSet::parse(&s.reserved_cpus)
         .map_err(|e| format!("reservedCPUs {:?}: {e}", s.reserved_cpus))?;
     Ok(EngineConfig {
@@ -84,6 +92,13 @@ mod tests {
     use super::*;
     use tap_api::PolicyName;
     use tap_engine::ResourcePriority;
+
+    #[test]
+    fn crd_policy_names_map_to_the_engine_policies_of_the_same_name() {
+        for p in [PolicyName::NumaAware, PolicyName::TopologyAware] {
+            assert_eq!(policy_kind(p).as_str(), p.as_str());
+        }
+    }
 
     fn settings() -> PolicySettings {
         PolicySettings {

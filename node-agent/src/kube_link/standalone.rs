@@ -35,11 +35,7 @@ fn run(flags: Flags) -> anyhow::Result<()> {
         None,
         "kube-link",
     ));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let rt = tap_bin_support::runtime().context("starting the async runtime")?;
     rt.block_on(async move {
         let shutdown = tap_bin_support::shutdown_on_signal();
         node_agent::kube_link::run(&flags, agent, shutdown).await

@@ -19,6 +19,7 @@ pub mod proto;
 
 use crate::agent::{Agent, ContainerInfo};
 use crate::flags::Flags;
+use crate::ledger::{hook_span, Ledger, Listed};
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use proto::{
@@ -29,10 +30,10 @@ use proto::{
 };
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 use ttrpc::r#async::transport::{Listener, Socket};
 use ttrpc::r#async::{Client, Server, TtrpcContext};
 
@@ -57,11 +58,11 @@ pub fn next_backoff(cur: Duration) -> Duration {
     (cur * 2).clamp(BACKOFF_MIN, BACKOFF_MAX)
 }
 
-/// The Plugin service: turns NRI calls into hook-layer calls.
+/// The Plugin service: turns NRI calls into ledger calls.
 pub struct NriPlugin {
+    /// Shared by every session: the book outlives a reconnect.
+    ledger: Arc<Ledger>,
     agent: Arc<Agent>,
-    /// Hook deadline in milliseconds (from Configure's request timeout).
-    budget_ms: AtomicU64,
     /// Pods and containers of a split Synchronize (`more = true`), until the last chunk.
     pending_sync: Mutex<(Vec<proto::PodSandbox>, Vec<proto::Container>)>,
     /// For updates no event response can carry (after RemoveContainer).
@@ -73,56 +74,18 @@ pub struct NriPlugin {
 
 impl NriPlugin {
     pub fn new(agent: Arc<Agent>) -> NriPlugin {
+        NriPlugin::with_ledger(Arc::new(Ledger::new(agent, None)))
+    }
+
+    pub fn with_ledger(ledger: Arc<Ledger>) -> NriPlugin {
+        ledger.set_budget(hook_budget(DEFAULT_REQUEST_TIMEOUT));
         NriPlugin {
-            agent,
-            budget_ms: AtomicU64::new(hook_budget(DEFAULT_REQUEST_TIMEOUT).as_millis() as u64),
+            agent: ledger.agent().clone(),
+            ledger,
             pending_sync: Mutex::new((Vec::new(), Vec::new())),
             runtime: Mutex::new(None),
             session: CancellationToken::new(),
             synchronized: CancellationToken::new(),
-        }
-    }
-
-    fn budget(&self) -> Duration {
-        Duration::from_millis(self.budget_ms.load(Ordering::Relaxed))
-    }
-
-    /// Runs a hook on a blocking thread under the deadline. `None` on a missed deadline or a
-    /// failed task (logged and counted). `on_late` runs with the result if it arrives after
-    /// the deadline (to undo a grant the runtime never heard of).
-    async fn run_hook<T, F, L>(&self, hook: &'static str, f: F, on_late: L) -> Option<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Agent) -> T + Send + 'static,
-        L: FnOnce(&Agent, T) + Send + 'static,
-    {
-        let agent = self.agent.clone();
-        let mut task = tokio::task::spawn_blocking(move || f(&agent));
-        match tokio::time::timeout(self.budget(), &mut task).await {
-            Ok(Ok(v)) => Some(v),
-            Ok(Err(e)) => {
-                tracing::error!(
-                    hook,
-                    "NRI hook failed: {e}; leaving the container unchanged"
-                );
-                self.agent.metrics().count_error(hook, "internal");
-                None
-            }
-            Err(_) => {
-                tracing::error!(
-                    hook,
-                    budget_ms = self.budget().as_millis() as u64,
-                    "NRI hook missed its deadline; answering without adjustment"
-                );
-                self.agent.metrics().count_error(hook, "timeout");
-                let agent = self.agent.clone();
-                tokio::spawn(async move {
-                    if let Ok(v) = task.await {
-                        on_late(&agent, v);
-                    }
-                });
-                None
-            }
         }
     }
 
@@ -144,7 +107,7 @@ impl NriPlugin {
             return;
         };
         let metrics = self.agent.metrics().clone();
-        let budget = self.budget();
+        let budget = self.ledger.budget();
         tokio::spawn(async move {
             let mut req = UpdateContainersRequest::new();
             req.update = convert::container_updates(&ups);
@@ -165,10 +128,102 @@ impl NriPlugin {
         });
     }
 
-    async fn release(&self, hook: &'static str, id: String) -> Vec<crate::agent::Update> {
-        self.run_hook(hook, move |a| a.remove(&id), |_, _| {})
-            .await
-            .unwrap_or_default()
+    /// Releases a stopped (`forget == false`) or removed container.
+    fn release(&self, id: &str, forget: bool) -> Vec<crate::agent::Update> {
+        let ups = self.ledger.release(id, forget);
+        // Updates ride on the answer (or go out right after it): the runtime applies them.
+        self.assume_applied(&ups);
+        ups
+    }
+
+    fn assume_applied(&self, ups: &[crate::agent::Update]) {
+        for u in ups {
+            self.ledger.applied(u);
+        }
+    }
+}
+
+/// The hooks, each run inside its span.
+impl NriPlugin {
+    async fn on_create_container(
+        &self,
+        req: CreateContainerRequest,
+    ) -> ttrpc::Result<CreateContainerResponse> {
+        let info = convert::container_info(req.pod.as_ref(), req.container.get_or_default());
+        let mut resp = CreateContainerResponse::new();
+        if info.id.is_empty() {
+            tracing::warn!("CreateContainer without a container id; leaving it unchanged");
+            self.agent.metrics().count_error("create", "input");
+            return Ok(resp);
+        }
+        let id = info.id.clone();
+        let ticket = self.ledger.begin_create(info).await;
+        let adj = ticket.adjustment.clone();
+        // The runtime applies the answer as it creates the container.
+        let ups = self.ledger.commit_create(ticket, Some(id));
+        self.assume_applied(&ups);
+        if let Some(a) = convert::adjustment(&adj) {
+            resp.adjust = Some(a).into();
+        }
+        resp.update = convert::container_updates(&ups);
+        Ok(resp)
+    }
+
+    async fn on_update_container(
+        &self,
+        req: UpdateContainerRequest,
+    ) -> ttrpc::Result<UpdateContainerResponse> {
+        let mut info = convert::container_info(req.pod.as_ref(), req.container.get_or_default());
+        if let Some(r) = req.linux_resources.as_ref() {
+            convert::apply_resources(&mut info, r);
+        }
+        let id = info.id.clone();
+        if id.is_empty() {
+            return Ok(UpdateContainerResponse::new());
+        }
+        let mut resp = UpdateContainerResponse::new();
+        let (adj, ups) = if self.ledger.resolve(&id).is_none() {
+            // Not seen yet (created before a restart and missed by the sync): place it now.
+            let ticket = self.ledger.begin_create(info).await;
+            let adj = ticket.adjustment.clone();
+            (adj, self.ledger.commit_create(ticket, Some(id.clone())))
+        } else {
+            let r = req.linux_resources.clone();
+            let ticket = self
+                .ledger
+                .begin_update(&id, move |i| {
+                    if let Some(r) = r.as_ref() {
+                        convert::apply_resources(i, r);
+                    }
+                })
+                .await;
+            let adj = ticket.adjustment.clone();
+            (adj, self.ledger.commit_update(ticket))
+        };
+        if let Some(cpus) = adj.cpus.clone() {
+            let own = crate::agent::Update {
+                container_id: id.clone(),
+                cpus,
+                mems: adj.mems.clone(),
+            };
+            self.ledger.applied(&own);
+            resp.update.push(convert::container_update(&own));
+        }
+        let ups: Vec<_> = ups.into_iter().filter(|u| u.container_id != id).collect();
+        self.assume_applied(&ups);
+        resp.update.extend(convert::container_updates(&ups));
+        Ok(resp)
+    }
+
+    async fn on_stop_container(
+        &self,
+        req: StopContainerRequest,
+    ) -> ttrpc::Result<StopContainerResponse> {
+        let id = req.container.get_or_default().id.clone();
+        let ups = self.release(&id, false);
+        let mut resp = StopContainerResponse::new();
+        resp.update = convert::container_updates(&ups);
+        Ok(resp)
     }
 }
 
@@ -180,8 +235,7 @@ impl proto::Plugin for NriPlugin {
         req: ConfigureRequest,
     ) -> ttrpc::Result<ConfigureResponse> {
         let timeout = Duration::from_millis(req.request_timeout.max(0) as u64);
-        self.budget_ms
-            .store(hook_budget(timeout).as_millis() as u64, Ordering::Relaxed);
+        self.ledger.set_budget(hook_budget(timeout));
         tracing::info!(
             runtime = %req.runtime_name,
             version = %req.runtime_version,
@@ -227,10 +281,13 @@ impl proto::Plugin for NriPlugin {
             containers = infos.len(),
             "NRI synchronize"
         );
+        let ledger = self.ledger.clone();
         let ups = self
-            .run_hook("sync", move |a| reconcile(a, &infos), |_, _| {})
+            .ledger
+            .decide("sync", move |_| reconcile(&ledger, &infos), |_, _| {})
             .await
             .unwrap_or_default();
+        self.assume_applied(&ups);
         self.synchronized.cancel();
         self.agent.metrics().set_ready(true);
         let mut resp = SynchronizeResponse::new();
@@ -249,32 +306,9 @@ impl proto::Plugin for NriPlugin {
         _ctx: &TtrpcContext,
         req: CreateContainerRequest,
     ) -> ttrpc::Result<CreateContainerResponse> {
-        let info = convert::container_info(req.pod.as_ref(), req.container.get_or_default());
-        let mut resp = CreateContainerResponse::new();
-        if info.id.is_empty() {
-            tracing::warn!("CreateContainer without a container id; leaving it unchanged");
-            self.agent.metrics().count_error("create", "input");
-            return Ok(resp);
-        }
-        let id = info.id.clone();
-        let adj = self
-            .run_hook(
-                "create",
-                move |a| a.create(&info),
-                move |a, late: crate::agent::Adjustment| {
-                    if !late.is_empty() {
-                        tracing::warn!(container = %id, "releasing a grant that came too late");
-                        let _ = a.remove(&id);
-                    }
-                },
-            )
+        self.on_create_container(req)
+            .instrument(hook_span("create", "NRI"))
             .await
-            .unwrap_or_default();
-        if let Some(a) = convert::adjustment(&adj) {
-            resp.adjust = Some(a).into();
-        }
-        resp.update = convert::container_updates(&adj.updates);
-        Ok(resp)
     }
 
     async fn update_container(
@@ -282,29 +316,9 @@ impl proto::Plugin for NriPlugin {
         _ctx: &TtrpcContext,
         req: UpdateContainerRequest,
     ) -> ttrpc::Result<UpdateContainerResponse> {
-        let mut info = convert::container_info(req.pod.as_ref(), req.container.get_or_default());
-        if let Some(r) = req.linux_resources.as_ref() {
-            convert::apply_resources(&mut info, r);
-        }
-        let id = info.id.clone();
-        if id.is_empty() {
-            return Ok(UpdateContainerResponse::new());
-        }
-        let adj = self
-            .run_hook("update", move |a| a.update(&info), |_, _| {})
+        self.on_update_container(req)
+            .instrument(hook_span("update", "NRI"))
             .await
-            .unwrap_or_default();
-        let mut resp = UpdateContainerResponse::new();
-        if let Some(cpus) = adj.cpus.clone() {
-            resp.update
-                .push(convert::container_update(&crate::agent::Update {
-                    container_id: id,
-                    cpus,
-                    mems: adj.mems.clone(),
-                }));
-        }
-        resp.update.extend(convert::container_updates(&adj.updates));
-        Ok(resp)
     }
 
     async fn stop_container(
@@ -312,11 +326,9 @@ impl proto::Plugin for NriPlugin {
         _ctx: &TtrpcContext,
         req: StopContainerRequest,
     ) -> ttrpc::Result<StopContainerResponse> {
-        let id = req.container.get_or_default().id.clone();
-        let ups = self.release("stop", id).await;
-        let mut resp = StopContainerResponse::new();
-        resp.update = convert::container_updates(&ups);
-        Ok(resp)
+        self.on_stop_container(req)
+            .instrument(hook_span("stop", "NRI"))
+            .await
     }
 
     async fn state_change(
@@ -327,7 +339,9 @@ impl proto::Plugin for NriPlugin {
         match req.event.enum_value() {
             Ok(Event::REMOVE_CONTAINER) | Ok(Event::STOP_CONTAINER) => {
                 let id = req.container.get_or_default().id.clone();
-                let ups = self.release("remove", id).await;
+                let forget = req.event.enum_value() == Ok(Event::REMOVE_CONTAINER);
+                let hook = if forget { "remove" } else { "stop" };
+                let ups = hook_span(hook, "NRI").in_scope(|| self.release(&id, forget));
                 // A state change cannot carry updates: send them on their own.
                 self.push_updates(ups);
             }
@@ -338,44 +352,20 @@ impl proto::Plugin for NriPlugin {
     }
 }
 
-/// Brings the agent's state in line with what the runtime reports at (re)synchronization:
-/// grants of containers the runtime no longer has (removed while we were disconnected) are
-/// released; grants the runtime never applied (no grant record and no cpuset on the container:
-/// the runtime gave up on our answer, e.g. after a timeout) are dropped so the container is
-/// treated as unmanaged; then every container is restored. Returns the cpuset updates, one per
-/// container (the last word wins).
-pub fn reconcile(agent: &Agent, infos: &[ContainerInfo]) -> Vec<crate::agent::Update> {
-    let present: HashMap<&str, &ContainerInfo> = infos.iter().map(|c| (c.id.as_str(), c)).collect();
-    let known: Vec<String> = agent
-        .snapshot()
-        .grants()
-        .map(|(id, _)| id.clone())
-        .collect();
-    let mut ups = Vec::new();
-    for id in known {
-        let stale = match present.get(id.as_str()) {
-            None => true,
-            Some(c) => {
-                !c.annotations.contains_key(tap_engine::request::GRANT_KEY) && c.cpus.is_none()
-            }
-        };
-        if stale {
-            tracing::info!(container = %id, "releasing a grant the runtime does not have");
-            ups.extend(agent.remove(&id));
-        }
-    }
-    ups.extend(agent.restore(infos));
-    let mut last: HashMap<String, usize> = HashMap::new();
-    for (i, u) in ups.iter().enumerate() {
-        last.insert(u.container_id.clone(), i);
-    }
-    ups.into_iter()
-        .enumerate()
-        .filter(|(i, u)| {
-            present.contains_key(u.container_id.as_str()) && last.get(&u.container_id) == Some(i)
+/// Brings the ledger in line with what the runtime reports at (re)synchronization: grants of
+/// containers the runtime no longer has (removed while we were disconnected) are released;
+/// grants the runtime never applied (no grant record and no cpuset on the container: the
+/// runtime gave up on our answer, e.g. after a timeout) are dropped so the container is treated
+/// as unmanaged; then every container is adopted. Returns the cpuset updates, one per container.
+pub fn reconcile(ledger: &Ledger, infos: &[ContainerInfo]) -> Vec<crate::agent::Update> {
+    let listed = infos
+        .iter()
+        .map(|c| Listed {
+            runtime_id: c.id.clone(),
+            info: c.clone(),
         })
-        .map(|(_, u)| u)
-        .collect()
+        .collect();
+    ledger.reconcile(listed, u64::MAX, true).1
 }
 
 /// Why a session ended.
@@ -395,12 +385,13 @@ pub async fn run(
     let name = flags.nri_plugin_name.clone();
     let idx = flags.nri_plugin_index.clone();
     let mut backoff = BACKOFF_MIN;
+    let ledger = Arc::new(Ledger::new(agent.clone(), None));
     loop {
         if shutdown.is_cancelled() {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        match session(&socket, &name, &idx, agent.clone(), shutdown.clone()).await {
+        match session(&socket, &name, &idx, ledger.clone(), shutdown.clone()).await {
             SessionEnd::Shutdown => return Ok(()),
             SessionEnd::Lost(why) => {
                 agent.metrics().set_ready(false);
@@ -429,9 +420,10 @@ async fn session(
     socket: &Path,
     name: &str,
     idx: &str,
-    agent: Arc<Agent>,
+    ledger: Arc<Ledger>,
     shutdown: CancellationToken,
 ) -> SessionEnd {
+    let agent = ledger.agent().clone();
     let stream = match tokio::net::UnixStream::connect(socket).await {
         Ok(s) => s,
         Err(e) => return SessionEnd::Lost(format!("connecting to {}: {e}", socket.display())),
@@ -444,7 +436,7 @@ async fn session(
     let (Some(conn2), Some(conn1)) = (conns.pop(), conns.pop()) else {
         return SessionEnd::Lost("internal: mux connections".into());
     };
-    let plugin = Arc::new(NriPlugin::new(agent.clone()));
+    let plugin = Arc::new(NriPlugin::with_ledger(ledger));
 
     // Serve the Plugin service on connection 1 before registering: the runtime calls
     // Configure as soon as it has our registration.
@@ -587,7 +579,8 @@ mod tests {
         let stop = CancellationToken::new();
         let plugin_side = {
             let (sock, agent, stop) = (sock.clone(), agent.clone(), stop.clone());
-            tokio::spawn(async move { session(&sock, "kunpeng-tap", "10", agent, stop).await })
+            let ledger = Arc::new(Ledger::new(agent, None));
+            tokio::spawn(async move { session(&sock, "kunpeng-tap", "10", ledger, stop).await })
         };
 
         let (stream, _) = listener.accept().await.unwrap();
@@ -699,7 +692,8 @@ mod tests {
         assert!(!agent.create(&info("unapplied")).is_empty());
         // The runtime reports "applied" (with its record) and "unapplied" (no cpuset, no
         // record); "gone" was removed while we were away.
-        let _ = reconcile(&agent, &[applied, info("unapplied")]);
+        let ledger = Ledger::new(agent.clone(), None);
+        let _ = reconcile(&ledger, &[applied, info("unapplied")]);
         let snap = agent.snapshot();
         assert!(snap.grant("applied").is_some());
         assert!(snap.grant("gone").is_none());
@@ -716,10 +710,11 @@ mod tests {
     #[tokio::test]
     async fn a_missed_deadline_answers_empty_and_releases_the_late_grant() {
         let plugin = NriPlugin::new(test_agent());
-        plugin.budget_ms.store(50, Ordering::Relaxed);
+        plugin.ledger.set_budget(Duration::from_millis(50));
         let (tx, rx) = tokio::sync::oneshot::channel();
         let out = plugin
-            .run_hook(
+            .ledger
+            .decide(
                 "create",
                 |_| {
                     std::thread::sleep(Duration::from_millis(300));

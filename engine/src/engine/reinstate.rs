@@ -1,0 +1,49 @@
+//! Undoing a decision exactly: a container gets back the grant it had before (an update the
+//! runtime refused), as the runtime still has it.
+
+use super::{CpusetUpdate, Engine};
+use crate::cpuset::CpuSet;
+use crate::grant::Grant;
+
+impl Engine {
+    /// Replaces the grant of `id` by `previous` (or drops it when `None`), charging exactly what
+    /// `previous` charged. Exclusive CPUs that another container took in the meantime cannot be
+    /// given back: the grant then becomes shared on its span (the container keeps running; its
+    /// cpuset is corrected by the returned updates). Returns the cpuset updates of other
+    /// containers, and of `id` itself when its cpuset has to change.
+    pub fn reinstate(&mut self, id: &str, previous: Option<Grant>) -> Vec<CpusetUpdate> {
+        let mut updates = self.release(id);
+        let Some(mut g) = previous else {
+            return updates;
+        };
+        let before = g.cpus;
+        if g.is_exclusive() && g.exclusive.intersects(&self.taken) {
+            g.exclusive = CpuSet::new();
+        }
+        g.cpus = if g.is_exclusive() {
+            self.set_taken(self.taken.union(&g.exclusive));
+            g.exclusive
+        } else {
+            self.shared_cpus(&g.span)
+        };
+        let (exclusive, cpus, mems) = (g.exclusive, g.cpus, g.mems);
+        self.charge(&g);
+        self.grants.insert(id.to_string(), g);
+        if !exclusive.is_empty() {
+            for u in self.refresh_shared(&exclusive) {
+                updates.retain(|x| x.container_id != u.container_id);
+                updates.push(u);
+            }
+        }
+        updates.retain(|u| u.container_id != id);
+        if cpus != before && !cpus.is_empty() {
+            updates.push(CpusetUpdate {
+                container_id: id.to_string(),
+                cpus,
+                mems,
+            });
+        }
+        updates.sort_by(|a, b| a.container_id.cmp(&b.container_id));
+        updates
+    }
+}

@@ -1,0 +1,211 @@
+//! [`Topology::build`] in named steps: the online CPUs, the NUMA nodes, cores and clusters,
+//! then the pool tree (machine > socket > die > NUMA node > cluster).
+
+use super::{
+    attach_memory, CpuSet, Level, NumaNode, PoolId, RawTopology, Topology, TopologyError,
+    TreeBuilder,
+};
+use std::collections::BTreeMap;
+
+pub(super) fn build(raw: &RawTopology) -> Result<Topology, TopologyError> {
+    let online = online_cpus(raw)?;
+    let max_cpu = raw.cpus.iter().map(|c| c.id).max().unwrap_or(0);
+    let (nodes, cpu_node) = numa_nodes(raw, &online, max_cpu);
+    let cores = groups(raw, |c| Some((c.package, c.die, c.core)));
+    let clusters = groups(raw, |c| c.cluster.map(|cl| (c.package, c.die, cl)));
+    let cpu_core = index_of(&cores, max_cpu);
+    let cpu_cluster = index_of(&clusters, max_cpu);
+    let mut sockets: BTreeMap<u32, CpuSet> = BTreeMap::new();
+    let mut dies: BTreeMap<(u32, u32), CpuSet> = BTreeMap::new();
+    for c in &raw.cpus {
+        sockets.entry(c.package).or_default().insert(c.id);
+        dies.entry((c.package, c.die)).or_default().insert(c.id);
+    }
+    let socket_sets: Vec<CpuSet> = sockets.values().copied().collect();
+    let die_sets: Vec<CpuSet> = dies.values().copied().collect();
+    let mut pools = pool_tree(online, &socket_sets, &die_sets, &nodes, &cores, &clusters);
+    attach_memory(&mut pools, &nodes);
+    Ok(Topology {
+        online,
+        isolated: raw.isolated.intersection(&online),
+        nodes,
+        devices: raw.devices.clone(),
+        pools,
+        cores,
+        clusters,
+        sockets: sockets.len(),
+        dies: dies.len(),
+        cpu_node,
+        cpu_core,
+        cpu_cluster,
+    })
+}
+
+/// The online CPUs; each CPU may appear once.
+fn online_cpus(raw: &RawTopology) -> Result<CpuSet, TopologyError> {
+    if raw.cpus.is_empty() {
+        return Err(TopologyError::NoCpus);
+    }
+    let mut online = CpuSet::new();
+    for c in &raw.cpus {
+        if online.contains(c.id) {
+            return Err(TopologyError::DuplicateCpu { cpu: c.id });
+        }
+        online.insert(c.id);
+    }
+    Ok(online)
+}
+
+/// NUMA nodes sorted by id with their online CPUs, and each CPU's node. A CPU without a node
+/// goes to node 0 (made up when there is none: a kernel without NUMA). Offline CPUs in a node's
+/// cpulist are normal (the kernel keeps them there): the model keeps only online ones.
+fn numa_nodes(raw: &RawTopology, online: &CpuSet, max_cpu: usize) -> (Vec<NumaNode>, Vec<u32>) {
+    let mut raw_nodes = raw.nodes.clone();
+    raw_nodes.sort_by_key(|n| n.id);
+    let node_ids: Vec<u32> = raw_nodes.iter().map(|n| n.id).collect();
+    let mut nodes: Vec<NumaNode> = raw_nodes
+        .iter()
+        .map(|n| NumaNode {
+            id: n.id,
+            cpus: n.cpus.intersection(online),
+            memory_bytes: n.memory_bytes,
+            distances: node_ids
+                .iter()
+                .copied()
+                .zip(n.distances.iter().copied())
+                .collect(),
+        })
+        .collect();
+    let mut cpu_node = vec![u32::MAX; max_cpu + 1];
+    for n in &nodes {
+        for cpu in n.cpus.iter() {
+            cpu_node[cpu] = n.id;
+        }
+    }
+    for c in &raw.cpus {
+        if let Some(id) = c.numa {
+            if cpu_node[c.id] == u32::MAX {
+                cpu_node[c.id] = id;
+                if let Some(n) = nodes.iter_mut().find(|n| n.id == id) {
+                    n.cpus.insert(c.id);
+                }
+            }
+        }
+    }
+    if nodes.is_empty() || raw.cpus.iter().any(|c| cpu_node[c.id] == u32::MAX) {
+        if !nodes.iter().any(|n| n.id == 0) {
+            nodes.insert(
+                0,
+                NumaNode {
+                    id: 0,
+                    cpus: CpuSet::new(),
+                    memory_bytes: 0,
+                    distances: vec![(0, 10)],
+                },
+            );
+        }
+        for c in &raw.cpus {
+            if cpu_node[c.id] == u32::MAX {
+                cpu_node[c.id] = 0;
+                if let Some(n) = nodes.iter_mut().find(|n| n.id == 0) {
+                    n.cpus.insert(c.id);
+                }
+            }
+        }
+    }
+    (nodes, cpu_node)
+}
+
+/// CPUs grouped by a key (cores, clusters), ordered by their first CPU.
+fn groups<K: Ord>(raw: &RawTopology, key: impl Fn(&super::RawCpu) -> Option<K>) -> Vec<CpuSet> {
+    let mut by_key: BTreeMap<K, CpuSet> = BTreeMap::new();
+    for c in &raw.cpus {
+        if let Some(k) = key(c) {
+            by_key.entry(k).or_default().insert(c.id);
+        }
+    }
+    let mut sets: Vec<CpuSet> = by_key.into_values().collect();
+    sets.sort_by_key(|s| s.first());
+    sets
+}
+
+/// For each CPU id, the index of the group holding it (`u32::MAX` for none).
+fn index_of(groups: &[CpuSet], max_cpu: usize) -> Vec<u32> {
+    let mut out = vec![u32::MAX; max_cpu + 1];
+    for (i, g) in groups.iter().enumerate() {
+        for cpu in g.iter() {
+            out[cpu] = i as u32;
+        }
+    }
+    out
+}
+
+/// The pool tree. The machine is a real pool only with several sockets; with one socket the
+/// socket is the root (named after its level), as in the reference. A die is a pool only where
+/// it holds several NUMA nodes and is smaller than its socket; a cluster only where it has
+/// several cores inside one NUMA pool. A level equal to its parent collapses into it.
+fn pool_tree(
+    online: CpuSet,
+    sockets: &[CpuSet],
+    dies: &[CpuSet],
+    nodes: &[NumaNode],
+    cores: &[CpuSet],
+    clusters: &[CpuSet],
+) -> Vec<super::Pool> {
+    let mut b = TreeBuilder { pools: Vec::new() };
+    let several = sockets.len() > 1;
+    let root = b.push(
+        if several {
+            Level::Machine
+        } else {
+            Level::Socket
+        },
+        0,
+        None,
+        online,
+    );
+    let socket_pools: Vec<PoolId> = if several {
+        sockets
+            .iter()
+            .enumerate()
+            .map(|(i, s)| b.push(Level::Socket, i, Some(root), *s))
+            .collect()
+    } else {
+        vec![root]
+    };
+    // Dies are numbered machine-wide in (package, die) order.
+    let mut die_pools: Vec<PoolId> = Vec::new();
+    for (i, set) in dies.iter().enumerate() {
+        let nodes_inside = nodes
+            .iter()
+            .filter(|n| !n.cpus.is_empty() && n.cpus.is_subset(set))
+            .count();
+        if nodes_inside < 2 {
+            continue;
+        }
+        if let Some(parent) = b.deepest_containing(&socket_pools, set) {
+            if b.pools[parent].cpus != *set {
+                die_pools.push(b.push(Level::Die, i, Some(parent), *set));
+            }
+        }
+    }
+    let mut numa_pools: Vec<PoolId> = Vec::new();
+    for n in nodes.iter().filter(|n| !n.cpus.is_empty()) {
+        let parent = b
+            .deepest_containing(&die_pools, &n.cpus)
+            .or_else(|| b.deepest_containing(&socket_pools, &n.cpus));
+        numa_pools.push(b.push_or_collapse(Level::Numa, n.id as usize, parent, n.cpus));
+    }
+    for (i, set) in clusters.iter().enumerate() {
+        let n_cores = cores.iter().filter(|c| c.is_subset(set)).count();
+        if n_cores < 2 {
+            continue;
+        }
+        if let Some(parent) = b.deepest_containing(&numa_pools, set) {
+            if b.pools[parent].cpus != *set {
+                b.push(Level::Cluster, i, Some(parent), *set);
+            }
+        }
+    }
+    b.pools
+}

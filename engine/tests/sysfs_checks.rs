@@ -1,0 +1,545 @@
+//! sysfs is checked, not trusted: each inconsistency a copy of a fixture is given here is a
+//! named error that says which file and which CPUs (or a warning, where discovery can work
+//! around it), never a panic or a quietly wrong model.
+
+use proptest::prelude::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use tap_engine::sysfs::{
+    discover, discover_dir, discover_dir_with_warnings, discover_with_warnings, Discovery,
+    DiscoveryError, DiscoveryOptions, DiscoveryWarning, MapSource,
+};
+use tap_engine::Topology;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/sysfs");
+const GPU96: &str = "synthetic-2s-4numa-96c-gpu";
+
+/// A fixture read into memory, to mutate: most tests run discovery on these.
+#[derive(Clone)]
+struct Tree {
+    map: MapSource,
+}
+
+impl Tree {
+    fn of(fixture: &str) -> Tree {
+        static GPU: OnceLock<MapSource> = OnceLock::new();
+        assert_eq!(fixture, GPU96);
+        let map = GPU.get_or_init(|| {
+            let mut m = MapSource::default();
+            read_into(&Path::new(FIXTURES).join(fixture), "", &mut m);
+            m
+        });
+        Tree { map: map.clone() }
+    }
+
+    fn write(&mut self, rel: &str, content: &str) -> &mut Self {
+        self.map.files.insert(rel.to_string(), content.to_string());
+        self
+    }
+
+    /// Removes a file or a directory with everything under it.
+    fn remove(&mut self, rel: &str) -> &mut Self {
+        let dir = format!("{rel}/");
+        let before = self.map.files.len();
+        self.map
+            .files
+            .retain(|k, _| k != rel && !k.starts_with(&dir));
+        assert!(self.map.files.len() < before, "{rel} is not in the tree");
+        self
+    }
+
+    fn error(&self) -> DiscoveryError {
+        match discover(&self.map, &DiscoveryOptions::default()) {
+            Ok(raw) => panic!("accepted, nodes {:?}", raw.nodes),
+            Err(e) => e,
+        }
+    }
+
+    fn discovery(&self) -> Discovery {
+        let d = discover_with_warnings(&self.map, &DiscoveryOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        Topology::build(&d.raw).unwrap_or_else(|e| panic!("{e}"));
+        d
+    }
+
+    fn warnings(&self) -> Vec<DiscoveryWarning> {
+        self.discovery().warnings
+    }
+}
+
+fn read_into(dir: &Path, prefix: &str, m: &mut MapSource) {
+    for e in fs::read_dir(dir).expect("read_dir") {
+        let e = e.expect("entry");
+        let rel = format!("{prefix}{}", e.file_name().to_string_lossy());
+        if e.file_type().expect("file type").is_dir() {
+            read_into(&e.path(), &format!("{rel}/"), m);
+        } else {
+            m.files
+                .insert(rel, fs::read_to_string(e.path()).expect("read"));
+        }
+    }
+}
+
+/// A copy of a fixture in a temporary directory, removed on drop: for the tests that delete
+/// node directories, so that they go through `DirSource`'s listing too.
+struct DiskTree {
+    root: PathBuf,
+}
+
+impl DiskTree {
+    fn copy_of(fixture: &str) -> DiskTree {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let root = std::env::temp_dir().join(format!(
+            "tap-sysfs-checks-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        copy_dir(&Path::new(FIXTURES).join(fixture), &root);
+        DiskTree { root }
+    }
+}
+
+impl Drop for DiskTree {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).expect("mkdir");
+    for e in fs::read_dir(from).expect("read_dir") {
+        let e = e.expect("entry");
+        let target = to.join(e.file_name());
+        if e.file_type().expect("file type").is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            fs::copy(e.path(), &target).expect("copy");
+        }
+    }
+}
+
+/// The error's message names every one of `parts`.
+fn says(err: &DiscoveryError, parts: &[&str]) {
+    let msg = err.to_string();
+    for p in parts {
+        assert!(msg.contains(p), "{msg:?} does not say {p:?}");
+    }
+}
+
+#[test]
+fn overlapping_node_cpulists_are_an_error() {
+    let mut t = Tree::of(GPU96);
+    t.write("devices/system/node/node1/cpulist", "20-47\n");
+    let err = t.error();
+    assert!(
+        matches!(&err, DiscoveryError::OverlappingNodes { cpus, .. } if cpus.to_string() == "20-23"),
+        "{err:?}"
+    );
+    says(
+        &err,
+        &[
+            "CPUs 20-23",
+            "devices/system/node/node0/cpulist",
+            "devices/system/node/node1/cpulist",
+        ],
+    );
+}
+
+#[test]
+fn online_naming_a_cpu_without_a_directory_is_an_error() {
+    let mut t = Tree::of(GPU96);
+    t.remove("devices/system/cpu/cpu95");
+    let err = t.error();
+    assert!(
+        matches!(&err, DiscoveryError::OnlineCpuWithoutDir { cpus, .. } if cpus.to_string() == "95"),
+        "{err:?}"
+    );
+    says(&err, &["devices/system/cpu/online", "CPUs 95"]);
+
+    let mut t = Tree::of(GPU96);
+    t.write("devices/system/cpu/online", "0-97\n");
+    says(&t.error(), &["devices/system/cpu/online", "CPUs 96-97"]);
+}
+
+#[test]
+fn out_of_range_physical_package_id_is_an_error() {
+    for bad in ["99999", "1024", "-7", "99999999999999999999999"] {
+        let mut t = Tree::of(GPU96);
+        t.write("devices/system/cpu/cpu5/topology/physical_package_id", bad);
+        let err = t.error();
+        assert!(
+            matches!(
+                &err,
+                DiscoveryError::TopologyIdOutOfRange {
+                    cpu: 5,
+                    what: "physical_package_id",
+                    ..
+                }
+            ),
+            "{bad}: {err:?}"
+        );
+        says(
+            &err,
+            &[
+                "devices/system/cpu/cpu5/topology/physical_package_id",
+                "CPU 5",
+                bad,
+            ],
+        );
+    }
+    // -1 is the kernel's "unknown": accepted, as before.
+    let mut t = Tree::of(GPU96);
+    t.write(
+        "devices/system/cpu/cpu5/topology/physical_package_id",
+        "-1\n",
+    );
+    t.warnings();
+}
+
+#[test]
+fn die_and_cluster_ids_beyond_the_set_capacity_are_errors() {
+    let mut t = Tree::of(GPU96);
+    t.write("devices/system/cpu/cpu7/topology/die_id", "1024\n");
+    let err = t.error();
+    assert!(
+        matches!(
+            &err,
+            DiscoveryError::TopologyIdOutOfRange {
+                cpu: 7,
+                what: "die_id",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    says(&err, &["cpu7/topology/die_id", "1024", "CPU 7"]);
+
+    // cluster_id is read where cluster_cpus_list is missing.
+    let mut t = Tree::of(GPU96);
+    t.remove("devices/system/cpu/cpu9/topology/cluster_cpus_list");
+    t.write("devices/system/cpu/cpu9/topology/cluster_id", "5000\n");
+    let err = t.error();
+    assert!(
+        matches!(
+            &err,
+            DiscoveryError::TopologyIdOutOfRange {
+                cpu: 9,
+                what: "cluster_id",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn cpu_and_node_directories_beyond_the_set_capacity_are_errors() {
+    let mut t = Tree::of(GPU96);
+    t.write("devices/system/cpu/cpu1024/topology/core_id", "0\n");
+    let err = t.error();
+    assert!(
+        matches!(&err, DiscoveryError::CpuIdOutOfRange { value, .. } if value == "1024"),
+        "{err:?}"
+    );
+    says(&err, &["devices/system/cpu/cpu1024"]);
+
+    let mut t = Tree::of(GPU96);
+    t.write("devices/system/node/node4096/cpulist", "\n");
+    let err = t.error();
+    assert!(
+        matches!(&err, DiscoveryError::NodeIdOutOfRange { value, .. } if value == "4096"),
+        "{err:?}"
+    );
+    says(&err, &["devices/system/node/node4096"]);
+
+    // In a CPU list or a node's cpumap.
+    let mut t = Tree::of(GPU96);
+    t.write("devices/system/node/node0/cpulist", "0-23,1500\n");
+    let err = t.error();
+    assert!(
+        matches!(&err, DiscoveryError::CpuIdOutOfRange { value, .. } if value == "1500"),
+        "{err:?}"
+    );
+    says(&err, &["devices/system/node/node0/cpulist", "CPU id 1500"]);
+    let mut t = Tree::of(GPU96);
+    t.remove("devices/system/node/node3/cpulist").write(
+        "devices/system/node/node3/cpumap",
+        &format!("1{}\n", "0".repeat(256)),
+    );
+    let err = t.error();
+    assert!(
+        matches!(&err, DiscoveryError::CpuIdOutOfRange { value, .. } if value == "1024"),
+        "{err:?}"
+    );
+    says(&err, &["devices/system/node/node3/cpumap"]);
+}
+
+#[test]
+fn a_sibling_list_without_its_own_cpu_is_an_error() {
+    for file in ["thread_siblings_list", "cluster_cpus_list"] {
+        let mut t = Tree::of(GPU96);
+        let path = format!("devices/system/cpu/cpu5/topology/{file}");
+        t.write(&path, "6-7\n");
+        let err = t.error();
+        assert!(
+            matches!(&err, DiscoveryError::ListOmitsItsCpu { cpu: 5, list, .. } if list.to_string() == "6-7"),
+            "{err:?}"
+        );
+        says(&err, &[&path, "CPUs 6-7", "CPU 5"]);
+    }
+}
+
+#[test]
+fn a_node_listed_twice_is_an_error() {
+    let mut t = Tree::of(GPU96);
+    t.write("devices/system/node/node01/cpulist", "\n");
+    let err = t.error();
+    assert!(
+        matches!(&err, DiscoveryError::DuplicateNode { id: 1, .. }),
+        "{err:?}"
+    );
+    says(
+        &err,
+        &["devices/system/node/node01", "devices/system/node/node1"],
+    );
+}
+
+#[test]
+fn cpus_in_no_node_while_nodes_exist_are_an_error_not_a_folded_node_0() {
+    let mut t = Tree::of(GPU96);
+    t.remove("devices/system/node/node1");
+    let err = t.error();
+    assert!(
+        matches!(
+            &err,
+            DiscoveryError::CpusInNoNode { cpus, nodes, .. }
+                if cpus.to_string() == "24-47" && nodes.to_string() == "0,2-3"
+        ),
+        "{err:?}"
+    );
+    says(&err, &["CPUs 24-47", "devices/system/node", "nodes 0,2-3"]);
+
+    // The same on disk, through DirSource's directory listing.
+    let disk = DiskTree::copy_of(GPU96);
+    fs::remove_dir_all(disk.root.join("devices/system/node/node1")).expect("rm");
+    let err = discover_dir(&disk.root).map(|raw| raw.nodes).unwrap_err();
+    assert!(
+        matches!(err, DiscoveryError::CpusInNoNode { .. }),
+        "{err:?}"
+    );
+    says(&err, &["CPUs 24-47"]);
+}
+
+#[test]
+fn memtotal_that_overflows_is_an_error_not_a_panic() {
+    let mut t = Tree::of(GPU96);
+    t.write(
+        "devices/system/node/node2/meminfo",
+        "Node 2 MemTotal:       18014398509481984 kB\nNode 2 MemFree: 1 kB\n",
+    );
+    let err = t.error();
+    assert!(
+        matches!(&err, DiscoveryError::MemTotalOverflow { kib, .. } if kib == "18014398509481984"),
+        "{err:?}"
+    );
+    says(
+        &err,
+        &["devices/system/node/node2/meminfo", "18014398509481984"],
+    );
+}
+
+#[test]
+fn node_memory_that_overflows_only_in_sum_is_an_error() {
+    let mut t = Tree::of(GPU96);
+    // 2^52 kB = 2^62 bytes: each fits, two of them are more than i64::MAX bytes.
+    for n in 0..4 {
+        t.write(
+            &format!("devices/system/node/node{n}/meminfo"),
+            &format!("Node {n} MemTotal: 4503599627370496 kB\n"),
+        );
+    }
+    let err = t.error();
+    assert!(
+        matches!(&err, DiscoveryError::MemoryTotalOverflow { nodes } if nodes.to_string() == "0-3"),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn asymmetric_distance_is_a_warning() {
+    let mut t = Tree::of(GPU96);
+    t.write("devices/system/node/node0/distance", "10 12 21 20\n");
+    let w = t.warnings();
+    assert_eq!(
+        w,
+        vec![DiscoveryWarning::AsymmetricDistance {
+            a: 0,
+            b: 2,
+            a_path: "devices/system/node/node0/distance".into(),
+            b_path: "devices/system/node/node2/distance".into(),
+            a_to_b: 21,
+            b_to_a: 20,
+        }]
+    );
+    let msg = w[0].to_string();
+    assert!(msg.contains("node0/distance gives 21 to node 2"), "{msg}");
+}
+
+#[test]
+fn short_distance_row_is_a_warning() {
+    let mut t = Tree::of(GPU96);
+    t.write("devices/system/node/node3/distance", "20 20 12\n");
+    let w = t.warnings();
+    assert_eq!(
+        w,
+        vec![DiscoveryWarning::DistanceRowLength {
+            path: "devices/system/node/node3/distance".into(),
+            node: 3,
+            got: 3,
+            expected: 4,
+        }]
+    );
+    let msg = w[0].to_string();
+    assert!(
+        msg.contains("node3/distance lists 3 distances for 4"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn device_on_an_unknown_node_is_a_warning() {
+    let mut t = Tree::of(GPU96);
+    t.write("bus/pci/devices/0000:10:00.0/numa_node", "7\n");
+    let d = t.discovery();
+    assert_eq!(d.raw.devices[0].numa_node, None);
+    assert!(
+        matches!(&d.warnings[..], [DiscoveryWarning::DeviceNodeUnknown { value, .. }] if value == "7"),
+        "{:?}",
+        d.warnings
+    );
+}
+
+#[test]
+fn no_node_directories_is_one_node_with_all_cpus() {
+    let check = |d: Discovery| {
+        assert_eq!(d.warnings, vec![]);
+        let topo = Topology::build(&d.raw).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(topo.nodes.len(), 1);
+        assert_eq!(topo.nodes[0].id, 0);
+        assert_eq!(topo.nodes[0].cpus.to_string(), "0-95");
+        assert_eq!(topo.sockets, 2);
+        assert_eq!(topo.devices[0].numa_node, None);
+    };
+    // A kernel without NUMA: no node directory, and -1 for a device's node.
+    let mut t = Tree::of(GPU96);
+    t.remove("devices/system/node")
+        .write("bus/pci/devices/0000:10:00.0/numa_node", "-1\n");
+    check(t.discovery());
+    // The directory without nodeN entries.
+    t.write("devices/system/node/possible", "0\n");
+    check(t.discovery());
+    // On disk.
+    let disk = DiskTree::copy_of(GPU96);
+    fs::remove_dir_all(disk.root.join("devices/system/node")).expect("rm");
+    fs::write(
+        disk.root.join("bus/pci/devices/0000:10:00.0/numa_node"),
+        "-1\n",
+    )
+    .expect("write");
+    check(discover_dir_with_warnings(&disk.root).unwrap_or_else(|e| panic!("{e}")));
+}
+
+#[test]
+fn every_fixture_discovers_without_warnings() {
+    let mut names: Vec<String> = fs::read_dir(FIXTURES)
+        .expect("fixtures")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 10, "{names:?}");
+    for name in names {
+        let d = discover_dir_with_warnings(&Path::new(FIXTURES).join(&name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(d.warnings, vec![], "{name}");
+    }
+}
+
+/// A small, valid tree in memory whose files the proptest replaces with garbage.
+fn small_tree() -> MapSource {
+    let mut m = MapSource::default()
+        .with("devices/system/cpu/online", "0-3\n")
+        .with("devices/system/node/node0/cpulist", "0-1\n")
+        .with(
+            "devices/system/node/node0/meminfo",
+            "Node 0 MemTotal: 1024 kB\n",
+        )
+        .with("devices/system/node/node0/distance", "10 20\n")
+        .with("devices/system/node/node1/cpulist", "2-3\n")
+        .with(
+            "devices/system/node/node1/meminfo",
+            "Node 1 MemTotal: 2048 kB\n",
+        )
+        .with("devices/system/node/node1/distance", "20 10\n")
+        .with("bus/pci/devices/0000:10:00.0/class", "0x030000\n")
+        .with("bus/pci/devices/0000:10:00.0/numa_node", "1\n");
+    for cpu in 0..4 {
+        let b = format!("devices/system/cpu/cpu{cpu}/topology");
+        for (file, v) in [
+            ("physical_package_id", cpu / 2),
+            ("die_id", 0),
+            ("core_id", cpu),
+            ("cluster_id", cpu / 2),
+        ] {
+            m = m.with(&format!("{b}/{file}"), &format!("{v}\n"));
+        }
+    }
+    m
+}
+
+const TARGETS: [&str; 10] = [
+    "devices/system/cpu/online",
+    "devices/system/cpu/isolated",
+    "devices/system/node/node0/cpulist",
+    "devices/system/node/node1/cpumap",
+    "devices/system/node/node1/meminfo",
+    "devices/system/node/node0/distance",
+    "devices/system/cpu/cpu1/topology/physical_package_id",
+    "devices/system/cpu/cpu2/topology/die_id",
+    "devices/system/cpu/cpu3/topology/cluster_id",
+    "bus/pci/devices/0000:10:00.0/numa_node",
+];
+
+fn content() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "\\PC{0,40}",
+        any::<i128>().prop_map(|n| format!("{n}\n")),
+        any::<u64>().prop_map(|n| format!("Node 1 MemTotal: {n} kB\n")),
+        (any::<u16>(), any::<u16>()).prop_map(|(a, b)| format!("{a}-{b}\n")),
+        "[0-9a-f,]{0,300}",
+        "[0-9 ,-]{0,40}",
+    ]
+}
+
+proptest! {
+    /// Garbage or random numbers in any file: discovery returns Ok or Err, and a model built
+    /// from an Ok never panics either.
+    #[test]
+    fn garbage_in_sysfs_files_never_panics(
+        edits in proptest::collection::vec((0..TARGETS.len(), content()), 1..4)
+    ) {
+        let mut m = small_tree();
+        for (i, text) in edits {
+            m = m.with(TARGETS[i], &text);
+            if TARGETS[i].ends_with("cpumap") {
+                m.files.remove("devices/system/node/node1/cpulist");
+            }
+        }
+        if let Ok(raw) = discover(&m, &DiscoveryOptions::default()) {
+            let _ = Topology::build(&raw);
+        }
+    }
+}

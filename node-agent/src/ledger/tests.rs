@@ -1,0 +1,369 @@
+//! The ledger's lifecycle rules on a fixture topology (pure logic: no runtime).
+
+use super::*;
+use crate::agent::PodInfo;
+use crate::metrics::Metrics;
+use tap_engine::sysfs::discover_dir;
+use tap_engine::{Engine, EngineConfig, Topology};
+
+fn agent() -> Arc<Agent> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/fixtures/sysfs/synthetic-2s-4numa-96c-gpu");
+    let topo = Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap());
+    Arc::new(Agent::new(
+        Engine::new(topo, EngineConfig::default()),
+        Arc::new(Metrics::new()),
+        None,
+        "test",
+    ))
+}
+
+fn container(key: &str, qos: &str, req_cpus: u64, lim_cpus: u64) -> ContainerInfo {
+    ContainerInfo {
+        id: key.into(),
+        name: "app".into(),
+        pod: PodInfo {
+            uid: format!("uid-{key}"),
+            name: format!("pod-{key}"),
+            namespace: "default".into(),
+            cgroup_parent: Some(format!("/kubepods/{qos}/pod1")),
+            ..Default::default()
+        },
+        cpu_shares: Some(req_cpus * 1024),
+        cpu_quota: Some((lim_cpus * 100_000) as i64),
+        cpu_period: Some(100_000),
+        ..Default::default()
+    }
+}
+
+fn state_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("tap-ledger-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+async fn created(l: &Ledger, c: ContainerInfo, id: &str) -> Adjustment {
+    let t = l.begin_create(c).await;
+    let adj = t.adjustment.clone();
+    let _ = l.commit_create(t, Some(id.into()));
+    adj
+}
+
+#[tokio::test]
+async fn a_duplicate_create_never_touches_the_first_grant() {
+    let l = Ledger::new(agent(), None);
+    let first = created(&l, container("k1", "burstable", 4, 8), "id1").await;
+    assert_eq!(first.cpus.as_deref(), Some("0-23"));
+    let before = l.agent().snapshot();
+    // The kubelet retries the create; the runtime answers "name already reserved".
+    let t = l.begin_create(container("k1", "burstable", 4, 8)).await;
+    assert!(t.is_duplicate());
+    assert_eq!(
+        t.adjustment.cpus, first.cpus,
+        "a retry carries the first one's cpuset"
+    );
+    assert!(l.abort(t).is_empty());
+    assert_eq!(l.agent().snapshot(), before);
+    assert_eq!(l.resolve("id1").as_deref(), Some("k1"));
+    // A duplicate of a create still in flight is left alone too.
+    let pending = l.begin_create(container("k2", "burstable", 4, 8)).await;
+    let dup = l.begin_create(container("k2", "burstable", 4, 8)).await;
+    assert!(dup.is_duplicate());
+    let _ = l.abort(dup);
+    let _ = l.commit_create(pending, Some("id2".into()));
+    assert!(l.agent().snapshot().grant("k2").is_some());
+}
+
+#[tokio::test]
+async fn a_refused_create_gives_everything_back() {
+    let l = Ledger::new(agent(), None);
+    let _ = created(&l, container("s", "burstable", 2, 4), "ids").await;
+    let before = l.agent().snapshot();
+    let t = l.begin_create(container("g", "guaranteed", 4, 4)).await;
+    assert!(t.adjustment.cpus.is_some());
+    assert!(
+        l.abort(t).is_empty(),
+        "nothing was applied, nothing to undo"
+    );
+    assert_eq!(l.agent().snapshot(), before);
+    assert_eq!(l.keys(), vec!["s"]);
+}
+
+#[tokio::test]
+async fn an_exclusive_create_shrinks_shared_containers_after_the_runtime_said_yes() {
+    let l = Ledger::new(agent(), None);
+    // One shared container on each NUMA node.
+    let mut shared = Vec::new();
+    for i in 0..4 {
+        let adj = created(
+            &l,
+            container(&format!("s{i}"), "burstable", 2, 4),
+            &format!("ids{i}"),
+        )
+        .await;
+        shared.push(adj.cpus.expect("placed"));
+    }
+    let t = l.begin_create(container("g", "guaranteed", 4, 4)).await;
+    let mine = CpuSet::parse(t.adjustment.cpus.as_deref().expect("exclusive")).unwrap();
+    let ups = l.commit_create(t, Some("idg".into()));
+    assert_eq!(ups.len(), 1, "{ups:?}");
+    let i = shared
+        .iter()
+        .position(|c| CpuSet::parse(c).unwrap().intersects(&mine))
+        .expect("the node of the exclusive CPUs has a shared container");
+    assert_eq!(
+        ups[0].container_id,
+        format!("ids{i}"),
+        "updates name the runtime id"
+    );
+    let shrunk = CpuSet::parse(&ups[0].cpus).unwrap();
+    assert_eq!(shrunk, CpuSet::parse(&shared[i]).unwrap().difference(&mine));
+    // Until the runtime confirms, the update is still wanted; after, it is not.
+    l.applied(&ups[0]);
+    assert!(l.release("unknown", true).is_empty());
+    let back = l.release("idg", true);
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].cpus, shared[i]);
+}
+
+#[test]
+fn ids_resolve_by_key_full_id_and_unique_prefix() {
+    let mut b = Book::default();
+    b.ids.insert("abcdef0123".into(), "k8s_a".into());
+    b.ids.insert("abcfff0000".into(), "k8s_b".into());
+    b.entries.insert(
+        "k8s_a".into(),
+        Entry {
+            info: ContainerInfo::default(),
+            runtime_id: Some("abcdef0123".into()),
+            state: State::Committed,
+            applied: None,
+            seq: 0,
+        },
+    );
+    assert_eq!(b.resolve("k8s_a").as_deref(), Some("k8s_a"));
+    assert_eq!(b.resolve("/k8s_a").as_deref(), Some("k8s_a"));
+    assert_eq!(b.resolve("abcdef0123").as_deref(), Some("k8s_a"));
+    assert_eq!(b.resolve("abcd").as_deref(), Some("k8s_a"));
+    assert_eq!(b.resolve("abc"), None); // too short
+    assert_eq!(b.resolve("abcf").as_deref(), Some("k8s_b"));
+    assert_eq!(b.resolve("ab00"), None);
+    assert_eq!(b.resolve("other"), None);
+}
+
+#[tokio::test]
+async fn a_refused_update_is_rolled_back_and_not_persisted() {
+    let dir = state_dir("refused");
+    let file = dir.join("grants.json");
+    let l = Ledger::new(agent(), Some(StateFile::new(file.clone())));
+    let _ = created(&l, container("k", "burstable", 4, 8), "id").await;
+    let before = l.agent().snapshot();
+    let t = l
+        .begin_update("id", |i| {
+            i.cpu_shares = Some(40 * 1024);
+            i.cpu_quota = Some(60 * 100_000);
+        })
+        .await;
+    assert_ne!(l.agent().snapshot(), before, "the decision is reserved");
+    // The runtime refused (e.g. memory below its minimum).
+    let _ = l.abort(t);
+    assert_eq!(l.agent().snapshot(), before);
+    assert_eq!(l.info("id").unwrap().cpu_shares, Some(4 * 1024));
+    assert!(!file.exists(), "a refused update writes nothing");
+    // An accepted one is kept, and its record persisted.
+    let t = l
+        .begin_update("id", |i| i.cpu_shares = Some(30 * 1024))
+        .await;
+    let rec = t.adjustment.record.clone().expect("record");
+    let _ = l.commit_update(t);
+    let saved = StateFile::new(file).load().unwrap();
+    assert_eq!(saved.get("k"), Some(&rec));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn restore_reads_changed_records_and_survives_a_corrupt_file() {
+    let dir = state_dir("restore");
+    let file = dir.join("grants.json");
+    let a = Ledger::new(agent(), Some(StateFile::new(file.clone())));
+    let adj = created(&a, container("k", "burstable", 4, 8), "id").await;
+    let t = a
+        .begin_update("id", |i| i.cpu_shares = Some(6 * 1024))
+        .await;
+    let _ = a.commit_update(t);
+    let want = a.agent().snapshot();
+    // What the runtime lists after an agent restart: the create-time record in the container.
+    let mut live = container("k", "burstable", 6, 8);
+    live.cpus = adj.cpus.clone();
+    live.annotations
+        .insert(GRANT_KEY.into(), adj.record.clone().unwrap());
+    let listed = vec![Listed {
+        runtime_id: "id".into(),
+        info: live,
+    }];
+    let b = Ledger::new(agent(), Some(StateFile::new(file.clone())));
+    let (report, ups) = b.restore(listed.clone());
+    assert_eq!(report.adopted, 1);
+    assert!(ups.is_empty(), "{ups:?}");
+    assert_eq!(b.agent().snapshot(), want, "the changed record wins");
+    // A corrupt file is moved aside and reported; the state comes from the containers.
+    std::fs::write(&file, "{\"k\": 12").unwrap();
+    let c = Ledger::new(agent(), Some(StateFile::new(file.clone())));
+    let (report, _) = c.restore(listed);
+    assert_eq!(report.adopted, 1);
+    assert!(c.agent().snapshot().grant("k").is_some());
+    assert!(dir.join("grants.json.corrupt").exists());
+    let m = c.agent().metrics().render();
+    assert!(m.lines().any(|l| l.contains("kind=\"state\"")), "{m}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn reconcile_releases_what_the_runtime_lost_and_adopts_what_it_has() {
+    let l = Ledger::new(agent(), None);
+    let a = created(&l, container("a", "burstable", 4, 8), "ida").await;
+    let _ = created(&l, container("b", "burstable", 4, 8), "idb").await;
+    let in_flight = l.begin_create(container("c", "burstable", 4, 8)).await;
+    let since = l.now();
+    // The runtime restarted: only "a" survived, and "x" appeared (created around us).
+    let mut x = container("x", "burstable", 2, 4);
+    x.cpus = Some("24-47".into());
+    let mut alive = container("a", "burstable", 4, 8);
+    alive.cpus = a.cpus.clone();
+    let listed = vec![
+        Listed {
+            runtime_id: "ida".into(),
+            info: alive,
+        },
+        Listed {
+            runtime_id: "idx".into(),
+            info: x,
+        },
+    ];
+    let (report, _) = l.reconcile(listed, since, false);
+    assert_eq!(report.released, 1);
+    assert_eq!(report.adopted, 1);
+    assert_eq!(
+        l.keys(),
+        vec!["a", "c", "x"],
+        "the create in flight is left alone"
+    );
+    assert!(l.agent().snapshot().grant("b").is_none());
+    assert_eq!(l.resolve("idx").as_deref(), Some("x"));
+    let _ = l.commit_create(in_flight, Some("idc".into()));
+    assert!(l.agent().snapshot().grant("c").is_some());
+}
+
+#[tokio::test]
+async fn a_full_reconcile_drops_grants_the_runtime_never_applied() {
+    let l = Ledger::new(agent(), None);
+    let _ = created(&l, container("u", "burstable", 4, 8), "idu").await;
+    let since = l.now();
+    // Listed without cpuset or record: the runtime gave up on our answer.
+    let listed = vec![Listed {
+        runtime_id: "idu".into(),
+        info: container("u", "burstable", 4, 8),
+    }];
+    let (report, ups) = l.reconcile(listed, since, true);
+    assert_eq!(report.released, 1);
+    assert!(ups.is_empty());
+    assert!(l.agent().snapshot().grant("u").is_none());
+    assert_eq!(l.keys(), vec!["u"], "still known, now unmanaged");
+}
+
+#[tokio::test]
+async fn huge_requests_neither_panic_nor_wrap() {
+    let l = Ledger::new(agent(), None);
+    for (i, (shares, quota)) in [(u64::MAX, i64::MAX), (100_000_000_000_000_000, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut c = container(&format!("h{i}"), "burstable", 1, 1);
+        c.cpu_shares = Some(shares);
+        c.cpu_quota = Some(quota);
+        c.cpu_period = Some(1);
+        c.memory_limit = Some(i64::MAX);
+        let adj = created(&l, c, &format!("id{i}")).await;
+        // Larger than the machine: the whole machine, never one NUMA node.
+        if let Some(cpus) = adj.cpus.as_deref() {
+            assert_eq!(cpus, "0-95", "request {shares} shares");
+        }
+    }
+    let m = l.agent().metrics().render();
+    assert!(!m.contains("kind=\"panic\""), "{m}");
+}
+
+#[tokio::test]
+async fn a_late_decision_is_released_and_the_create_goes_unadjusted() {
+    let l = Ledger::new(agent(), None);
+    l.set_budget(Duration::from_millis(1));
+    // Hold the engine so the decision cannot finish within 1 ms.
+    let hold = l.agent().clone();
+    let blocker = std::thread::spawn(move || hold.hold_engine_for(Duration::from_millis(300)));
+    std::thread::sleep(Duration::from_millis(20));
+    let t = l.begin_create(container("late", "burstable", 4, 8)).await;
+    assert!(t.adjustment.is_empty());
+    let _ = l.commit_create(t, Some("idl".into()));
+    blocker.join().unwrap();
+    for _ in 0..100 {
+        if l.agent().snapshot().grant("late").is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(l.agent().snapshot().grant("late").is_none());
+    assert_eq!(l.keys(), vec!["late"], "known, unmanaged");
+}
+
+#[test]
+fn a_hook_span_carries_the_pod_namespace_and_container() {
+    #[derive(Clone, Default)]
+    struct Buf(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let w = buf.clone();
+    let sub = tracing_subscriber::fmt()
+        .with_writer(move || w.clone())
+        .with_ansi(false)
+        .finish();
+    // Global: the decision runs on a blocking thread. No other test sets a subscriber.
+    tracing::subscriber::set_global_default(sub).expect("the only global subscriber");
+    {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            use tracing::Instrument;
+            let l = Ledger::new(agent(), None);
+            let t = l
+                .begin_create(container("spanned", "burstable", 4, 8))
+                .instrument(hook_span("create", "test"))
+                .await;
+            let _ = l.commit_create(t, Some("id".into()));
+        });
+    }
+    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let placed = out
+        .lines()
+        .find(|l| l.contains("placed") && l.contains("pod-spanned"))
+        .unwrap_or_else(|| panic!("no placement logged: {out}"));
+    for want in [
+        "hook{",
+        "hook=\"create\"",
+        "mode=\"test\"",
+        "pod=\"pod-spanned\"",
+        "namespace=",
+        "container=",
+    ] {
+        assert!(placed.contains(want), "{want} missing in: {placed}");
+    }
+}
