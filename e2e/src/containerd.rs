@@ -85,6 +85,10 @@ pub struct ContainerdOptions {
     pub nri_request_timeout: Duration,
     /// Import [`IMAGE_TARBALL`] after start.
     pub import_image: bool,
+    /// A CNI network (conflist JSON) for Pods without host networking: the plugins are the
+    /// ones setup-containerd.sh unpacks (`usr/lib/cni`), network namespaces are mounted under
+    /// the state dir. `None`: host-network Pods only.
+    pub cni_conflist: Option<String>,
 }
 
 impl Default for ContainerdOptions {
@@ -93,6 +97,7 @@ impl Default for ContainerdOptions {
             nri: true,
             nri_request_timeout: Duration::from_secs(2),
             import_image: true,
+            cni_conflist: None,
         }
     }
 }
@@ -131,9 +136,9 @@ impl Containerd {
         self.dir.join("containerd.sock")
     }
 
-    /// The NRI socket plugins connect to.
+    /// The NRI socket plugins connect to (alone in its folder, which a plugin's Pod mounts).
     pub fn nri_socket(&self) -> PathBuf {
-        self.dir.join("nri.sock")
+        self.dir.join("nri/nri.sock")
     }
 
     /// containerd's log file.
@@ -170,8 +175,9 @@ state = "{state}"
   disable_apparmor = true
   # Lowering oom_score_adj (the sandbox's -998) is refused in unprivileged or nested hosts.
   restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{d}/cni-bin"
+    bin_dir = "{cni_bin}"
     conf_dir = "{d}/cni-conf"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
@@ -203,10 +209,19 @@ state = "{state}"
             disable = !self.opts.nri,
             nri = self.nri_socket().display(),
             req = self.opts.nri_request_timeout.as_millis(),
+            cni_bin = if self.opts.cni_conflist.is_some() {
+                install_root().join("usr/lib/cni")
+            } else {
+                d.join("cni-bin")
+            }
+            .display(),
         );
         std::fs::write(d.join("config.toml"), cfg)?;
-        for sub in ["cni-bin", "cni-conf", "nri-plugins", "nri-conf"] {
+        for sub in ["cni-bin", "cni-conf", "nri-plugins", "nri-conf", "nri"] {
             std::fs::create_dir_all(d.join(sub))?;
+        }
+        if let Some(conf) = &self.opts.cni_conflist {
+            std::fs::write(d.join("cni-conf/10-tap-e2e.conflist"), conf)?;
         }
         Ok(())
     }

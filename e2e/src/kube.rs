@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 /// Where setup-kube.sh puts kube-apiserver and kubectl.
 pub const BIN_DIR: &str = "/var/cache/kunpeng-tap/bin";
 
-fn bin_dir() -> PathBuf {
+pub(crate) fn bin_dir() -> PathBuf {
     std::env::var_os("TAP_KUBE_BIN_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(BIN_DIR))
@@ -39,7 +39,7 @@ pub fn kubectl_bin() -> PathBuf {
     bin_dir().join("kubectl")
 }
 
-fn etcd_bin() -> PathBuf {
+pub(crate) fn etcd_bin() -> PathBuf {
     ["/usr/bin/etcd", "/usr/local/bin/etcd"]
         .iter()
         .map(PathBuf::from)
@@ -152,7 +152,7 @@ pub fn free_port() -> Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
-fn run_ok(cmd: &mut Command) -> Result<Output> {
+pub(crate) fn run_ok(cmd: &mut Command) -> Result<Output> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
         bail!(
@@ -166,8 +166,20 @@ fn run_ok(cmd: &mut Command) -> Result<Output> {
 
 use crate::util::temp_dir;
 
+/// How [`KubeCluster::start_with`] sets up the API server.
+#[derive(Debug, Clone, Default)]
+pub struct KubeOptions {
+    /// A node address (the machine's own, see [`crate::cluster::node_ip`]): serve there instead
+    /// of 127.0.0.1, with what a kubelet needs (the Node authorizer, NodeRestriction, a client
+    /// certificate for calls to kubelets, the kubelet CA) and the Service IP 10.96.0.1 in the
+    /// serving certificate's SANs.
+    pub node_ip: Option<String>,
+}
+
 pub struct KubeCluster {
     pub dir: PathBuf,
+    /// The address the API server serves on (127.0.0.1, or the node's address).
+    pub host: String,
     pub port: u16,
     /// Admin (system:masters) kubeconfig.
     pub kubeconfig: PathBuf,
@@ -177,18 +189,30 @@ pub struct KubeCluster {
 }
 
 impl KubeCluster {
-    /// Starts etcd and kube-apiserver and waits until `/readyz` answers.
+    /// Starts etcd and kube-apiserver on 127.0.0.1 and waits until `/readyz` answers.
     pub fn start() -> Result<KubeCluster> {
+        KubeCluster::start_with(&KubeOptions::default())
+    }
+
+    /// Starts etcd and kube-apiserver as `opts` says and waits until `/readyz` answers.
+    pub fn start_with(opts: &KubeOptions) -> Result<KubeCluster> {
         check_installed()?;
         let dir = temp_dir("tap-e2e-kube")?;
         let pki = dir.join("pki");
         std::fs::create_dir_all(&pki)?;
         make_ca(&pki)?;
+        let host = opts.node_ip.clone().unwrap_or_else(|| "127.0.0.1".into());
+        let sans = match &opts.node_ip {
+            Some(ip) => format!("IP:127.0.0.1,IP:{ip},IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"),
+            None => "IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc".into(),
+        };
         make_cert(
             &pki,
             "apiserver",
             "/CN=kube-apiserver",
-            Some("subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth"),
+            Some(&format!(
+                "subjectAltName={sans}\nextendedKeyUsage=serverAuth"
+            )),
         )?;
         make_cert(&pki, "admin", "/O=system:masters/CN=tap-e2e-admin", None)?;
         run_ok(
@@ -235,8 +259,8 @@ impl KubeCluster {
         let mut api_cmd = Command::new(kube_apiserver_bin());
         api_cmd
             .arg(format!("--etcd-servers=http://127.0.0.1:{etcd_port}"))
-            .arg("--bind-address=127.0.0.1")
-            .arg("--advertise-address=127.0.0.1")
+            .arg(format!("--bind-address={host}"))
+            .arg(format!("--advertise-address={host}"))
             .arg(format!("--secure-port={port}"))
             .arg(format!("--cert-dir={}", dir.join("certs").display()))
             .arg(format!("--tls-cert-file={}", p("apiserver.crt")))
@@ -249,18 +273,44 @@ impl KubeCluster {
             ))
             .arg("--service-account-issuer=https://kubernetes.default.svc")
             .arg("--service-cluster-ip-range=10.96.0.0/24")
-            .arg("--authorization-mode=RBAC")
+            .arg(if opts.node_ip.is_some() {
+                "--authorization-mode=Node,RBAC"
+            } else {
+                "--authorization-mode=RBAC"
+            })
             .arg("--endpoint-reconciler-type=none")
             .arg("--enable-priority-and-fairness=false")
             .arg("--profiling=false")
             .arg("--v=1");
+        if opts.node_ip.is_some() {
+            make_cert(
+                &pki,
+                "apiserver-kubelet-client",
+                "/O=system:masters/CN=kube-apiserver-kubelet-client",
+                None,
+            )?;
+            api_cmd
+                .arg("--enable-admission-plugins=NodeRestriction")
+                .arg(format!(
+                    "--kubelet-client-certificate={}",
+                    p("apiserver-kubelet-client.crt")
+                ))
+                .arg(format!(
+                    "--kubelet-client-key={}",
+                    p("apiserver-kubelet-client.key")
+                ))
+                .arg(format!("--kubelet-certificate-authority={}", p("ca.crt")))
+                // The node's name does not resolve.
+                .arg("--kubelet-preferred-address-types=InternalIP,Hostname");
+        }
         let apiserver = Proc::spawn("kube-apiserver", api_cmd, &dir.join("apiserver.log"))?;
 
         let kubeconfig = dir.join("admin.kubeconfig");
-        write_kubeconfig(&kubeconfig, port, &pki, "admin")?;
+        write_kubeconfig(&kubeconfig, &host, port, &pki, "admin")?;
         // From here on, dropping `cluster` stops both and removes the dir.
         let mut cluster = KubeCluster {
             dir,
+            host,
             port,
             kubeconfig,
             apiserver,
@@ -290,7 +340,8 @@ impl KubeCluster {
                 .success())
         })?;
         eprintln!(
-            "kube-apiserver ready on 127.0.0.1:{port} after {:.1}s",
+            "kube-apiserver ready on {}:{port} after {:.1}s",
+            cluster.host,
             start.elapsed().as_secs_f64()
         );
         Ok(cluster)
@@ -306,7 +357,7 @@ impl KubeCluster {
         subj.push_str(&format!("/CN={user}"));
         make_cert(&pki, file_stem, &subj, None)?;
         let path = self.dir.join(format!("{file_stem}.kubeconfig"));
-        write_kubeconfig(&path, self.port, &pki, file_stem)?;
+        write_kubeconfig(&path, &self.host, self.port, &pki, file_stem)?;
         Ok(path)
     }
 
@@ -438,7 +489,7 @@ fn wait_tcp(port: u16, timeout: Duration) -> Result<()> {
     bail!("port {port} not listening after {timeout:?}")
 }
 
-fn make_ca(pki: &Path) -> Result<()> {
+pub(crate) fn make_ca(pki: &Path) -> Result<()> {
     run_ok(
         Command::new("openssl")
             .args(["req", "-x509", "-nodes", "-newkey", "ec", "-pkeyopt"])
@@ -453,7 +504,7 @@ fn make_ca(pki: &Path) -> Result<()> {
 }
 
 /// A key and a certificate signed by the CA in `pki`.
-fn make_cert(pki: &Path, stem: &str, subj: &str, ext: Option<&str>) -> Result<()> {
+pub(crate) fn make_cert(pki: &Path, stem: &str, subj: &str, ext: Option<&str>) -> Result<()> {
     let key = pki.join(format!("{stem}.key"));
     let csr = pki.join(format!("{stem}.csr"));
     let crt = pki.join(format!("{stem}.crt"));
@@ -489,9 +540,15 @@ fn make_cert(pki: &Path, stem: &str, subj: &str, ext: Option<&str>) -> Result<()
     Ok(())
 }
 
-fn write_kubeconfig(path: &Path, port: u16, pki: &Path, stem: &str) -> Result<()> {
+pub(crate) fn write_kubeconfig(
+    path: &Path,
+    host: &str,
+    port: u16,
+    pki: &Path,
+    stem: &str,
+) -> Result<()> {
     let body = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority: {ca}\nusers:\n- name: {stem}\n  user:\n    client-certificate: {crt}\n    client-key: {key}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: {stem}\ncurrent-context: e2e\n",
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: https://{host}:{port}\n    certificate-authority: {ca}\nusers:\n- name: {stem}\n  user:\n    client-certificate: {crt}\n    client-key: {key}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: {stem}\ncurrent-context: e2e\n",
         ca = pki.join("ca.crt").display(),
         crt = pki.join(format!("{stem}.crt")).display(),
         key = pki.join(format!("{stem}.key")).display(),

@@ -3,7 +3,9 @@
 //! The tier runs only with `TAP_E2E=1` (see the README); without it every e2e test returns at
 //! once and says so. With it, a missing component is a failure, never a skip.
 
+pub mod cluster;
 pub mod containerd;
 pub mod docker;
+pub mod images;
 pub mod kube;
 pub mod util;

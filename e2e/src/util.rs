@@ -23,11 +23,17 @@ pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The shared sysfs fixtures folder (`../shared/fixtures/sysfs` beside the checkout).
+/// The repository's sysfs fixtures folder (`fixtures/sysfs`): the e2e tier uses only
+/// fixtures the repository ships. For any fixture, in the repository or in `../shared`, use
+/// [`fixture_dir`].
 pub fn fixtures_dir() -> PathBuf {
-    std::env::var_os("TAP_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("../shared/fixtures/sysfs"))
+    workspace_root().join("fixtures/sysfs")
+}
+
+/// The sysfs root of fixture `name` (in the repository, else `../shared/fixtures/sysfs` or
+/// `TAP_FIXTURES`): [`tap_engine::testdata::fixture_dir`].
+pub fn fixture_dir(name: &str) -> PathBuf {
+    tap_engine::testdata::fixture_dir(name)
 }
 
 /// Builds a binary of this workspace (`cargo build -p <package> --bin <bin>`) and returns its

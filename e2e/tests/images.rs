@@ -16,12 +16,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use tap_e2e::images::build_static;
 use tap_e2e::util::{fixtures_dir, skip_unless_enabled, workspace_root};
-
-/// This machine's glibc target (x86_64 here, aarch64 on Kunpeng).
-fn triple() -> String {
-    format!("{}-unknown-linux-gnu", std::env::consts::ARCH)
-}
 
 fn dockerd_bin() -> String {
     std::env::var("TAP_DOCKERD").unwrap_or_else(|_| "/usr/sbin/dockerd".into())
@@ -198,78 +194,6 @@ impl Drop for Dockerd {
     }
 }
 
-/// Whether an ELF file has no program interpreter (PT_INTERP), i.e. is statically linked.
-fn is_static_elf(path: &Path) -> bool {
-    let b = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert!(
-        b.len() > 64 && &b[..4] == b"\x7fELF",
-        "{} is no ELF",
-        path.display()
-    );
-    assert_eq!(b[4], 2, "64-bit ELF expected");
-    let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as usize;
-    let phoff = u64::from_le_bytes(b[0x20..0x28].try_into().unwrap()) as usize;
-    let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
-    (0..phnum).all(|i| {
-        let o = phoff + i * phentsize;
-        u32::from_le_bytes(b[o..o + 4].try_into().unwrap()) != 3
-    })
-}
-
-/// Cargo profile of the image binaries: `release` (what the Dockerfiles ship) unless
-/// `TAP_IMAGE_PROFILE=dev` trades image size for build time (CI budget).
-fn image_profile() -> (String, &'static str) {
-    match std::env::var("TAP_IMAGE_PROFILE").as_deref() {
-        Ok("dev") => ("dev".into(), "debug"),
-        _ => ("release".into(), "release"),
-    }
-}
-
-/// Builds `bin` of `package` static on the host and copies it to `target/image/<bin>`.
-fn build_static(package: &str, bin: &str) -> PathBuf {
-    let root = workspace_root();
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-        .join("image-build");
-    let (profile, profile_dir) = image_profile();
-    let start = Instant::now();
-    let status = Command::new(env!("CARGO"))
-        .current_dir(&root)
-        .args(["build", "--profile", &profile, "--locked", "-p", package])
-        .args(["--bin", bin])
-        .args(["--target", &triple()])
-        .env("CARGO_TARGET_DIR", &target_dir)
-        .env(
-            format!(
-                "CARGO_TARGET_{}_RUSTFLAGS",
-                triple().to_uppercase().replace('-', "_")
-            ),
-            "-C target-feature=+crt-static",
-        )
-        .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
-        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
-        .env("CARGO_PROFILE_DEV_DEBUG", "0")
-        .env("CARGO_PROFILE_DEV_STRIP", "symbols")
-        .status()
-        .expect("running cargo");
-    assert!(status.success(), "cargo build -p {package} (static) failed");
-    eprintln!(
-        "built static {bin} ({profile}) in {:.1}s",
-        start.elapsed().as_secs_f64()
-    );
-    let built = target_dir.join(triple()).join(profile_dir).join(bin);
-    assert!(
-        is_static_elf(&built),
-        "{} is not statically linked",
-        built.display()
-    );
-    let dest = root.join("target/image").join(bin);
-    fs::create_dir_all(dest.parent().unwrap()).expect("target/image");
-    fs::copy(&built, &dest).expect("copying the binary into target/image");
-    dest
-}
-
 /// `docker build` of one Dockerfile's prebuilt path; returns `docker image inspect` of it.
 fn build_image(d: &Dockerd, dockerfile: &str, tag: &str) -> Value {
     let root = workspace_root();
@@ -371,9 +295,12 @@ fn agent_image_builds_from_dockerfile_and_runs_on_scratch() {
     // escalation, read-only root) and a sysfs tree mounted read-only the way the chart mounts
     // the host's /sys: discovery and placement work inside the image.
     let fixture = fixtures_dir().join("synthetic-2s-4numa-96c-gpu");
-    let fixture = fixture
-        .canonicalize()
-        .unwrap_or_else(|e| panic!("{}: {e} (set TAP_FIXTURES)", fixture.display()));
+    let fixture = fixture.canonicalize().unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (the repository ships it in fixtures/sysfs)",
+            fixture.display()
+        )
+    });
     let mount = format!(
         "type=bind,source={},target=/host/sys,readonly",
         fixture.display()

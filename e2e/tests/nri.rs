@@ -2,7 +2,8 @@
 //!
 //! The agent runs as an external NRI plugin with a fixture topology
 //! (synthetic-2s-4numa-96c-gpu: 4 NUMA nodes, 0-23 / 24-47 / 48-71 / 72-95) and
-//! `--fold-cpus-to-host`, so its decisions are applied to this host's CPUs (`cpu % n`). Pods and
+//! `--fold-cpus-to-host`, so its decisions are applied to this host's CPUs (NUMA node k -> host CPU
+//! k mod n: containers on different NUMA nodes get different cgroup cpusets). Pods and
 //! containers are made through CRI; each check reads back (a) the container's OCI spec from
 //! ContainerStatus (verbose) and (b) the running container's cgroup `cpuset.cpus`, and the
 //! grant record the plugin stored in the container's annotations says what the engine decided.
@@ -45,10 +46,14 @@ fn host_cpus() -> Vec<usize> {
     parse_list(&s).into_iter().collect()
 }
 
-/// What `--fold-cpus-to-host` does to a fixture cpuset: CPU c -> host[c % n].
+/// What `--fold-cpus-to-host` does to a fixture cpuset: every CPU of NUMA node k ->
+/// host[k % n] (node_agent::fold).
 fn fold(fixture_cpus: &BTreeSet<usize>) -> BTreeSet<usize> {
     let host = host_cpus();
-    fixture_cpus.iter().map(|c| host[c % host.len()]).collect()
+    (0..4)
+        .filter(|k| !node_cpus(*k).is_disjoint(fixture_cpus))
+        .map(|k| host[k % host.len()])
+        .collect()
 }
 
 /// The fixture's CPUs of NUMA node `n`.
@@ -316,6 +321,23 @@ async fn nri_places_containers_through_containerd() {
         4,
         "four 4/8 containers on four nodes: {nodes:?}"
     );
+    // The fold tells NUMA nodes apart: containers on neighbouring nodes (k, k+1) have
+    // different cgroup cpusets on any host with more than one CPU.
+    if host_cpus().len() > 1 {
+        let mut by_node = HashMap::new();
+        for (node, (_, id)) in nodes.iter().zip(&ids) {
+            let pid = cri.pid(id).await.unwrap();
+            by_node.insert(*node, cgroup_cpuset(pid).unwrap());
+        }
+        for k in 0..3 {
+            assert_ne!(
+                by_node[&k],
+                by_node[&(k + 1)],
+                "NUMA nodes {k} and {} share a cgroup cpuset: {by_node:?}",
+                k + 1
+            );
+        }
+    }
     let usage = agent.numa_usage().unwrap();
     assert_eq!(usage.values().sum::<f64>(), 16.0, "{usage:?}");
 

@@ -7,6 +7,7 @@
 //! - [`policy`]: `numa-aware` and `topology-aware`.
 //! - [`engine`]: the allocation state and its operations (create, update, remove, restore).
 //! - [`grant`]: one container's allocation and its record for restart recovery.
+//! - [`testdata`]: where the sysfs fixtures are (tests, benches).
 
 pub mod cpuset;
 pub mod engine;
@@ -14,6 +15,7 @@ pub mod grant;
 pub mod policy;
 pub mod request;
 pub mod sysfs;
+pub mod testdata;
 pub mod topology;
 
 pub use cpuset::{CpuSet, NodeSet};

@@ -1,30 +1,53 @@
 #!/usr/bin/env bash
-# Installs what the NRI e2e tier needs, without touching the system's packages or services:
-#   containerd 1.7 (Debian trixie), runc and busybox-static (Debian bookworm), each unpacked
-#   with `dpkg -x` under /var/cache/kunpeng-tap/containerd/root, plus a busybox image tarball
-#   (docker-archive) built locally from busybox-static, tagged as the pause and busybox image.
+# Installs what the NRI and cluster e2e tiers need, without touching the system's packages or
+# services: containerd 1.7 (Debian trixie), runc, busybox-static and containernetworking-plugins
+# (bridge, host-local, loopback: the cluster tier's CNI; Debian bookworm), each unpacked with
+# `dpkg -x` under /var/cache/kunpeng-tap/containerd/root, plus a busybox image tarball
+# (docker-archive) built locally from busybox-static, tagged as the pause and busybox image.
 # Uses a private apt configuration (its own sources, lists and archive cache), so the system's
-# apt sources are never changed. Idempotent; quick when cached.
+# apt sources are never changed. The Debian archive those sources name is the one the system's
+# own apt configuration uses (read from `apt-cache policy`): no host is written here.
+# Idempotent; quick when cached.
 set -euo pipefail
 
 CACHE=/var/cache/kunpeng-tap/containerd
 ROOT="$CACHE/root"
 APT="$CACHE/apt"
 IMG="$CACHE/images"
-STAMP="$CACHE/.installed-v1"
+STAMP="$CACHE/.installed-v2"
 IMAGE_STAMP="$IMG/.built-v1"
 
 mkdir -p "$CACHE" "$IMG"
 
+# The URI of the main Debian archive this system's apt uses (the entry whose release is the
+# system's own codename, origin and label "Debian": not -security, not -updates, not a
+# third-party repository), as apt itself parsed the sources (one-line or deb822).
+debian_archive() {
+  local codename
+  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+  [ -n "$codename" ] || return 0
+  if ! apt-cache policy 2>/dev/null | grep -q "n=$codename,"; then
+    flock /var/lock/kunpeng-tap-apt apt-get -qq update >/dev/null
+  fi
+  apt-cache policy 2>/dev/null | awk -v cn="$codename" '
+    /^ *[0-9]+ [a-z]+:\/\// { uri = $2; suite = $3; next }
+    /^ *release / {
+      if (uri != "" && suite == cn "/main" && index($0, "o=Debian,") && index($0, ",l=Debian,") && index($0, "n=" cn ",")) { print uri; exit }
+      uri = ""
+    }'
+}
+
 # The CRI client crate (k8s-cri) generates its bindings with protoc at build time.
 bash "$(dirname "$0")/../ensure-protoc.sh"
 
-if [ ! -e "$STAMP" ] || [ ! -x "$ROOT/usr/bin/containerd" ]; then
+if [ ! -e "$STAMP" ] || [ ! -x "$ROOT/usr/bin/containerd" ] || [ ! -x "$ROOT/usr/lib/cni/bridge" ]; then
   mkdir -p "$APT/lists/partial" "$APT/archives/partial" "$APT/etc/sources.list.d" "$APT/etc/preferences.d"
-  cat > "$APT/etc/sources.list" <<SRC
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main
-SRC
+  archive=$(debian_archive)
+  [ -n "$archive" ] || { echo "setup-containerd: no Debian archive in this system's apt sources" >&2; exit 1; }
+  echo "setup-containerd: Debian archive from the system's apt configuration: $archive"
+  for suite in trixie bookworm; do
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $archive $suite main"
+  done > "$APT/etc/sources.list"
   aptopts=(
     -o "Dir::Etc::SourceList=$APT/etc/sources.list"
     -o "Dir::Etc::SourceParts=$APT/etc/sources.list.d"
@@ -43,15 +66,21 @@ SRC
   flock /var/lock/kunpeng-tap-apt apt-get "${aptopts[@]}" -qq update
   cd "$APT/archives"
   rm -f ./*.deb
-  echo "setup-containerd: downloading containerd/trixie runc/bookworm busybox-static/bookworm"
+  echo "setup-containerd: downloading containerd/trixie runc/bookworm busybox-static/bookworm containernetworking-plugins/bookworm"
   flock /var/lock/kunpeng-tap-apt apt-get "${aptopts[@]}" -qq download \
-    containerd/trixie runc/bookworm busybox-static/bookworm
+    containerd/trixie runc/bookworm busybox-static/bookworm containernetworking-plugins/bookworm
   rm -rf "$ROOT"
   mkdir -p "$ROOT"
   for d in ./*.deb; do dpkg -x "$d" "$ROOT"; done
   "$ROOT/usr/bin/containerd" --version
   "$ROOT/usr/sbin/runc" --version | head -1
+  for p in bridge host-local loopback; do
+    [ -x "$ROOT/usr/lib/cni/$p" ] || { echo "setup-containerd: CNI plugin $p missing" >&2; exit 1; }
+  done
   touch "$STAMP"
+  # v2 is a superset of v1 (which had no CNI plugins): an older copy of this script, run from
+  # another checkout on this machine, then finds its own stamp and keeps this install.
+  touch "$CACHE/.installed-v1"
   rm -f "$IMAGE_STAMP"
 fi
 

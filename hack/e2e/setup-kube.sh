@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Installs what the kube e2e tests need (idempotent; caches outside the checkout):
+# Installs what the kube and cluster e2e tests need (idempotent; caches outside the checkout):
 #   - etcd from Debian (etcd-server)
 #   - openssl (test certificates are generated at test time)
-#   - kube-apiserver and kubectl built with `go build` from the Go module k8s.io/kubernetes at a
-#     pinned release, cached in /var/cache/kunpeng-tap/bin/ (GOPATH/GOMODCACHE under
-#     /var/cache/kunpeng-tap/go so later runs reuse the downloads and the build cache).
+#   - kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl, built in ONE
+#     `go build` from the Go module k8s.io/kubernetes at a pinned release, cached in
+#     /var/cache/kunpeng-tap/bin/ (GOPATH/GOMODCACHE/GOCACHE under /var/cache/kunpeng-tap/go so
+#     later runs reuse the downloads and the build cache).
 # The k8s.io/kubernetes go.mod points its staging modules (k8s.io/api, ...) at ./staging/src via
 # `replace`; replaces of a dependency are ignored, so the build module below re-creates each of
 # them at the matching v0.X.Y release.
@@ -13,7 +14,9 @@ set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-v1.34.4}"
 CACHE=/var/cache/kunpeng-tap
 BIN="$CACHE/bin"
-STAMP="$BIN/kube-${K8S_VERSION}.stamp"
+CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+# v2: the five commands (v1 built only kube-apiserver and kubectl).
+STAMP="$BIN/kube-${K8S_VERSION}-v2.stamp"
 mkdir -p "$BIN" "$CACHE/go"
 
 apt_install() {
@@ -25,8 +28,20 @@ apt_install() {
 apt_install etcd-server openssl
 command -v etcd >/dev/null || { echo "etcd not found after install" >&2; exit 1; }
 
-if [ -f "$STAMP" ] && [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kubectl" ]; then
-  echo "kube-apiserver/kubectl $K8S_VERSION already cached in $BIN"
+all_built() {
+  [ -f "$STAMP" ] || return 1
+  for c in "${CMDS[@]}"; do [ -x "$BIN/$c" ] || return 1; done
+}
+if all_built; then
+  echo "${CMDS[*]} $K8S_VERSION already cached in $BIN"
+  exit 0
+fi
+
+# One build at a time on this machine (a second caller waits, then finds the stamp).
+exec 9>/var/lock/kunpeng-tap-kube-build
+flock 9
+if all_built; then
+  echo "${CMDS[*]} $K8S_VERSION already cached in $BIN"
   exit 0
 fi
 
@@ -38,7 +53,7 @@ export GOFLAGS="-buildvcs=false -mod=mod"
 export CGO_ENABLED=0
 staging_version="v0.${K8S_VERSION#v1.}"
 
-work="$CACHE/go/build-$K8S_VERSION"
+work="$CACHE/go/build-$K8S_VERSION-v2"
 mkdir -p "$work"
 cd "$work"
 gomod_file="$(go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
@@ -54,23 +69,31 @@ gomod_file="$(go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" | sed -n 
   sed -n 's#^\s*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/.*#\t\1 => \1 '"$staging_version"'#p' "$gomod_file"
   echo ")"
 } > go.mod
-cat > tools.go <<'GO'
-//go:build tools
-
-package kubebuild
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-GO
+{
+  echo "//go:build tools"
+  echo
+  echo "package kubebuild"
+  echo
+  echo "import ("
+  for c in "${CMDS[@]}"; do echo "	_ \"k8s.io/kubernetes/cmd/$c\""; done
+  echo ")"
+} > tools.go
 rm -f go.sum
 start=$(date +%s)
 go mod tidy
 ldflags="-s -w -X k8s.io/component-base/version.gitVersion=${K8S_VERSION} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)"
-go build -trimpath -ldflags "$ldflags" -o "$BIN/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
-go build -trimpath -ldflags "$ldflags" -o "$BIN/kubectl.tmp" k8s.io/kubernetes/cmd/kubectl
-mv "$BIN/kube-apiserver.tmp" "$BIN/kube-apiserver"
-mv "$BIN/kubectl.tmp" "$BIN/kubectl"
-echo "$K8S_VERSION built in $(( $(date +%s) - start ))s" | tee "$STAMP"
+out="$BIN/.build-$K8S_VERSION"
+rm -rf "$out"
+mkdir -p "$out"
+pkgs=()
+for c in "${CMDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
+echo "setup-kube: building ${CMDS[*]} $K8S_VERSION in one go build"
+nice -n 10 go build -trimpath -ldflags "$ldflags" -o "$out/" "${pkgs[@]}"
+for c in "${CMDS[@]}"; do mv "$out/$c" "$BIN/$c"; done
+rmdir "$out"
+echo "$K8S_VERSION (${CMDS[*]}) built in $(( $(date +%s) - start ))s" | tee "$STAMP"
+# v2 is a superset of v1 (kube-apiserver and kubectl only): an older copy of this script, run
+# from another checkout on this machine, then finds its stamp and does not rebuild.
+cp "$STAMP" "$BIN/kube-${K8S_VERSION}.stamp"
 "$BIN/kube-apiserver" --version
+"$BIN/kubelet" --version

@@ -5,6 +5,7 @@
 //! Every call fails open: an error or even a panic inside the engine gives an empty adjustment
 //! (the container starts unchanged), a log line and a metric, never an error to the runtime.
 
+pub use crate::fold::HostFold;
 use crate::metrics::Metrics;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -72,34 +73,6 @@ pub struct Adjustment {
 impl Adjustment {
     pub fn is_empty(&self) -> bool {
         self.cpus.is_none() && self.mems.is_none() && self.updates.is_empty()
-    }
-}
-
-/// Maps the engine's CPU and node ids onto a smaller host (`--fold-cpus-to-host`): decisions
-/// made on a fixture topology are applied to CPU `host[i % n]`. For tests on machines smaller
-/// than the fixture; off in production.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostFold {
-    pub cpus: Vec<usize>,
-    pub nodes: Vec<usize>,
-}
-
-impl HostFold {
-    pub fn new(host_cpus: &CpuSet, host_nodes: &NodeSet) -> Option<HostFold> {
-        let cpus: Vec<usize> = host_cpus.iter().collect();
-        let mut nodes: Vec<usize> = host_nodes.iter().collect();
-        if nodes.is_empty() {
-            nodes.push(0);
-        }
-        (!cpus.is_empty()).then_some(HostFold { cpus, nodes })
-    }
-
-    pub fn cpus(&self, set: &CpuSet) -> CpuSet {
-        CpuSet::from_ids(set.iter().map(|c| self.cpus[c % self.cpus.len()]))
-    }
-
-    pub fn nodes(&self, set: &NodeSet) -> NodeSet {
-        NodeSet::from_ids(set.iter().map(|n| self.nodes[n % self.nodes.len()]))
     }
 }
 
@@ -519,18 +492,6 @@ mod tests {
         c.env.push("VA_VISIBLE_DEVICES=/dev/vacc0".into());
         // The fixture's GPU is on NUMA node 1 (CPUs 24-47).
         assert_eq!(a.create(&c).cpus.as_deref(), Some("24-47"));
-    }
-
-    #[test]
-    fn fold_maps_onto_host_cpus() {
-        let f = HostFold::new(
-            &CpuSet::parse("0-1").unwrap(),
-            &NodeSet::parse("0").unwrap(),
-        )
-        .unwrap();
-        assert_eq!(f.cpus(&CpuSet::parse("24-47").unwrap()).to_string(), "0-1");
-        assert_eq!(f.cpus(&CpuSet::parse("3").unwrap()).to_string(), "1");
-        assert_eq!(f.nodes(&NodeSet::parse("1-3").unwrap()).to_string(), "0");
     }
 
     #[test]

@@ -57,7 +57,8 @@ pub use tap_bin_support::LogFormat;
 /// kunpeng-tap node agent: NUMA/socket/die/cluster-aware CPU and memory placement for
 /// Kubernetes containers.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "kunpeng-tap", version, about)]
+// A flag given twice takes its last value (the chart appends `agent.extraArgs` after its own flags).
+#[command(name = "kunpeng-tap", version, about, args_override_self = true)]
 pub struct Flags {
     /// Socket the proxy serves (Docker and Containerd modes); a stale socket is removed.
     #[arg(long, default_value = "/var/run/kunpeng/tap-runtime-proxy.sock")]
@@ -273,6 +274,22 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(f.container_runtime_mode, RuntimeMode::Nri);
+    }
+
+    /// The chart appends `agent.extraArgs` after its own flags: a repeated flag takes the
+    /// last value instead of failing.
+    #[test]
+    fn a_repeated_flag_takes_its_last_value() {
+        let f = Flags::try_parse_from([
+            "kunpeng-tap",
+            "--sysfs-root=/host/sys",
+            "--resource-policy=topology-aware",
+            "--sysfs-root=/fixture",
+            "--resource-policy=numa-aware",
+        ])
+        .unwrap();
+        assert_eq!(f.sysfs_root, std::path::PathBuf::from("/fixture"));
+        assert_eq!(f.resource_policy, PolicyKind::NumaAware);
     }
 
     #[test]

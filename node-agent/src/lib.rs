@@ -6,6 +6,7 @@ pub mod cri_proxy;
 pub mod docker_proxy;
 pub mod explain;
 pub mod flags;
+pub mod fold;
 pub mod kube_link;
 pub mod ledger;
 pub mod metrics;

@@ -1,15 +1,16 @@
 use anyhow::Context;
 use clap::Parser;
-use node_agent::agent::{Agent, HostFold};
+use node_agent::agent::Agent;
 use node_agent::flags::{Flags, RuntimeMode};
+use node_agent::fold::HostFold;
 use node_agent::metrics::Metrics;
 use node_agent::{cri_proxy, docker_proxy, explain, kube_link, nri};
 use std::sync::Arc;
 use tap_engine::sysfs::discover_dir;
 use tap_engine::{CpuSet, Engine, NodeSet};
 
-/// The real host's CPUs and NUMA nodes, for `--fold-cpus-to-host`.
-fn host_fold() -> anyhow::Result<HostFold> {
+/// `--fold-cpus-to-host`: `topo`'s NUMA nodes onto the real host's CPUs and nodes.
+fn host_fold(topo: &tap_engine::Topology) -> anyhow::Result<HostFold> {
     let raw = discover_dir(std::path::Path::new("/sys"))
         .context("reading this host's /sys for --fold-cpus-to-host")?;
     let cpus = CpuSet::from_ids(raw.cpus.iter().map(|c| c.id));
@@ -19,7 +20,7 @@ fn host_fold() -> anyhow::Result<HostFold> {
             .filter(|n| !n.cpus.is_empty())
             .map(|n| n.id as usize),
     );
-    HostFold::new(&cpus, &nodes).context("this host reports no online CPUs")
+    HostFold::for_topology(topo, &cpus, &nodes).context("this host reports no online CPUs")
 }
 
 fn main() -> std::process::ExitCode {
@@ -42,7 +43,7 @@ fn main() -> std::process::ExitCode {
 fn run(flags: Flags) -> anyhow::Result<()> {
     let topo = flags.load_topology()?;
     let fold = if flags.fold_cpus_to_host {
-        Some(host_fold()?)
+        Some(host_fold(&topo)?)
     } else {
         None
     };

@@ -208,12 +208,7 @@ mod tests {
     use tap_engine::{ContainerRequest, EngineConfig, Qos, Topology};
 
     fn engine() -> Engine {
-        let root = std::env::var_os("TAP_FIXTURES")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/sysfs")
-            })
-            .join("synthetic-2s-4numa-96c-gpu");
+        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
         let topo = Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap());
         Engine::new(topo, EngineConfig::default())
     }

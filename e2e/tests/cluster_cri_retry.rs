@@ -1,0 +1,209 @@
+//! The cluster tier, CRI proxy mode: a kubelet retry after a slow create does not lose a grant.
+//!
+//! Its own test binary, so its own cluster (`tap_e2e::cluster`, started once here): the
+//! kubelet's `runtimeRequestTimeout` is 8 s and containerd's NRI request timeout 25 s. The agent
+//! runs as a host process in CRI proxy mode with the kubelet's runtime endpoint at its socket.
+//! A second NRI plugin (a kunpeng-tap in NRI mode) registers with containerd and is stopped
+//! (SIGSTOP), so containerd's CreateContainer waits for it: the kubelet's CreateContainer
+//! through the proxy times out after 8 s, and the kubelet retries, as a real kubelet does. When
+//! the Pod finally runs, its container must carry a grant and the agent's books must hold
+//! exactly the containers that run (no grant lost, none leaked).
+//!
+//! Measured on 2026-12-03, before and after the lifecycle ledger (issue 12) was merged (main at
+//! 56da72a): the kubelet's deadline travels through the proxy to containerd, whose NRI call is
+//! cut at 8 s, so the first CreateContainer (attempt 0) fails; the kubelet's retry (attempt 1)
+//! succeeds and the Pod runs with a grant (numa1, cpuset and cgroup "1"), but the proxy keeps
+//! attempt 0's grant too (key `<sandbox>/app/0`, numa0, 0.25 CPU): its books hold 2 containers
+//! for 1 running, still 30 s later. Hence `#[ignore]` until the ledger rolls back a create whose
+//! caller went away.
+
+use anyhow::{bail, ensure, Context, Result};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tap_e2e::cluster::{Cluster, ClusterOptions, RuntimeEndpoint};
+use tap_e2e::containerd::{cgroup_cpuset, Cri, BUSYBOX_IMAGE};
+use tap_e2e::docker::TapAgent;
+use tap_e2e::util::{self, skip_unless_enabled};
+
+const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
+const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
+
+fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        if f().unwrap_or(false) {
+            return Ok(());
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Containers the proxy agent has placed (its NUMA-level container counts).
+fn placed_count(agent: &TapAgent) -> Result<i64> {
+    Ok(agent
+        .state()?
+        .iter()
+        .filter(|l| l.starts_with("tap_topology_node_container_count{"))
+        .filter(|l| l.contains("level=\"numa\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
+        .sum())
+}
+
+fn scenario(cl: &mut Cluster, rt: &tokio::runtime::Runtime) -> Result<()> {
+    let proxy = cl.dir.join("tap-proxy.sock");
+    let agent = TapAgent::start(
+        &[
+            "--container-runtime-mode=Containerd".to_string(),
+            format!("--runtime-proxy-endpoint={}", proxy.display()),
+            format!(
+                "--container-runtime-service-endpoint={}",
+                cl.containerd().cri_socket().display()
+            ),
+            format!(
+                "--sysfs-root={}",
+                util::fixtures_dir().join(FIXTURE).display()
+            ),
+            "--fold-cpus-to-host".to_string(),
+            "--resource-policy=numa-aware".to_string(),
+            format!("--state-dir={}", cl.dir.join("proxy-state").display()),
+            "--enable-node-topology=false".to_string(),
+        ],
+        &cl.dir.join("proxy-agent.log"),
+    )?;
+    let result = (|| -> Result<()> {
+        cl.set_runtime_endpoint(RuntimeEndpoint::Proxy(proxy.clone()))?;
+
+        // The slow part: an NRI plugin that stops answering.
+        let log = std::fs::File::create(cl.dir.join("slow-plugin.log"))?;
+        let mut slow = Command::new(util::agent_binary()?)
+            .arg("--container-runtime-mode=NRI")
+            .arg(format!(
+                "--nri-socket-path={}",
+                cl.containerd().nri_socket().display()
+            ))
+            .args(["--nri-plugin-name=slow", "--nri-plugin-index=90"])
+            .arg("--enable-node-topology=false")
+            .arg("--metrics-bind-address=")
+            .arg(format!(
+                "--state-dir={}",
+                cl.dir.join("slow-state").display()
+            ))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        let slow_log = cl.dir.join("slow-plugin.log");
+        wait(
+            "the slow plugin registered",
+            Duration::from_secs(30),
+            || Ok(std::fs::read_to_string(&slow_log)?.contains("state restored from the runtime")),
+        )?;
+        let _ = Command::new("kill")
+            .args(["-STOP", &slow.id().to_string()])
+            .status();
+
+        let t0 = Instant::now();
+        cl.kube().apply(
+            &serde_json::json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "retry", "namespace": "default"},
+                "spec": {
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{
+                        "name": "app", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                        "command": ["/bin/sleep", "36000"],
+                        "resources": {"requests": {"cpu": "250m", "memory": "64Mi"},
+                                      "limits": {"cpu": "500m", "memory": "64Mi"}},
+                    }],
+                },
+            })
+            .to_string(),
+        )?;
+        // The kubelet's first CreateContainer times out (8 s) while containerd waits.
+        wait(
+            "the kubelet's CreateContainer timing out",
+            Duration::from_secs(60),
+            || Ok(cl.kubelet_log().contains("DeadlineExceeded")),
+        )?;
+        eprintln!(
+            "kubelet CreateContainer timed out after {:.1}s",
+            t0.elapsed().as_secs_f64()
+        );
+        let _ = Command::new("kill")
+            .args(["-KILL", &slow.id().to_string()])
+            .status();
+        let _ = slow.wait();
+
+        wait("Pod retry Running", Duration::from_secs(180), || {
+            let p = cl
+                .kube()
+                .get_json(&["-n", "default", "get", "pod", "retry"])?
+                .context("no pod")?;
+            Ok(p["status"]["containerStatuses"][0]["ready"] == true)
+        })?;
+        eprintln!(
+            "Pod running {:.1}s after creation",
+            t0.elapsed().as_secs_f64()
+        );
+        let p = cl
+            .kube()
+            .get_json(&["-n", "default", "get", "pod", "retry"])?
+            .context("no pod")?;
+        let id = p["status"]["containerStatuses"][0]["containerID"]
+            .as_str()
+            .context("no container id")?
+            .trim_start_matches("containerd://")
+            .to_string();
+        let sock = cl.containerd().cri_socket();
+        let (grant, spec, pid) = rt.block_on(async {
+            let mut cri = Cri::connect(&sock).await?;
+            let (st, _) = cri.container_status(&id).await?;
+            let spec = cri.spec_cpuset(&id).await?;
+            let pid = cri.pid(&id).await?;
+            anyhow::Ok((st.annotations.get(GRANT_KEY).cloned(), spec, pid))
+        })?;
+        eprintln!(
+            "retried Pod: grant {grant:?}, CRI cpuset {spec:?}, cgroup {:?}",
+            cgroup_cpuset(pid)?
+        );
+        ensure!(grant.is_some(), "the running container has no grant");
+        ensure!(!spec.is_empty(), "the running container has no cpuset");
+        ensure!(cgroup_cpuset(pid)? == spec, "cgroup and CRI cpusets differ");
+        // Exactly one container is placed: the one that runs.
+        wait(
+            "the agent's books hold exactly the running container",
+            Duration::from_secs(30),
+            || Ok(placed_count(&agent)? == 1),
+        )
+        .with_context(|| format!("agent state: {:?}", agent.state()))?;
+        Ok(())
+    })();
+    if result.is_err() {
+        eprintln!("--- proxy agent log\n{}", agent.log_tail(80));
+        eprintln!("{}", cl.logs_tail(60));
+    }
+    drop(agent);
+    result
+}
+
+#[test]
+#[ignore = "needs the lifecycle ledger (issue 12): attempt 0's grant leaks when the kubelet cancels a slow create"]
+fn cluster_cri_proxy_kubelet_retry_keeps_the_grant() {
+    if skip_unless_enabled("cluster_cri_proxy_kubelet_retry_keeps_the_grant") {
+        return;
+    }
+    let t0 = Instant::now();
+    let mut cl = Cluster::start_with(ClusterOptions {
+        nri_request_timeout: Duration::from_secs(25),
+        runtime_request_timeout: Duration::from_secs(8),
+    })
+    .expect("starting the cluster");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let r = scenario(&mut cl, &rt);
+    drop(cl);
+    eprintln!("kubelet retry scenario: {:.1}s", t0.elapsed().as_secs_f64());
+    r.expect("kubelet retry after a slow create");
+}
