@@ -917,8 +917,11 @@ fn cluster_tier() {
             &agent_pod_and_kubelet_restarts,
         )
         && run("resize", &mut t, &|t| resize(t))
-        // Not run: fails on today's code (see agent_restart_after_resize).
-        // && run("agent_restart_after_resize", &mut t, &agent_restart_after_resize)
+        && run(
+            "agent_restart_after_resize",
+            &mut t,
+            &agent_restart_after_resize,
+        )
         && run("helm_uninstall", &mut t, &|t| helm_uninstall(t))
         && run("cri_proxy_mode", &mut t, &cri_proxy_mode);
     for n in &t.notes {

@@ -9,13 +9,11 @@
 //! the Pod finally runs, its container must carry a grant and the agent's books must hold
 //! exactly the containers that run (no grant lost, none leaked).
 //!
-//! Measured on 2026-12-03, before and after the lifecycle ledger (issue 12) was merged (main at
-//! 56da72a): the kubelet's deadline travels through the proxy to containerd, whose NRI call is
-//! cut at 8 s, so the first CreateContainer (attempt 0) fails; the kubelet's retry (attempt 1)
-//! succeeds and the Pod runs with a grant (numa1, cpuset and cgroup "1"), but the proxy keeps
-//! attempt 0's grant too (key `<sandbox>/app/0`, numa0, 0.25 CPU): its books hold 2 containers
-//! for 1 running, still 30 s later. Hence `#[ignore]` until the ledger rolls back a create whose
-//! caller went away.
+//! What happens (measured 2026-12-03): the kubelet's deadline cuts containerd's wait for the
+//! stopped plugin, containerd goes on without it and creates attempt 0 anyway, but the kubelet
+//! has already seen DeadlineExceeded and creates attempt 1, which runs with a grant. Attempt 0
+//! stays created and never starts; the proxy sees that the kubelet went away before the answer
+//! and releases attempt 0's grant, so the books hold exactly the running container.
 
 use anyhow::{bail, ensure, Context, Result};
 use std::process::{Command, Stdio};
@@ -190,7 +188,6 @@ fn scenario(cl: &mut Cluster, rt: &tokio::runtime::Runtime) -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs the lifecycle ledger (issue 12): attempt 0's grant leaks when the kubelet cancels a slow create"]
 fn cluster_cri_proxy_kubelet_retry_keeps_the_grant() {
     if skip_unless_enabled("cluster_cri_proxy_kubelet_retry_keeps_the_grant") {
         return;

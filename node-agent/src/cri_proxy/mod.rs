@@ -184,6 +184,7 @@ impl LedgerRuntime for CriProxy {
                 let md = c.metadata.unwrap_or_default();
                 LiveId {
                     key: container_key(&c.pod_sandbox_id, &md.name, md.attempt),
+                    running: c.state == cri::ContainerState::ContainerRunning as i32,
                     runtime_id: c.id,
                 }
             })
@@ -330,12 +331,18 @@ impl CriProxy {
             None => self.inner.upstream.forward(req).await,
             Some(kind) => {
                 // Runs to the end even if the kubelet gives up waiting: the runtime may have
-                // acted on the call, and the state must follow the runtime.
+                // acted on the call, and the state must follow the runtime. `gone` tells the
+                // call whether the kubelet is still there to hear the answer.
+                let gone = CancellationToken::new();
+                let guard = gone.clone().drop_guard();
                 let p = self.clone();
-                match tokio::spawn(async move { p.intercepted(kind, req).await }).await {
-                    Ok(r) => r,
-                    Err(e) => error_response(Status::internal(format!("CRI proxy: {e}"))),
-                }
+                let r =
+                    match tokio::spawn(async move { p.intercepted(kind, req, gone).await }).await {
+                        Ok(r) => r,
+                        Err(e) => error_response(Status::internal(format!("CRI proxy: {e}"))),
+                    };
+                guard.disarm();
+                r
             }
         };
         self.observe(method, start);
@@ -346,6 +353,7 @@ impl CriProxy {
         &self,
         kind: Intercept,
         req: hyper::Request<Incoming>,
+        gone: CancellationToken,
     ) -> hyper::Response<ProxyBody> {
         let call = match read_unary(req, MAX_MESSAGE).await {
             Ok(c) => c,
@@ -359,7 +367,7 @@ impl CriProxy {
         };
         async move {
             match kind {
-                Intercept::Create => self.create_container(call).await,
+                Intercept::Create => self.create_container(call, gone).await,
                 Intercept::Update => self.update_container_resources(call).await,
                 Intercept::Stop => self.stop_or_remove(call, false).await,
                 Intercept::Remove => self.stop_or_remove(call, true).await,
@@ -430,6 +438,7 @@ impl CriProxy {
     async fn create_container(
         &self,
         call: Unary<hyper::http::request::Parts>,
+        gone: CancellationToken,
     ) -> hyper::Response<ProxyBody> {
         let original = call.body.clone();
         let Some(req) = self.decode_call::<cri::CreateContainerRequest>("create", &call) else {
@@ -465,7 +474,22 @@ impl CriProxy {
                          the next reconcile learns it"
                     );
                 }
-                ledger.commit_create(ticket, id)
+                let key = ticket.key().to_string();
+                let mut ups = ledger.commit_create(ticket, id);
+                if gone.is_cancelled() {
+                    // The kubelet gave up before the answer (its deadline): it never learns
+                    // this container's id and creates another attempt; this one stays created
+                    // and unstarted until the kubelet's garbage collection removes it. It
+                    // holds no CPU, so its grant is released now.
+                    tracing::warn!(
+                        container = %key,
+                        "the kubelet gave up on this create before the runtime answered; \
+                         its grant is released (the container is never started)"
+                    );
+                    ledger.agent().metrics().count_error("create", "abandoned");
+                    ups.extend(ledger.release(&key, false));
+                }
+                ups
             }
             // The runtime refused (or could not be reached): give the CPUs back.
             None => ledger.abort(ticket),

@@ -214,8 +214,14 @@ impl LedgerRuntime for DockerProxy {
             .all_containers()
             .await?
             .iter()
-            .filter_map(live_k8s)
-            .map(|(runtime_id, key, _)| LiveId { key, runtime_id })
+            .filter_map(|c| {
+                let running = c.get("State").and_then(Value::as_str) != Some("created");
+                live_k8s(c).map(|(runtime_id, key, _)| LiveId {
+                    key,
+                    runtime_id,
+                    running,
+                })
+            })
             .collect())
     }
 

@@ -16,6 +16,8 @@ pub const RECONCILE_EVERY: Duration = Duration::from_secs(5);
 pub struct LiveId {
     pub key: String,
     pub runtime_id: String,
+    /// Started (not only created).
+    pub running: bool,
 }
 
 #[async_trait::async_trait]
@@ -66,14 +68,29 @@ impl Ledger {
     pub async fn reconcile_with(&self, rt: &dyn Runtime) -> anyhow::Result<super::ReconcileReport> {
         let since = self.now();
         let live = rt.live().await?;
+        // Only a running container is adopted here: one that is merely created and unknown is a
+        // create the ledger rolled back (the runtime gave up on it, or its caller did), which
+        // the kubelet will remove; it is adopted at start-up only.
         let unknown = {
             let known = self.keys();
-            live.iter().any(|l| known.binary_search(&l.key).is_err())
+            live.iter()
+                .any(|l| l.running && known.binary_search(&l.key).is_err())
         };
         let listed = if unknown {
-            rt.list().await?
+            let running: std::collections::HashSet<String> = live
+                .iter()
+                .filter(|l| l.running)
+                .map(|l| l.key.clone())
+                .collect();
+            let known = self.keys();
+            rt.list()
+                .await?
+                .into_iter()
+                .filter(|l| running.contains(&l.info.id) || known.binary_search(&l.info.id).is_ok())
+                .collect()
         } else {
             live.into_iter()
+                .filter(|l| l.running || self.resolve(&l.key).is_some())
                 .map(|l| match self.info(&l.key) {
                     Some(info) => Listed {
                         runtime_id: l.runtime_id,
