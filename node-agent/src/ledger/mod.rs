@@ -628,7 +628,19 @@ impl Ledger {
                 );
             }
         }
-        // 3. With a full list, what the runtime has is what counts as applied.
+        // 3. Runtime ids the book did not learn at create (an answer without a readable id).
+        for l in &listed {
+            if l.runtime_id.is_empty() {
+                continue;
+            }
+            if let Some(e) = b.entries.get_mut(&l.info.id) {
+                if e.runtime_id.is_none() {
+                    e.runtime_id = Some(l.runtime_id.clone());
+                    b.ids.insert(l.runtime_id.clone(), l.info.id.clone());
+                }
+            }
+        }
+        // 4. With a full list, what the runtime has is what counts as applied.
         if full {
             for l in &listed {
                 if let Some(e) = b.entries.get_mut(&l.info.id) {

@@ -367,3 +367,19 @@ fn a_hook_span_carries_the_pod_namespace_and_container() {
         assert!(placed.contains(want), "{want} missing in: {placed}");
     }
 }
+
+#[tokio::test]
+async fn a_reconcile_learns_a_runtime_id_the_create_answer_did_not_give() {
+    let l = Ledger::new(agent(), None);
+    let t = l.begin_create(container("k", "burstable", 4, 8)).await;
+    let _ = l.commit_create(t, None);
+    assert_eq!(l.resolve("id-late"), None);
+    let since = l.now();
+    let listed = vec![Listed {
+        runtime_id: "id-late".into(),
+        info: container("k", "burstable", 4, 8),
+    }];
+    let (report, _) = l.reconcile(listed, since, false);
+    assert_eq!(report, ReconcileReport::default());
+    assert_eq!(l.resolve("id-late").as_deref(), Some("k"));
+}
