@@ -574,7 +574,8 @@ async fn nri_hung_plugin_fails_open_and_recovers() {
     assert_eq!(
         usage.values().sum::<f64>(),
         0.0,
-        "nothing leaked: {usage:?}"
+        "nothing leaked: {usage:?}\n{}",
+        agent.log_text()
     );
     let (_, id_c) = run_burstable(&mut cri, "after").await.unwrap();
     assert_placed_on_node(&placement(&mut cri, &id_c).await.unwrap(), "after");

@@ -271,22 +271,24 @@ impl DockerProxy {
             Route::Other => None,
         };
         let resp = match (r, label) {
-            (Route::Create, _) => {
-                self.create(req)
-                    .instrument(hook_span("create", "Docker"))
-                    .await
+            (Route::Other, _) | (_, None) => self.pass(req).await,
+            (r, Some(l)) => {
+                // Runs to the end even if the client goes away: the runtime may have acted on
+                // the call, and the ledger must follow it.
+                let p = self.clone();
+                let call = async move {
+                    match r {
+                        Route::Create => p.create(req).await,
+                        Route::Update(id) => p.update(req, &id).await,
+                        Route::Stop(id) | Route::Delete(id) => p.release(req, &id).await,
+                        _ => p.pass(req).await,
+                    }
+                };
+                match tokio::spawn(call.instrument(hook_span(l, "Docker"))).await {
+                    Ok(r) => r,
+                    Err(e) => bad_gateway(&anyhow::anyhow!("Docker proxy: {e}")),
+                }
             }
-            (Route::Update(id), _) => {
-                self.update(req, &id)
-                    .instrument(hook_span("update", "Docker"))
-                    .await
-            }
-            (Route::Stop(id) | Route::Delete(id), Some(l)) => {
-                self.release(req, &id)
-                    .instrument(hook_span(l, "Docker"))
-                    .await
-            }
-            _ => self.pass(req).await,
         };
         if let Some(l) = label {
             self.agent().metrics().observe_proxy(l, start.elapsed());

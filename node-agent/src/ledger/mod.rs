@@ -555,10 +555,25 @@ impl Ledger {
         let mut touched: Vec<String> = Vec::new();
         // 1. Entries the runtime does not have (or whose grant it never applied); with a full
         // list also grants the book does not know (a decision that came too late).
+        // A full list comes when a session starts (NRI) or at start-up: a change still pending
+        // then belongs to a call that is gone (its handler was dropped with its connection).
+        if full {
+            for e in b.entries.values_mut() {
+                if let State::PendingUpdate { after_info, .. } =
+                    std::mem::replace(&mut e.state, State::Committed)
+                {
+                    e.info = *after_info;
+                }
+            }
+        }
         let settled = b
             .entries
             .iter()
-            .filter(|(_, e)| matches!(e.state, State::Committed) && e.seq < since)
+            .filter(|(_, e)| match e.state {
+                State::Committed => e.seq < since,
+                State::PendingCreate => full,
+                State::PendingUpdate { .. } => false,
+            })
             .map(|(k, _)| k.clone());
         let orphans = if full {
             self.agent

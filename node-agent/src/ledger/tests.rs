@@ -383,3 +383,23 @@ async fn a_reconcile_learns_a_runtime_id_the_create_answer_did_not_give() {
     assert_eq!(report, ReconcileReport::default());
     assert_eq!(l.resolve("id-late").as_deref(), Some("k"));
 }
+
+#[tokio::test]
+async fn a_full_reconcile_clears_a_create_whose_call_was_dropped() {
+    let l = Ledger::new(agent(), None);
+    // The handler was dropped after the decision: the ticket is never committed or aborted.
+    let t = l
+        .begin_create(container("dropped", "burstable", 4, 8))
+        .await;
+    std::mem::forget(t);
+    assert!(l.agent().snapshot().grant("dropped").is_some());
+    // The next session lists the container without our cpuset or record.
+    let listed = vec![Listed {
+        runtime_id: "dropped".into(),
+        info: container("dropped", "burstable", 4, 8),
+    }];
+    let (report, _) = l.reconcile(listed, u64::MAX, true);
+    assert_eq!(report.released, 1);
+    assert!(l.agent().snapshot().grant("dropped").is_none());
+    assert_eq!(l.keys(), vec!["dropped"], "known again, unmanaged");
+}

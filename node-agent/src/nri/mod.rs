@@ -160,7 +160,16 @@ impl NriPlugin {
         let ticket = self.ledger.begin_create(info).await;
         let adj = ticket.adjustment.clone();
         // The runtime applies the answer as it creates the container.
-        let ups = self.ledger.commit_create(ticket, Some(id));
+        let ups = self.ledger.commit_create(ticket, Some(id.clone()));
+        if self.session.is_cancelled() {
+            // A request of a connection that is gone (the runtime gave up on this plugin while
+            // it hung, and the request waited in the socket): nobody applies the answer. The
+            // next session's Synchronize may already have run, so the grant goes now.
+            tracing::warn!(container = %id, "a create of a closed NRI session; its grant is released");
+            self.agent.metrics().count_error("create", "stale_session");
+            let _ = self.ledger.release(&id, false);
+            return Ok(CreateContainerResponse::new());
+        }
         self.assume_applied(&ups);
         if let Some(a) = convert::adjustment(&adj) {
             resp.adjust = Some(a).into();
@@ -480,6 +489,8 @@ async fn session(
         }
     };
     *plugin.runtime.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    // Requests of this connection still being handled must not grant anything any more.
+    plugin.session.cancel();
     trunk.close();
     // Bounded: the server's own shutdown timeout applies.
     let _ = tokio::time::timeout(Duration::from_secs(3), server.shutdown()).await;
