@@ -81,7 +81,7 @@ fn bench(c: &mut Criterion) {
     ] {
         let mut e = loaded(policy);
         c.bench_function(&format!("decide/{name}/burstable-4-8"), |b| {
-            b.iter(|| black_box(tap_engine::policy::choose(&e, black_box(&burstable))))
+            b.iter(|| black_box(e.decide(black_box(&burstable))))
         });
         c.bench_function(&format!("create_remove/{name}/burstable-4-8"), |b| {
             b.iter(|| {
@@ -91,7 +91,7 @@ fn bench(c: &mut Criterion) {
         });
         if policy == PolicyKind::TopologyAware {
             c.bench_function(&format!("decide/{name}/guaranteed-4-exclusive"), |b| {
-                b.iter(|| black_box(tap_engine::policy::choose(&e, black_box(&guaranteed))))
+                b.iter(|| black_box(e.decide(black_box(&guaranteed))))
             });
             c.bench_function(
                 &format!("create_remove/{name}/guaranteed-4-exclusive"),

@@ -1,216 +1,23 @@
 //! The allocation engine: the current grants, the load on every pool and NUMA node, and the
 //! create / update / remove / restore operations. Pure: no I/O, no clock, no randomness.
 
-use crate::cpuset::{CpuSet, NodeSet};
+use crate::cpuset::CpuSet;
 use crate::grant::{Grant, GrantRecord};
-use crate::policy::{self, Choice};
+use crate::policy::{Policies, Policy};
 use crate::request::{ContainerRequest, PolicyKind};
-use crate::topology::{Level, PoolId, Topology};
+use crate::state::{Parts, StateView};
+use crate::topology::{PoolId, Topology};
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::Arc;
 
+pub use crate::types::{
+    Choice, CpusetUpdate, EngineConfig, Existing, NodeLoad, Outcome, Placement, PoolLoad,
+    PoolStatus, Reason, ResourcePriority, RestoreReport, SkipReason,
+};
+
 mod reinstate;
-
-/// Which device affinity outranks free CPU capacity when the two disagree.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ResourcePriority {
-    #[default]
-    CpuFirst,
-    GpuFirst,
-}
-
-impl ResourcePriority {
-    pub fn parse(s: &str) -> Option<ResourcePriority> {
-        match s.trim() {
-            "cpu-first" => Some(ResourcePriority::CpuFirst),
-            "gpu-first" => Some(ResourcePriority::GpuFirst),
-            _ => None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EngineConfig {
-    pub policy: PolicyKind,
-    /// Set `cpuset.mems` to the chosen CPUs' NUMA nodes and account memory limits per pool.
-    pub memory_topology: bool,
-    /// Let topology-aware place containers on cluster pools.
-    pub cluster_affinity: bool,
-    /// CPUs kept out of every grant (system daemons).
-    pub reserved: CpuSet,
-    pub priority: ResourcePriority,
-    /// Exclusive CPUs for Guaranteed integer-CPU containers (topology-aware).
-    pub exclusive_cpus: bool,
-    /// Whether Pod annotations may override the policy, level and memory binding.
-    pub annotations_allowed: bool,
-    /// Place BestEffort containers like the others (one pool or NUMA node, charged nothing)
-    /// instead of on the machine's shared CPUs (the default, as the reference and the kubelet).
-    pub confine_best_effort: bool,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            policy: PolicyKind::TopologyAware,
-            memory_topology: false,
-            cluster_affinity: false,
-            reserved: CpuSet::new(),
-            priority: ResourcePriority::CpuFirst,
-            exclusive_cpus: true,
-            annotations_allowed: true,
-            confine_best_effort: false,
-        }
-    }
-}
-
-/// Why a container was left alone (no adjustment).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SkipReason {
-    /// The skip label/annotation or `policy: none`.
-    OptedOut,
-    /// The container is already placed (a repeated create event).
-    AlreadyPlaced,
-    /// Nothing usable to place on (every CPU reserved or isolated).
-    NoCapacity,
-}
-
-impl fmt::Display for SkipReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SkipReason::OptedOut => "opted out by label or annotation",
-            SkipReason::AlreadyPlaced => "already placed",
-            SkipReason::NoCapacity => "no shared CPUs left to place on",
-        })
-    }
-}
-
-/// Why a placement went where it did (for logs and events).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// topology-aware: the container fits this level.
-    Fits(Level),
-    /// topology-aware: exclusive CPUs taken from a pool at this level.
-    Exclusive(Level),
-    /// topology-aware: nothing fits below the root; the root is the last resort.
-    Fallback,
-    /// numa-aware: this many NUMA nodes hold the container's size.
-    NumaNodes(usize),
-    /// A `kube-system` Pod: the whole machine.
-    KubeSystem,
-    /// A BestEffort container: the machine's shared CPUs (not confined).
-    BestEffort,
-    /// A forced level (annotation) that had no pool that fits: the root instead.
-    ForcedLevelUnavailable(Level),
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Reason::Fits(l) => write!(f, "fits one {l}"),
-            Reason::Exclusive(l) => write!(f, "exclusive CPUs in one {l}"),
-            Reason::Fallback => f.write_str("fits no single pool below the root; using the root"),
-            Reason::NumaNodes(1) => f.write_str("fits one NUMA node"),
-            Reason::NumaNodes(n) => write!(f, "spans the {n} nearest NUMA nodes"),
-            Reason::KubeSystem => f.write_str("kube-system Pod: all shared CPUs"),
-            Reason::BestEffort => f.write_str("BestEffort: all shared CPUs"),
-            Reason::ForcedLevelUnavailable(l) => {
-                write!(f, "no {l} pool fits the requested level; using the root")
-            }
-        }
-    }
-}
-
-/// A cpuset change for another container, caused by this decision (exclusive CPUs taken or
-/// returned). The runtime layer applies it (NRI update, CRI UpdateContainerResources, docker
-/// update).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CpusetUpdate {
-    pub container_id: String,
-    pub cpus: CpuSet,
-    pub mems: Option<NodeSet>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placement {
-    pub cpus: CpuSet,
-    pub mems: Option<NodeSet>,
-    pub pool: PoolId,
-    pub exclusive: bool,
-    pub reason: Reason,
-    pub updates: Vec<CpusetUpdate>,
-}
-
-// Returned by value on the container start path: boxing the placement would allocate.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    Placed(Placement),
-    Skipped(SkipReason),
-}
-
-/// Load on one pool: requests charged to it and everything below it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PoolLoad {
-    pub request_milli: u64,
-    pub limit_milli: u64,
-    pub memory_bytes: u64,
-    /// Containers charged to this pool itself (not its children).
-    pub containers: u32,
-    /// Shared (non-exclusive) containers charged to this pool itself.
-    pub shared_containers: u32,
-    /// Exclusive CPUs of the grants charged to this pool and everything below it.
-    pub exclusive_cpus: u32,
-    /// Exclusive CPUs inside this pool, whoever holds them (kept up to date when CPUs are
-    /// taken or returned, so decisions read it without set arithmetic).
-    pub taken_cpus: u32,
-}
-
-/// Per-pool figures for status reporting.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct PoolStatus {
-    pub name: String,
-    pub level: Level,
-    pub cpus: String,
-    pub capacity_milli: u64,
-    pub request_milli: u64,
-    pub limit_milli: u64,
-    pub exclusive_cpus: String,
-    pub shared_cpus: String,
-    pub containers: u32,
-}
-
-/// Per-NUMA node load (requests split evenly over the nodes a grant spans).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NodeLoad {
-    pub request_milli: u64,
-    pub limit_milli: u64,
-    /// Shared numa-aware grants spanning this node (topology-aware spans are pools, guarded
-    /// by the pool's own count).
-    pub shared: u32,
-}
-
-/// Outcome of a restore: what was adopted and how.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RestoreReport {
-    /// Grants adopted exactly from their grant record.
-    pub from_record: usize,
-    /// Grants inferred from the container's cpuset (no record, or a record that did not fit).
-    pub inferred: usize,
-    /// Containers left unmanaged (no cpuset, opted out).
-    pub unmanaged: usize,
-    /// Containers whose cpuset must change to match the restored state.
-    pub updates: Vec<CpusetUpdate>,
-}
-
-/// An existing container reported by the runtime at start-up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Existing {
-    pub request: ContainerRequest,
-    pub cpus: Option<CpuSet>,
-    pub mems: Option<NodeSet>,
-    pub record: Option<String>,
-}
+#[cfg(test)]
+mod tests;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Engine {
@@ -222,6 +29,8 @@ pub struct Engine {
     pool_load: Vec<PoolLoad>,
     node_load: Vec<NodeLoad>,
     taken: CpuSet,
+    /// One policy instance per kind.
+    policies: Policies,
 }
 
 impl Engine {
@@ -238,7 +47,39 @@ impl Engine {
             usable,
             grants: HashMap::new(),
             taken: CpuSet::new(),
+            policies: Policies::default(),
         }
+    }
+
+    /// Replaces the engine's instance of the policy of `policy.kind()` (see [`crate::policy`]):
+    /// containers of that kind placed from now on are placed by `policy`.
+    pub fn with_policy<P: Policy + 'static>(mut self, policy: P) -> Engine {
+        self.policies.set(Arc::new(policy));
+        self
+    }
+
+    /// The policy instance of a kind.
+    pub fn policy(&self, kind: PolicyKind) -> &dyn Policy {
+        self.policies.get(kind)
+    }
+
+    /// A read-only view of the state, as policies see it.
+    pub fn view(&self) -> StateView<'_> {
+        StateView::new(Parts {
+            topo: &self.topo,
+            cfg: &self.cfg,
+            usable: &self.usable,
+            taken: &self.taken,
+            grants: &self.grants,
+            pool_load: &self.pool_load,
+            node_load: &self.node_load,
+        })
+    }
+
+    /// Where `req` would be placed now, without placing it (the decision [`Engine::create`]
+    /// commits, before its opt-out and already-placed checks).
+    pub fn decide(&self, req: &ContainerRequest) -> Option<Choice> {
+        self.policies.choose(&self.view(), req, None)
     }
 
     pub fn topology(&self) -> &Arc<Topology> {
@@ -295,12 +136,12 @@ impl Engine {
 
     /// CPUs a shared grant within `span` may use now.
     pub fn shared_cpus(&self, span: &CpuSet) -> CpuSet {
-        span.intersection(&self.usable).difference(&self.taken)
+        self.view().shared_cpus(span)
     }
 
     /// Request capacity of a pool in milli-CPUs (its usable CPUs).
     pub fn capacity_milli(&self, id: PoolId) -> u64 {
-        self.topo.pools[id].cpus.intersection(&self.usable).len() as u64 * 1000
+        self.view().capacity_milli(id)
     }
 
     /// Places a new container.
@@ -311,7 +152,7 @@ impl Engine {
         if self.cfg.annotations_allowed && req.overrides.skip {
             return Outcome::Skipped(SkipReason::OptedOut);
         }
-        let choice = match policy::choose(self, req) {
+        let choice = match self.decide(req) {
             Some(c) => c,
             None => return Outcome::Skipped(SkipReason::NoCapacity),
         };
@@ -337,7 +178,7 @@ impl Engine {
             });
         }
         let mut updates = self.release(&req.id);
-        let outcome = match policy::choose_preferring(self, req, &old) {
+        let outcome = match self.policies.choose(&self.view(), req, Some(&old)) {
             Some(c) => Outcome::Placed(self.commit(req, c)),
             None => Outcome::Skipped(SkipReason::NoCapacity),
         };

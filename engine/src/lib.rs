@@ -4,24 +4,34 @@
 //! - [`topology`]: the machine model and its pool tree.
 //! - [`sysfs`]: discovery of the model from a sysfs tree (behind a small file trait).
 //! - [`request`]: what is known about a container (QoS, CPU, memory, annotations).
-//! - [`policy`]: `numa-aware` and `topology-aware`.
+//! - [`types`]: what the engine and the policies share (configuration, decisions, loads).
+//! - [`state`]: the read-only view of the allocation state that policies decide from.
+//! - [`policy`]: the [`Policy`] trait, `topology-aware` and `numa-aware`, and how to plug in
+//!   another one.
+//! - [`cpu_picker`]: the shared exclusive-CPU picker.
 //! - [`engine`]: the allocation state and its operations (create, update, remove, restore).
 //! - [`grant`]: one container's allocation and its record for restart recovery.
 //! - [`testdata`]: where the sysfs fixtures are (tests, benches).
 
+pub mod cpu_picker;
 pub mod cpuset;
 pub mod engine;
 pub mod grant;
 pub mod policy;
 pub mod request;
+pub mod state;
 pub mod sysfs;
 pub mod testdata;
 pub mod topology;
+pub mod types;
 
 pub use cpuset::{CpuSet, NodeSet};
-pub use engine::{
-    CpusetUpdate, Engine, EngineConfig, Existing, Outcome, Placement, Reason, ResourcePriority,
+pub use engine::Engine;
+pub use policy::{Choice, Policy, Settings};
+pub use request::{ContainerRequest, Overrides, PolicyKind, Qos};
+pub use state::StateView;
+pub use topology::{Level, Pool, PoolId, RawTopology, Topology};
+pub use types::{
+    CpusetUpdate, EngineConfig, Existing, Outcome, Placement, Reason, ResourcePriority,
     RestoreReport, SkipReason,
 };
-pub use request::{ContainerRequest, Overrides, PolicyKind, Qos};
-pub use topology::{Level, Pool, PoolId, RawTopology, Topology};

@@ -59,7 +59,7 @@ fn decisions_allocate_almost_nothing() {
             cpu_limit_milli: Some(8000),
             ..Default::default()
         };
-        let n = allocations(|| tap_engine::policy::choose(&e, &burstable));
+        let n = allocations(|| e.decide(&burstable));
         // topology-aware: none; numa-aware: one small vector of per-node figures.
         assert!(n <= 1, "{policy}: a shared decision made {n} allocations");
         let g = ContainerRequest {
@@ -70,7 +70,7 @@ fn decisions_allocate_almost_nothing() {
             cpu_limit_milli: Some(4000),
             ..Default::default()
         };
-        let n = allocations(|| tap_engine::policy::choose(&e, &g));
+        let n = allocations(|| e.decide(&g));
         // Exclusive: a ranked candidate list and a core list, whatever the number of containers.
         assert!(
             n <= 4,

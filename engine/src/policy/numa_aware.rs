@@ -1,0 +1,187 @@
+//! `numa-aware`: the smallest set of NUMA nodes (nearest by distance) that holds the
+//! container's size (limit, or request without a limit); among equal choices the one with the
+//! most free request capacity. Capacity is accounted by requests; CPUs are shared.
+
+use super::{Choice, Policy, Settings};
+use crate::cpuset::{CpuSet, NodeSet};
+use crate::grant::Grant;
+use crate::request::{ContainerRequest, PolicyKind};
+use crate::state::StateView;
+use crate::types::Reason;
+
+/// The built-in `numa-aware` policy (no state of its own).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NumaAware;
+
+impl Policy for NumaAware {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::NumaAware
+    }
+
+    fn name(&self) -> &str {
+        PolicyKind::NumaAware.as_str()
+    }
+
+    fn choose(
+        &self,
+        view: &StateView<'_>,
+        req: &ContainerRequest,
+        settings: &Settings,
+        prefer: Option<&Grant>,
+    ) -> Option<Choice> {
+        place(view, req, settings, prefer.map(|g| g.nodes))
+    }
+}
+
+/// Ranking key of a multi-node set: has room for the request, free capacity, lower start id.
+type SetKey = (bool, i128, std::cmp::Reverse<u32>);
+
+/// One NUMA node as numa-aware sees it.
+#[derive(Clone, Copy)]
+struct NodeFig {
+    id: u32,
+    /// Usable CPUs, milli-CPU.
+    cap: i128,
+    /// Capacity minus the requests charged to the node.
+    free: i128,
+    /// Capacity minus the limits charged to the node.
+    limit_room: i128,
+    /// Memory of the node and its attached memory-only nodes (`u64::MAX` when unknown or not
+    /// needed).
+    mem: u64,
+}
+
+fn place(
+    e: &StateView<'_>,
+    req: &ContainerRequest,
+    eff: &Settings,
+    prefer: Option<NodeSet>,
+) -> Option<Choice> {
+    let topo = e.topology();
+    let usable = e.usable();
+    let loads = e.node_load();
+    // With memory binding the nodes must hold the memory limit too.
+    let mem_need = if eff.memory {
+        req.memory_limit_bytes.unwrap_or(0)
+    } else {
+        0
+    };
+    let mut nodes: Vec<NodeFig> = Vec::with_capacity(topo.nodes.len());
+    nodes.extend(topo.nodes.iter().zip(loads.iter()).filter_map(|(n, l)| {
+        let cap = n.cpus.intersection(usable).len() as i128 * 1000;
+        let mem = if mem_need == 0 {
+            0
+        } else {
+            let mut single = NodeSet::new();
+            single.insert(n.id as usize);
+            topo.mems_for_nodes(&single)
+                .iter()
+                .filter_map(|m| topo.node(m as u32))
+                .fold(0u64, |acc, m| acc.saturating_add(m.memory_bytes))
+        };
+        (cap > 0).then_some(NodeFig {
+            id: n.id,
+            cap,
+            free: cap - i128::from(l.request_milli),
+            limit_room: cap - i128::from(l.limit_milli),
+            mem: if mem == 0 { u64::MAX } else { mem },
+        })
+    }));
+    if nodes.is_empty() {
+        return None;
+    }
+    let size = i128::from(req.size_milli());
+    let req_milli = i128::from(req.cpu_request_milli);
+
+    let choice_for = |set: NodeSet| -> Choice {
+        let mut span = CpuSet::new();
+        for id in set.iter() {
+            if let Some(n) = topo.node(id as u32) {
+                span = span.union(&n.cpus);
+            }
+        }
+        let pool = topo.deepest_pool_containing(&span);
+        Choice {
+            policy: PolicyKind::NumaAware,
+            pool,
+            nodes: set,
+            span,
+            exclusive: CpuSet::new(),
+            mems: eff.memory.then(|| topo.mems_for_nodes(&set)),
+            charge_memory: eff.memory && req.memory_limit_bytes.is_some(),
+            reason: Reason::NumaNodes(set.len()),
+        }
+    };
+
+    if let Some(old) = prefer {
+        let (cap, free, mem) = nodes
+            .iter()
+            .filter(|n| old.contains(n.id as usize))
+            .fold((0, 0, 0u64), |(c, f, m), n| {
+                (c + n.cap, f + n.free, m.saturating_add(n.mem))
+            });
+        if cap >= size && free >= req_milli && mem >= mem_need {
+            return Some(choice_for(old));
+        }
+    }
+
+    // One node: the most free capacity among nodes that hold the size (and memory); nodes that
+    // also have room for the request beat nodes that would be overcommitted; then the most
+    // room after the limits already granted.
+    let single = nodes
+        .iter()
+        .filter(|n| n.cap >= size && n.mem >= mem_need)
+        .max_by_key(|n| {
+            (
+                n.free >= req_milli,
+                n.free,
+                n.limit_room,
+                std::cmp::Reverse(n.id),
+            )
+        });
+    if let Some(n) = single {
+        let mut set = NodeSet::new();
+        set.insert(n.id as usize);
+        return Some(choice_for(set));
+    }
+    // Several nodes: for k = 2.., the k nearest nodes from each start node; the smallest k
+    // whose capacity (and memory) holds the size, then the most free capacity.
+    let mut by_dist: Vec<NodeFig> = Vec::with_capacity(nodes.len());
+    for k in 2..=nodes.len() {
+        let mut best: Option<(SetKey, NodeSet)> = None;
+        for start in &nodes {
+            let Some(sn) = topo.node(start.id) else {
+                continue;
+            };
+            by_dist.clear();
+            by_dist.extend_from_slice(&nodes);
+            by_dist.sort_by_key(|n| (sn.distance_to(n.id), n.id != start.id, n.id));
+            let set_nodes = &by_dist[..k];
+            let cap: i128 = set_nodes.iter().map(|n| n.cap).sum();
+            let mem = set_nodes
+                .iter()
+                .fold(0u64, |acc, n| acc.saturating_add(n.mem));
+            if cap < size || mem < mem_need {
+                continue;
+            }
+            let free: i128 = set_nodes.iter().map(|n| n.free).sum();
+            let mut set = NodeSet::new();
+            for n in set_nodes {
+                set.insert(n.id as usize);
+            }
+            let key = (free >= req_milli, free, std::cmp::Reverse(start.id));
+            if best.as_ref().is_none_or(|(bk, _)| key > *bk) {
+                best = Some((key, set));
+            }
+        }
+        if let Some((_, set)) = best {
+            return Some(choice_for(set));
+        }
+    }
+    // Larger than the machine: all nodes.
+    let mut all = NodeSet::new();
+    for n in &nodes {
+        all.insert(n.id as usize);
+    }
+    Some(choice_for(all))
+}

@@ -1,0 +1,221 @@
+//! `topology-aware`: the pool tree (machine > socket > die > NUMA > cluster). Among pools whose
+//! free request capacity (and that of every ancestor below the root) covers the request, the
+//! best by: below the root (the root is the last resort); device affinity first with
+//! `gpu-first`; holds the limit too; deeper; device affinity with `cpu-first`; more free
+//! capacity after the limit; more room after the limits already granted; fewer containers;
+//! pack siblings (the fuller parent first); lower id. Guaranteed integer-CPU containers get
+//! exclusive CPUs from the best pool that can give them (see [`pick_exclusive`]) taken out of
+//! the shared pool. Free capacity counts exclusive CPUs taken from a pool by a grant charged
+//! above it.
+
+use super::{pool_choice, Choice, Policy, Settings};
+use crate::cpu_picker::pick_exclusive;
+use crate::cpuset::{CpuSet, NodeSet};
+use crate::grant::Grant;
+use crate::request::{ContainerRequest, PolicyKind};
+use crate::state::StateView;
+use crate::topology::{Level, Pool, PoolId};
+use crate::types::{Reason, ResourcePriority};
+
+/// The built-in `topology-aware` policy (no state of its own).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TopologyAware;
+
+impl Policy for TopologyAware {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::TopologyAware
+    }
+
+    fn name(&self) -> &str {
+        PolicyKind::TopologyAware.as_str()
+    }
+
+    fn choose(
+        &self,
+        view: &StateView<'_>,
+        req: &ContainerRequest,
+        settings: &Settings,
+        prefer: Option<&Grant>,
+    ) -> Option<Choice> {
+        place(view, req, settings, prefer.map(|g| g.pool))
+    }
+}
+
+/// Free request capacity of a pool in milli-CPUs: its usable CPUs, minus the requests charged
+/// to it and below, minus exclusive CPUs inside it held by grants charged above it. Wide
+/// arithmetic: loads and requests are `u64` figures from outside.
+fn free_milli(e: &StateView<'_>, id: PoolId) -> i128 {
+    let load = e.pool_load(id);
+    let hidden = (i128::from(load.taken_cpus) - i128::from(load.exclusive_cpus)).max(0) * 1000;
+    i128::from(e.capacity_milli(id)) - i128::from(load.request_milli) - hidden
+}
+
+/// Room left by the CPU limits already granted on a pool (and below), in milli-CPUs.
+fn limit_room(e: &StateView<'_>, id: PoolId) -> i128 {
+    i128::from(e.capacity_milli(id)) - i128::from(e.pool_load(id).limit_milli)
+}
+
+fn matches_level(p: &Pool, level: Level) -> bool {
+    p.level == level || (level == Level::Numa && p.numa_nodes.len() == 1 && p.level < Level::Numa)
+}
+
+/// Whether `pool` and every ancestor below the root have room for the request.
+fn fits(e: &StateView<'_>, pool: PoolId, req_milli: u64, mem: Option<u64>) -> bool {
+    let topo = e.topology();
+    for a in topo.ancestors(pool) {
+        if a == 0 && pool != 0 {
+            break; // the root only bounds itself
+        }
+        if free_milli(e, a) < i128::from(req_milli) {
+            return false;
+        }
+        if let Some(m) = mem {
+            let cap = topo.pools[a].memory_bytes;
+            if cap > 0 && cap.saturating_sub(e.pool_load(a).memory_bytes) < m {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// Ranking key of a fitting pool; larger is better.
+type Key = (bool, bool, bool, u32, bool, i128, i128, i64, i128, i64);
+
+fn rank(
+    e: &StateView<'_>,
+    p: &Pool,
+    limit: u64,
+    device_nodes: &NodeSet,
+    prio: ResourcePriority,
+) -> Key {
+    let free = free_milli(e, p.id);
+    let limit = i128::from(limit);
+    let device = !device_nodes.is_empty() && p.numa_nodes.intersects(device_nodes);
+    let (dev_first, dev_late) = match prio {
+        ResourcePriority::GpuFirst => (device, false),
+        ResourcePriority::CpuFirst => (false, device),
+    };
+    let parent_free = p.parent.map(|q| free_milli(e, q)).unwrap_or(0);
+    (
+        p.id != 0,
+        dev_first,
+        free >= limit,
+        p.depth,
+        dev_late,
+        free - limit,
+        limit_room(e, p.id) - limit,
+        -i64::from(e.pool_load(p.id).containers),
+        -parent_free,
+        -(p.id as i64),
+    )
+}
+
+fn place(
+    e: &StateView<'_>,
+    req: &ContainerRequest,
+    eff: &Settings,
+    prefer: Option<PoolId>,
+) -> Option<Choice> {
+    let topo = e.topology();
+    let req_milli = req.cpu_request_milli;
+    let limit = req.size_milli();
+    let mem = if eff.memory {
+        req.memory_limit_bytes
+    } else {
+        None
+    };
+    let excl_n = if eff.exclusive {
+        req.exclusive_cpus()
+    } else {
+        None
+    };
+    let mut device_nodes = NodeSet::new();
+    for n in &req.device_nodes {
+        device_nodes.insert(*n as usize);
+    }
+    let prio = e.config().priority;
+
+    let candidate = |p: &Pool| -> bool {
+        if p.level == Level::Cluster && !eff.clusters {
+            return false;
+        }
+        if let Some(l) = eff.level {
+            if !matches_level(p, l) {
+                return false;
+            }
+        }
+        if e.shared_cpus(&p.cpus).is_empty() {
+            return false;
+        }
+        fits(e, p.id, req_milli, mem)
+    };
+
+    // A resize keeps the container where it was when that still fits.
+    if let Some(old) = prefer {
+        let p = &topo.pools[old];
+        if candidate(p) {
+            if let Some(n) = excl_n {
+                if let Some(ex) = pick_exclusive(e, old, n) {
+                    return Some(pool_choice(
+                        e,
+                        req,
+                        eff,
+                        old,
+                        ex,
+                        Reason::Exclusive(p.level),
+                    ));
+                }
+            } else {
+                return Some(pool_choice(
+                    e,
+                    req,
+                    eff,
+                    old,
+                    CpuSet::new(),
+                    Reason::Fits(p.level),
+                ));
+            }
+        }
+    }
+
+    if let Some(n) = excl_n {
+        let mut ranked: Vec<(Key, PoolId)> = Vec::with_capacity(topo.pools.len());
+        ranked.extend(
+            topo.pools
+                .iter()
+                .filter(|p| candidate(p))
+                .map(|p| (rank(e, p, limit, &device_nodes, prio), p.id)),
+        );
+        ranked.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
+        for (_, id) in ranked {
+            if let Some(ex) = pick_exclusive(e, id, n) {
+                let level = topo.pools[id].level;
+                return Some(pool_choice(e, req, eff, id, ex, Reason::Exclusive(level)));
+            }
+        }
+        // No pool can give whole CPUs: fall through to a shared placement.
+    }
+
+    let mut best: Option<(Key, PoolId)> = None;
+    for p in &topo.pools {
+        if !candidate(p) {
+            continue;
+        }
+        let k = rank(e, p, limit, &device_nodes, prio);
+        if best.as_ref().is_none_or(|(bk, _)| k > *bk) {
+            best = Some((k, p.id));
+        }
+    }
+    let (pool, reason) = match best {
+        Some((_, id)) => (id, Reason::Fits(topo.pools[id].level)),
+        None => match eff.level {
+            Some(l) => (0, Reason::ForcedLevelUnavailable(l)),
+            None => (0, Reason::Fallback),
+        },
+    };
+    if e.shared_cpus(&topo.pools[pool].cpus).is_empty() {
+        return None;
+    }
+    Some(pool_choice(e, req, eff, pool, CpuSet::new(), reason))
+}

@@ -1,0 +1,92 @@
+//! A read-only view of the engine's allocation state: what a policy may read to decide (the
+//! topology, the configuration, the usable and taken CPUs, the load on every pool and NUMA
+//! node, the grants) and nothing it could change. Built by [`crate::Engine::view`]; a handful
+//! of references, so making one costs nothing and never allocates.
+
+use crate::cpuset::CpuSet;
+use crate::grant::Grant;
+use crate::topology::{PoolId, Topology};
+use crate::types::{EngineConfig, NodeLoad, PoolLoad};
+use std::collections::HashMap;
+
+// The two CPU sets are copied in (small, fixed-size): the hot checks then read them one
+// pointer away, as they did from the engine itself.
+#[derive(Debug, Clone, Copy)]
+pub struct StateView<'a> {
+    topo: &'a Topology,
+    cfg: &'a EngineConfig,
+    usable: CpuSet,
+    taken: CpuSet,
+    grants: &'a HashMap<String, Grant>,
+    pool_load: &'a [PoolLoad],
+    node_load: &'a [NodeLoad],
+}
+
+/// The engine's fields a view borrows (named, so they cannot be passed in the wrong order).
+pub(crate) struct Parts<'a> {
+    pub topo: &'a Topology,
+    pub cfg: &'a EngineConfig,
+    pub usable: &'a CpuSet,
+    pub taken: &'a CpuSet,
+    pub grants: &'a HashMap<String, Grant>,
+    pub pool_load: &'a [PoolLoad],
+    pub node_load: &'a [NodeLoad],
+}
+
+impl<'a> StateView<'a> {
+    pub(crate) fn new(p: Parts<'a>) -> StateView<'a> {
+        StateView {
+            topo: p.topo,
+            cfg: p.cfg,
+            usable: *p.usable,
+            taken: *p.taken,
+            grants: p.grants,
+            pool_load: p.pool_load,
+            node_load: p.node_load,
+        }
+    }
+
+    pub fn topology(&self) -> &'a Topology {
+        self.topo
+    }
+
+    pub fn config(&self) -> &'a EngineConfig {
+        self.cfg
+    }
+
+    /// CPUs any grant may use: online minus reserved and isolated.
+    pub fn usable(&self) -> &CpuSet {
+        &self.usable
+    }
+
+    /// Exclusive CPUs handed out.
+    pub fn taken(&self) -> &CpuSet {
+        &self.taken
+    }
+
+    pub fn grant(&self, id: &str) -> Option<&'a Grant> {
+        self.grants.get(id)
+    }
+
+    pub fn grants(&self) -> impl Iterator<Item = (&'a String, &'a Grant)> {
+        self.grants.iter()
+    }
+
+    pub fn pool_load(&self, id: PoolId) -> &'a PoolLoad {
+        &self.pool_load[id]
+    }
+
+    pub fn node_load(&self) -> &'a [NodeLoad] {
+        self.node_load
+    }
+
+    /// CPUs a shared grant within `span` may use now.
+    pub fn shared_cpus(&self, span: &CpuSet) -> CpuSet {
+        span.intersection(&self.usable).difference(&self.taken)
+    }
+
+    /// Request capacity of a pool in milli-CPUs (its usable CPUs).
+    pub fn capacity_milli(&self, id: PoolId) -> u64 {
+        self.topo.pools[id].cpus.intersection(&self.usable).len() as u64 * 1000
+    }
+}
