@@ -690,15 +690,8 @@ fn resize(t: &Tier) -> Result<()> {
     Ok(())
 }
 
-/// After an in-place resize, deleting the agent Pod must leave the allocation as the resize
-/// made it. NOT RUN (commented out in `cluster_tier`): on today's code the restarted agent
-/// charges the container's request from its grant record (`r=` written at create time, which
-/// NRI cannot rewrite on update) instead of its current resources: NodeTopology went from 0.5
-/// to 1 CPU allocated on numa0 (measured 2026-12-03). Enable it with the fix.
-#[allow(dead_code)]
-fn agent_restart_after_resize(t: &mut Tier) -> Result<()> {
-    t.wait_containers(1)?;
-    let alloc = t.allocation()?;
+/// Deletes the agent Pod, waits for the DaemonSet's new one and for its state to be restored.
+fn restart_agent_pod(t: &mut Tier) -> Result<()> {
     let old = t.agent_pod()?;
     t.kubectl(&[
         "-n",
@@ -713,6 +706,17 @@ fn agent_restart_after_resize(t: &mut Tier) -> Result<()> {
         Ok(t.agent_pod().map(|p| p != old).unwrap_or(false))
     })?;
     t.wait_agent_log("state restored from the runtime", 1)?;
+    Ok(())
+}
+
+/// After an in-place resize, deleting the agent Pod must leave the allocation as the resize
+/// made it: a restored grant charges the resources the runtime reports, not the `r=` its record
+/// was written with at create (NRI cannot rewrite it on update). Before that fix NodeTopology
+/// went from 0.5 to 1 CPU allocated on numa0 (measured 2026-12-03).
+fn agent_restart_after_resize(t: &mut Tier) -> Result<()> {
+    t.wait_containers(1)?;
+    let alloc = t.allocation()?;
+    restart_agent_pod(t)?;
     std::thread::sleep(Duration::from_secs(10));
     let after = t.allocation()?;
     ensure!(
@@ -728,20 +732,7 @@ fn agent_pod_and_kubelet_restarts(t: &mut Tier) -> Result<()> {
     t.wait_containers(1)?;
     let alloc = t.allocation()?;
     let guide = t.placed("guide")?;
-    let old = t.agent_pod()?;
-    t.kubectl(&[
-        "-n",
-        NS,
-        "delete",
-        "pod",
-        &old,
-        "--wait=true",
-        "--timeout=60s",
-    ])?;
-    wait("a new agent Pod", Duration::from_secs(120), || {
-        Ok(t.agent_pod().map(|p| p != old).unwrap_or(false))
-    })?;
-    t.wait_agent_log("state restored from the runtime", 1)?;
+    restart_agent_pod(t)?;
     wait(
         "the same allocation after the agent's restart",
         Duration::from_secs(60),
