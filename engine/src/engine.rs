@@ -7,6 +7,7 @@ use crate::policy::{Policies, Policy};
 use crate::request::{ContainerRequest, PolicyKind};
 use crate::state::{Parts, StateView};
 use crate::topology::{PoolId, Topology};
+use shared_index::SharedIndex;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -16,6 +17,7 @@ pub use crate::types::{
 };
 
 mod reinstate;
+mod shared_index;
 #[cfg(test)]
 mod tests;
 
@@ -25,7 +27,9 @@ pub struct Engine {
     cfg: EngineConfig,
     /// CPUs any grant may use: online minus reserved and isolated.
     usable: CpuSet,
-    grants: HashMap<String, Grant>,
+    grants: HashMap<Arc<str>, Grant>,
+    /// The shared grants' ids grouped by span (kept with `grants` by `put` and `take`).
+    shared: SharedIndex,
     pool_load: Vec<PoolLoad>,
     node_load: Vec<NodeLoad>,
     taken: CpuSet,
@@ -46,6 +50,7 @@ impl Engine {
             cfg,
             usable,
             grants: HashMap::new(),
+            shared: SharedIndex::default(),
             taken: CpuSet::new(),
             policies: Policies::default(),
         }
@@ -105,8 +110,34 @@ impl Engine {
         self.grants.get(id)
     }
 
-    pub fn grants(&self) -> impl Iterator<Item = (&String, &Grant)> {
-        self.grants.iter()
+    pub fn grants(&self) -> impl Iterator<Item = (&str, &Grant)> {
+        self.grants.iter().map(|(id, g)| (&**id, g))
+    }
+
+    /// Adds (or replaces) a grant, keeping the shared index in step.
+    fn put(&mut self, id: Arc<str>, g: Grant) {
+        if !g.is_exclusive() {
+            self.shared.add(&id, g.pool, &g.span);
+        }
+        if let Some(old) = self.grants.insert(Arc::clone(&id), g) {
+            // Callers take a grant before putting one back; should one not, the index must
+            // not keep the replaced grant's entry.
+            if !old.is_exclusive() {
+                self.shared.remove(&id, old.pool, &old.span);
+                if let Some(new) = self.grants.get(&id).filter(|n| !n.is_exclusive()) {
+                    self.shared.add(&id, new.pool, &new.span);
+                }
+            }
+        }
+    }
+
+    /// Removes a grant, keeping the shared index in step.
+    fn take(&mut self, id: &str) -> Option<Grant> {
+        let g = self.grants.remove(id)?;
+        if !g.is_exclusive() {
+            self.shared.remove(id, g.pool, &g.span);
+        }
+        Some(g)
     }
 
     pub fn len(&self) -> usize {
@@ -146,7 +177,7 @@ impl Engine {
 
     /// Places a new container.
     pub fn create(&mut self, req: &ContainerRequest) -> Outcome {
-        if self.grants.contains_key(&req.id) {
+        if self.grants.contains_key(req.id.as_str()) {
             return Outcome::Skipped(SkipReason::AlreadyPlaced);
         }
         if self.cfg.annotations_allowed && req.overrides.skip {
@@ -161,7 +192,7 @@ impl Engine {
 
     /// Re-places a container after a resize. A container still fitting its pool stays there.
     pub fn update(&mut self, req: &ContainerRequest) -> Outcome {
-        let Some(old) = self.grants.get(&req.id).cloned() else {
+        let Some(old) = self.grants.get(req.id.as_str()).cloned() else {
             return self.create(req);
         };
         let unchanged = old.request_milli == req.cpu_request_milli
@@ -189,7 +220,7 @@ impl Engine {
                     updates.retain(|x| x.container_id != u.container_id);
                     updates.push(u);
                 }
-                updates.retain(|u| u.container_id != req.id);
+                updates.retain(|u| *u.container_id != *req.id);
                 p.updates = updates;
                 Outcome::Placed(p)
             }
@@ -204,7 +235,7 @@ impl Engine {
     }
 
     fn release(&mut self, id: &str) -> Vec<CpusetUpdate> {
-        let Some(g) = self.grants.remove(id) else {
+        let Some(g) = self.take(id) else {
             return Vec::new();
         };
         self.uncharge(&g);
@@ -302,27 +333,28 @@ impl Engine {
     }
 
     /// Recomputes the cpuset of every shared grant whose span meets `changed`, returning the
-    /// updates for those whose cpuset changed.
+    /// updates for those whose cpuset changed: group by group (in the order the spans were
+    /// first seen), in id order within a group.
     fn refresh_shared(&mut self, changed: &CpuSet) -> Vec<CpusetUpdate> {
-        let usable = self.usable;
-        let taken = self.taken;
-        // In id order (deterministic), sorting references rather than the large updates.
-        let mut hit: Vec<(&String, &mut Grant)> = self
-            .grants
-            .iter_mut()
-            .filter(|(_, g)| !g.is_exclusive() && g.span.intersects(changed))
-            .collect();
-        hit.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        let mut out = Vec::with_capacity(hit.len());
-        for (id, g) in hit {
-            let cpus = g.span.intersection(&usable).difference(&taken);
-            if cpus != g.cpus && !cpus.is_empty() {
-                g.cpus = cpus;
-                out.push(CpusetUpdate {
-                    container_id: id.clone(),
-                    cpus,
-                    mems: g.mems,
-                });
+        let (usable, taken) = (self.usable, self.taken);
+        let mut out = Vec::new();
+        for group in self.shared.hit(changed) {
+            let cpus = group.span.intersection(&usable).difference(&taken);
+            if cpus.is_empty() {
+                continue;
+            }
+            for id in &group.ids {
+                let Some(g) = self.grants.get_mut(&**id) else {
+                    continue;
+                };
+                if g.cpus != cpus {
+                    g.cpus = cpus;
+                    out.push(CpusetUpdate {
+                        container_id: Arc::clone(id),
+                        cpus,
+                        mems: g.mems,
+                    });
+                }
             }
         }
         out
@@ -352,13 +384,14 @@ impl Engine {
             cpus,
         };
         self.charge(&g);
+        let id: Arc<str> = Arc::from(req.id.as_str());
         let updates = if g.is_exclusive() {
             self.set_taken(self.taken.union(&g.exclusive));
             let ex = g.exclusive;
-            self.grants.insert(req.id.clone(), g);
+            self.put(id, g);
             self.refresh_shared(&ex)
         } else {
-            self.grants.insert(req.id.clone(), g);
+            self.put(id, g);
             Vec::new()
         };
         Placement {
@@ -391,7 +424,7 @@ impl Engine {
         }
         let mut resolved: Vec<(&Existing, Grant, bool)> = Vec::new();
         for e in existing {
-            if self.grants.contains_key(&e.request.id) {
+            if self.grants.contains_key(e.request.id.as_str()) {
                 continue;
             }
             let from_record = e
@@ -427,7 +460,7 @@ impl Engine {
                 CpuSet::new() // filled below, once all exclusive CPUs are known
             };
             self.charge(&g);
-            self.grants.insert(e.request.id.clone(), g);
+            self.put(Arc::from(e.request.id.as_str()), g);
             if exact {
                 report.from_record += 1;
             } else {
@@ -446,29 +479,29 @@ impl Engine {
                 .grants
                 .iter()
                 .filter(|(_, g)| g.exclusive.intersects(&span))
-                .map(|(id, _)| id.clone())
+                .map(|(id, _)| Arc::clone(id))
                 .min()
             else {
                 break;
             };
-            if let Some(mut g) = self.grants.remove(&id) {
+            if let Some(mut g) = self.take(&id) {
                 self.uncharge(&g);
                 self.set_taken(self.taken.difference(&g.exclusive));
                 g.exclusive = CpuSet::new();
                 self.charge(&g);
-                self.grants.insert(id, g);
+                self.put(id, g);
             }
         }
         let usable = self.usable;
         let taken = self.taken;
         for e in existing {
-            if let Some(g) = self.grants.get_mut(&e.request.id) {
+            if let Some(g) = self.grants.get_mut(e.request.id.as_str()) {
                 if !g.is_exclusive() {
                     g.cpus = g.span.intersection(&usable).difference(&taken);
                 }
                 if e.cpus != Some(g.cpus) && !g.cpus.is_empty() {
                     report.updates.push(CpusetUpdate {
-                        container_id: e.request.id.clone(),
+                        container_id: Arc::from(e.request.id.as_str()),
                         cpus: g.cpus,
                         mems: g.mems,
                     });

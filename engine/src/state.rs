@@ -8,6 +8,7 @@ use crate::grant::Grant;
 use crate::topology::{PoolId, Topology};
 use crate::types::{EngineConfig, NodeLoad, PoolLoad};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 // The two CPU sets are copied in (small, fixed-size): the hot checks then read them one
 // pointer away, as they did from the engine itself.
@@ -17,7 +18,7 @@ pub struct StateView<'a> {
     cfg: &'a EngineConfig,
     usable: CpuSet,
     taken: CpuSet,
-    grants: &'a HashMap<String, Grant>,
+    grants: &'a HashMap<Arc<str>, Grant>,
     pool_load: &'a [PoolLoad],
     node_load: &'a [NodeLoad],
 }
@@ -28,7 +29,7 @@ pub(crate) struct Parts<'a> {
     pub cfg: &'a EngineConfig,
     pub usable: &'a CpuSet,
     pub taken: &'a CpuSet,
-    pub grants: &'a HashMap<String, Grant>,
+    pub grants: &'a HashMap<Arc<str>, Grant>,
     pub pool_load: &'a [PoolLoad],
     pub node_load: &'a [NodeLoad],
 }
@@ -68,8 +69,8 @@ impl<'a> StateView<'a> {
         self.grants.get(id)
     }
 
-    pub fn grants(&self) -> impl Iterator<Item = (&'a String, &'a Grant)> {
-        self.grants.iter()
+    pub fn grants(&self) -> impl Iterator<Item = (&'a str, &'a Grant)> {
+        self.grants.iter().map(|(id, g)| (&**id, g))
     }
 
     pub fn pool_load(&self, id: PoolId) -> &'a PoolLoad {

@@ -6,6 +6,7 @@ use crate::cpuset::{CpuSet, NodeSet};
 use crate::request::{ContainerRequest, PolicyKind};
 use crate::topology::{Level, PoolId};
 use std::fmt;
+use std::sync::Arc;
 
 /// Which device affinity outranks free CPU capacity when the two disagree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -121,7 +122,8 @@ impl fmt::Display for Reason {
 /// update).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpusetUpdate {
-    pub container_id: String,
+    /// Shared with the engine's own key: handing out hundreds of updates allocates nothing.
+    pub container_id: Arc<str>,
     pub cpus: CpuSet,
     pub mems: Option<NodeSet>,
 }

@@ -143,7 +143,7 @@ fn exclusive_cpus_for_guaranteed_integer_containers() {
     // The shared container in the same node loses those CPUs.
     if shared.cpus.is_superset_of(&p.cpus) {
         assert_eq!(p.updates.len(), 1);
-        assert_eq!(p.updates[0].container_id, "shared");
+        assert_eq!(&*p.updates[0].container_id, "shared");
         assert!(!p.updates[0].cpus.intersects(&p.cpus));
     }
     // A second Guaranteed container never gets the same CPUs.

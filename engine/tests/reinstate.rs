@@ -92,5 +92,5 @@ fn reinstating_nothing_drops_the_grant_and_taken_cpus_are_not_given_twice() {
     assert!(!g.is_exclusive());
     assert!(!g.cpus.intersects(e.taken()));
     assert_eq!(ups.len(), 1, "g's own cpuset changes: {ups:?}");
-    assert_eq!(ups[0].container_id, "g");
+    assert_eq!(&*ups[0].container_id, "g");
 }

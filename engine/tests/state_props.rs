@@ -164,6 +164,12 @@ fn check_invariants(e: &Engine, seen: &BTreeMap<String, Seen>) -> Result<(), Tes
                 "shared {} on exclusive CPUs",
                 id
             );
+            // Every shared grant follows its span's shared CPUs (unless none are left, when it
+            // keeps what it had): the refresh after exclusive CPUs change reached it.
+            let want = e.shared_cpus(&g.span);
+            if !want.is_empty() {
+                prop_assert_eq!(g.cpus, want, "shared {} not on its span's shared CPUs", id);
+            }
         }
     }
     prop_assert_eq!(
@@ -178,7 +184,7 @@ fn check_invariants(e: &Engine, seen: &BTreeMap<String, Seen>) -> Result<(), Tes
 
 fn apply(seen: &mut BTreeMap<String, Seen>, ups: &[tap_engine::CpusetUpdate]) {
     for u in ups {
-        if let Some(s) = seen.get_mut(&u.container_id) {
+        if let Some(s) = seen.get_mut(&*u.container_id) {
             s.cpus = u.cpus;
             s.mems = u.mems;
         }

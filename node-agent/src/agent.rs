@@ -240,7 +240,7 @@ impl Agent {
     fn to_updates(&self, ups: Vec<CpusetUpdate>) -> Vec<Update> {
         ups.into_iter()
             .map(|u| Update {
-                container_id: u.container_id,
+                container_id: u.container_id.to_string(),
                 cpus: self.fold_cpus(&u.cpus),
                 mems: u.mems.as_ref().map(|m| self.fold_nodes(m)),
             })
@@ -344,7 +344,7 @@ impl Agent {
 
     /// The ids of every container with a grant.
     pub fn granted(&self) -> Vec<String> {
-        self.lock().grants().map(|(id, _)| id.clone()).collect()
+        self.lock().grants().map(|(id, _)| id.to_string()).collect()
     }
 
     /// A container stopped or was removed (idempotent).

@@ -4,6 +4,7 @@
 use super::{CpusetUpdate, Engine};
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
+use std::sync::Arc;
 
 impl Engine {
     /// Replaces the grant of `id` by `previous` (or drops it when `None`), charging exactly what
@@ -28,17 +29,17 @@ impl Engine {
         };
         let (exclusive, cpus, mems) = (g.exclusive, g.cpus, g.mems);
         self.charge(&g);
-        self.grants.insert(id.to_string(), g);
+        self.put(Arc::from(id), g);
         if !exclusive.is_empty() {
             for u in self.refresh_shared(&exclusive) {
                 updates.retain(|x| x.container_id != u.container_id);
                 updates.push(u);
             }
         }
-        updates.retain(|u| u.container_id != id);
+        updates.retain(|u| &*u.container_id != id);
         if cpus != before && !cpus.is_empty() {
             updates.push(CpusetUpdate {
-                container_id: id.to_string(),
+                container_id: Arc::from(id),
                 cpus,
                 mems,
             });
