@@ -6,5 +6,6 @@ pub mod gen;
 pub mod kubelet;
 pub mod plot;
 pub mod report;
+pub mod seeds;
 pub mod sim;
 pub mod trace;

@@ -45,6 +45,10 @@ struct Args {
     /// the fastest, to take scheduler noise out of the latency figures; 1 = single shot.
     #[arg(long, default_value_t = 1)]
     latency_repeats: usize,
+    /// Instead of the comparison table, one row per generated trace of these seeds (`1-10`,
+    /// `1,4,6`) for kubelet static, numa-aware and topology-aware: locality, imbalance, p99.
+    #[arg(long, conflicts_with_all = ["trace", "plot"])]
+    seeds: Option<String>,
     /// Overcommit targets of the sweep for --plot.
     #[arg(long, default_value = "1,1.5,2,2.5,3")]
     sweep: String,
@@ -89,6 +93,35 @@ fn main() -> Result<()> {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     let m = Machine::new(&name, &raw)?;
+    if let Some(list) = &args.seeds {
+        let seeds = tap_sim::seeds::parse_seeds(list)
+            .ok_or_else(|| anyhow::anyhow!("bad --seeds {list:?}: expected e.g. 1-10 or 1,4,6"))?;
+        let policies: Vec<_> = standard_policies()
+            .into_iter()
+            .filter(|p| {
+                ["kubelet static", "numa-aware", "topology-aware"].contains(&p.label.as_str())
+            })
+            .collect();
+        println!(
+            "machine: {} ({} CPUs); generated traces, overcommit {}, {} pods each; decision latency: fastest of {} per decision",
+            m.name,
+            m.cpus(),
+            args.overcommit,
+            args.pods,
+            args.latency_repeats.max(1)
+        );
+        println!();
+        let trace_of = |seed: u64| -> Result<Trace> {
+            let mut p = params(&args, &m, args.overcommit)?;
+            p.seed = seed;
+            Ok(generate(&p))
+        };
+        print!(
+            "{}",
+            tap_sim::seeds::table(&m, &seeds, trace_of, &policies, args.latency_repeats)?
+        );
+        return Ok(());
+    }
     let trace = match &args.trace {
         Some(path) => {
             let text = std::fs::read_to_string(path)
