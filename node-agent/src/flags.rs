@@ -23,6 +23,14 @@ impl RuntimeMode {
     }
 }
 
+/// `--node-resource-topology`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NrtMode {
+    Auto,
+    On,
+    Off,
+}
+
 fn parse_mode(s: &str) -> Result<RuntimeMode, String> {
     match s.to_ascii_lowercase().as_str() {
         "docker" => Ok(RuntimeMode::Docker),
@@ -150,6 +158,20 @@ pub struct Flags {
     /// Watch this node's NodeTopology for its policy and report status to it.
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub enable_node_topology: bool,
+
+    /// Publish this node's NodeResourceTopology (topology.node.k8s.io/v1alpha2: one zone per
+    /// NUMA node with cpu and memory capacity, allocatable and available), read by the
+    /// scheduler-plugins NodeResourceTopologyMatch plugin. `auto`: when the API server serves
+    /// that CRD (checked every minute); `on`: always try (warns while it is missing); `off`.
+    /// Needs --enable-node-topology.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub node_resource_topology: NrtMode,
+
+    /// The topology manager policy and scope the NodeResourceTopology advertises (attributes
+    /// `topologyManagerPolicy`, `topologyManagerScope`): the scheduler plugin filters nodes by
+    /// NUMA fit only for `single-numa-node`. kunpeng-tap places each container on its own.
+    #[arg(long, default_value = "single-numa-node")]
+    pub nrt_topology_manager_policy: String,
 
     /// Where the agent keeps its cached policy and the proxies' grant records (made 0700).
     #[arg(long, default_value = "/var/lib/kunpeng-tap")]

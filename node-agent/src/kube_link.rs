@@ -8,16 +8,21 @@
 //! - writes the NodeTopology status (discovered topology, per-zone usage, containers, agent
 //!   mode and version, conditions) on change, at most once per [`STATUS_MIN_INTERVAL`].
 //!
+//! - with `--node-resource-topology` (default `auto`: when the API server serves the CRD)
+//!   publishes the node's NodeResourceTopology for the scheduler ([`nrt`]), with the same
+//!   rate limit.
+//!
 //! Nothing here can stop a container from starting: API errors are logged and retried.
 //! Decisions are pure functions in [`policy`] and [`status`]; this file is the I/O.
 
+pub mod nrt;
 pub mod policy;
 pub mod status;
 
 use crate::agent::Agent;
-use crate::flags::Flags;
+use crate::flags::{Flags, NrtMode};
 use futures::StreamExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -175,7 +180,15 @@ pub async fn run(
         }
     };
     tracing::info!(node = %node, "NodeTopology link started");
-    let api: Api<NodeTopology> = Api::all(client);
+    let api: Api<NodeTopology> = Api::all(client.clone());
+    let nrt_writer = write_nrt(
+        link.clone(),
+        client,
+        flags.node_resource_topology,
+        nrt::Advertised {
+            policy: flags.nrt_topology_manager_policy.clone(),
+        },
+    );
 
     let watch = {
         let (link, api, node) = (link.clone(), api.clone(), node.clone());
@@ -265,7 +278,96 @@ pub async fn run(
     tokio::select! {
         _ = watch => {}
         _ = writer => {}
+        _ = nrt_writer => {}
         _ = shutdown.cancelled() => {}
     }
     Ok(())
+}
+
+/// How often `auto` looks again for the NodeResourceTopology CRD while it is not served.
+const NRT_CHECK_EVERY: Duration = Duration::from_secs(60);
+
+/// Whether the API server serves NodeResourceTopology in the version written.
+async fn nrt_served(client: &kube::Client) -> bool {
+    match client
+        .list_api_group_resources(&format!("{}/{}", nrt::GROUP, nrt::VERSION))
+        .await
+    {
+        Ok(list) => list.resources.iter().any(|r| r.name == nrt::PLURAL),
+        Err(e) => {
+            tracing::debug!("NodeResourceTopology API not found: {e}");
+            false
+        }
+    }
+}
+
+/// Publishes the node's NodeResourceTopology (server-side apply, the agent's field manager)
+/// while the CRD is served, at most once per [`STATUS_MIN_INTERVAL`] and only when it changed.
+/// Never returns (pending for ever when `mode` is off).
+async fn write_nrt(link: Arc<Link>, client: kube::Client, mode: NrtMode, adv: nrt::Advertised) {
+    if mode == NrtMode::Off {
+        return std::future::pending().await;
+    }
+    let ar = ApiResource {
+        group: nrt::GROUP.into(),
+        version: nrt::VERSION.into(),
+        api_version: format!("{}/{}", nrt::GROUP, nrt::VERSION),
+        kind: nrt::KIND.into(),
+        plural: nrt::PLURAL.into(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    let mut pacer = nrt::Pacer::new(STATUS_MIN_INTERVAL);
+    let (mut served, mut checked, mut warned) = (false, None::<Instant>, false);
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if !served {
+            if checked.is_some_and(|t| t.elapsed() < NRT_CHECK_EVERY) {
+                continue;
+            }
+            checked = Some(Instant::now());
+            served = nrt_served(&client).await;
+            if !served {
+                if !warned {
+                    let msg = "the API server does not serve NodeResourceTopology (topology.node.k8s.io/v1alpha2); not published, looking again every minute";
+                    if mode == NrtMode::On {
+                        tracing::warn!(node = %link.node, "{msg}");
+                    } else {
+                        tracing::info!(node = %link.node, "{msg}");
+                    }
+                    warned = true;
+                }
+                continue;
+            }
+            tracing::info!(node = %link.node, "publishing NodeResourceTopology");
+            pacer.reset();
+        }
+        let obj = nrt::resource_topology(&link.agent.snapshot(), &link.node, &adv);
+        let now = Instant::now();
+        if !pacer.should_send(now, &obj) {
+            continue;
+        }
+        match api
+            .patch(
+                &link.node,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&obj),
+            )
+            .await
+        {
+            Ok(_) => {
+                tracing::debug!(node = %link.node, "NodeResourceTopology written");
+                pacer.sent(now, obj);
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                // The CRD went away: look for it again.
+                pacer.failed(now);
+                served = false;
+                warned = false;
+            }
+            Err(e) => {
+                tracing::warn!(node = %link.node, "writing NodeResourceTopology: {e}");
+                pacer.failed(now);
+            }
+        }
+    }
 }

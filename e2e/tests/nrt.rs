@@ -1,0 +1,217 @@
+//! NodeResourceTopology on the real kube-apiserver with the real CRD (the one the
+//! scheduler-plugins NodeResourceTopologyMatch plugin reads, fetched from its Go module by
+//! hack/e2e/setup-nrt-crd.sh): the agent in NRI mode on a real containerd, authenticated as
+//! its ServiceAccount with deploy/rbac's rules, publishes one object for its node whose zones
+//! follow the allocations it makes, and the API server keeps every field (nothing pruned by
+//! the CRD's schema).
+
+use anyhow::{bail, ensure, Context, Result};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tap_e2e::containerd::{
+    remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
+};
+use tap_e2e::docker::TapAgent;
+use tap_e2e::kube::KubeCluster;
+use tap_e2e::util::{fixtures_dir, skip_unless_enabled, workspace_root};
+
+const AGENT_SA: &str = "system:serviceaccount:kunpeng-tap:kunpeng-tap-agent";
+const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
+const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
+const NODE: &str = "nrt-node";
+
+fn crd_path() -> PathBuf {
+    std::env::var_os("TAP_NRT_CRD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/kunpeng-tap/nrt/crd.yaml"))
+}
+
+/// The NUMA nodes of a grant record (`v1;...;n=<nodes>;...`).
+fn record_nodes(record: &str) -> Option<String> {
+    record
+        .split(';')
+        .find_map(|p| p.strip_prefix("n="))
+        .map(str::to_string)
+}
+
+fn cpu_of<'a>(nrt: &'a Value, zone: &str) -> Option<&'a Value> {
+    nrt["zones"]
+        .as_array()?
+        .iter()
+        .find(|z| z["name"] == zone)?["resources"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == "cpu")
+}
+
+/// Milli-CPUs of a quantity the agent writes ("47" or "45000m").
+fn milli(q: &Value) -> Option<u64> {
+    let s = q.as_str()?;
+    match s.strip_suffix('m') {
+        Some(m) => m.parse().ok(),
+        None => s.parse::<u64>().ok().map(|c| c * 1000),
+    }
+}
+
+/// Waits until the node's object satisfies `check`; returns it.
+fn wait_nrt(k: &KubeCluster, what: &str, check: impl Fn(&Value) -> bool) -> Result<Value> {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = k.get_json(&["get", "noderesourcetopologies.topology.node.k8s.io", NODE])?;
+        if let Some(v) = got {
+            if check(&v) {
+                return Ok(v);
+            }
+            if Instant::now() > until {
+                bail!("timed out waiting for {what}; last object: {v:#}");
+            }
+        } else if Instant::now() > until {
+            bail!("timed out waiting for {what}: no NodeResourceTopology {NODE}");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_resource_topology_follows_allocations() -> Result<()> {
+    if skip_unless_enabled("node_resource_topology_follows_allocations") {
+        return Ok(());
+    }
+    let crd = crd_path();
+    ensure!(
+        crd.exists(),
+        "{} missing: run hack/e2e/setup-nrt-crd.sh",
+        crd.display()
+    );
+    let k = KubeCluster::start()?;
+    k.kubectl_ok(&["apply", "-f", &crd.display().to_string()])?;
+    k.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=30s",
+        "crd/noderesourcetopologies.topology.node.k8s.io",
+    ])?;
+    let root = workspace_root();
+    k.kubectl_ok(&["apply", "-f", &root.join("crds").display().to_string()])?;
+    k.kubectl_ok(&[
+        "apply",
+        "-f",
+        &root.join("deploy/rbac").display().to_string(),
+    ])?;
+    let agent_kc = k.kubeconfig_for(
+        "agent",
+        AGENT_SA,
+        &[
+            "system:serviceaccounts",
+            "system:serviceaccounts:kunpeng-tap",
+        ],
+    )?;
+    std::env::set_var("KUBECONFIG", &agent_kc);
+
+    let dir = k.dir.join("agent");
+    std::fs::create_dir_all(&dir)?;
+    let mut ctd = Containerd::start(ContainerdOptions::default())?;
+    let res = scenario(&k, &mut ctd, &dir).await;
+    if res.is_err() {
+        eprintln!(
+            "--- agent log\n{}\n--- containerd log\n{}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
+            ctd.log_tail(30)
+        );
+    }
+    drop(ctd);
+    remove_cgroup_tree();
+    res
+}
+
+async fn scenario(k: &KubeCluster, ctd: &mut Containerd, dir: &Path) -> Result<()> {
+    let args = vec![
+        "--container-runtime-mode=NRI".to_string(),
+        format!("--nri-socket-path={}", ctd.nri_socket().display()),
+        format!("--sysfs-root={}", fixtures_dir().join(FIXTURE).display()),
+        "--fold-cpus-to-host".into(),
+        format!("--state-dir={}", dir.join("state").display()),
+        "--reserved-cpus=0".into(),
+        "--enable-node-topology".into(),
+        format!("--node-name={NODE}"),
+    ];
+    let agent = TapAgent::start(&args, &dir.join("agent.log"))?;
+
+    // Published with nothing placed: every zone has all its allocatable CPUs available, and
+    // the API server kept what the agent wrote (the schema prunes unknown fields silently).
+    let idle = wait_nrt(k, "the first NodeResourceTopology", |v| {
+        v["zones"].as_array().is_some_and(|z| z.len() == 4)
+    })?;
+    for z in 0..4 {
+        let cpu = cpu_of(&idle, &format!("node-{z}")).context("cpu resource")?;
+        ensure!(
+            milli(&cpu["available"]) == milli(&cpu["allocatable"]),
+            "zone node-{z} idle but {cpu}"
+        );
+        // 24 CPUs per node; CPU 0 (node 0) is reserved.
+        let want = if z == 0 { 23_000 } else { 24_000 };
+        ensure!(
+            milli(&cpu["allocatable"]) == Some(want),
+            "zone node-{z}: {cpu}"
+        );
+        ensure!(
+            milli(&cpu["capacity"]) == Some(24_000),
+            "zone node-{z}: {cpu}"
+        );
+    }
+    ensure!(
+        idle["zones"][0]["costs"]
+            .as_array()
+            .is_some_and(|c| c.len() == 4),
+        "costs pruned or missing: {idle:#}"
+    );
+    let attrs = idle["attributes"].to_string();
+    ensure!(
+        attrs.contains("topologyManagerPolicy") && attrs.contains("single-numa-node"),
+        "attributes: {attrs}"
+    );
+
+    // A Burstable container of 2 CPUs request: its NUMA node's zone shows 2 CPUs fewer.
+    let mut cri: Cri = ctd.cri().await?;
+    let pod = cri
+        .run_pod(&PodSpec::new("nrt", CgroupQos::Burstable))
+        .await?;
+    let id = cri
+        .run_container(&pod, &ContainerSpec::cpus("c0", 2000, Some(4000)))
+        .await?;
+    let record = cri
+        .spec_annotations(&id)
+        .await?
+        .remove(GRANT_KEY)
+        .context("no grant record on the container")?;
+    let nodes = record_nodes(&record).context("no nodes in the grant record")?;
+    let node: u32 = nodes
+        .parse()
+        .with_context(|| format!("one NUMA node expected, record {record}"))?;
+    let zone = format!("node-{node}");
+    let placed = wait_nrt(k, "the allocation in the zones", |v| {
+        cpu_of(v, &zone).is_some_and(|c| {
+            milli(&c["available"])
+                .zip(milli(&c["allocatable"]))
+                .is_some_and(|(a, t)| a + 2000 == t)
+        })
+    })?;
+    for z in (0..4).filter(|z| *z != node) {
+        let cpu = cpu_of(&placed, &format!("node-{z}")).context("cpu resource")?;
+        ensure!(
+            milli(&cpu["available"]) == milli(&cpu["allocatable"]),
+            "zone node-{z} changed by a container on {zone}: {cpu}"
+        );
+    }
+
+    // Removing the container gives the zone back.
+    cri.stop_container(&id).await?;
+    cri.remove_container(&id).await?;
+    wait_nrt(k, "the zone given back", |v| {
+        cpu_of(v, &zone).is_some_and(|c| milli(&c["available"]) == milli(&c["allocatable"]))
+    })?;
+    let _ = cri.remove_pod(&pod).await;
+    ensure!(!agent.panicked(), "the agent log shows a panic");
+    Ok(())
+}
