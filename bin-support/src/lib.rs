@@ -23,13 +23,15 @@ pub fn level_of(verbose: u8) -> &'static str {
 }
 
 /// Sets up `tracing` to stderr, text or JSON, at the level of `verbose`; `TAP_LOG` (an
-/// env-filter directive) overrides the level.
+/// env-filter directive) overrides the level. Colours only when stderr is a terminal (not in
+/// a file, a pipe, a container log or the journal).
 pub fn init_logging(verbose: u8, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TAP_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level_of(verbose)));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),

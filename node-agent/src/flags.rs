@@ -69,94 +69,113 @@ pub use tap_bin_support::LogFormat;
 #[command(name = "kunpeng-tap", version, about, args_override_self = true)]
 pub struct Flags {
     /// Socket the proxy serves (Docker and Containerd modes); a stale socket is removed.
-    #[arg(long, default_value = "/var/run/kunpeng/tap-runtime-proxy.sock")]
+    #[arg(
+        help_heading = "Runtime",
+        long,
+        default_value = "/var/run/kunpeng/tap-runtime-proxy.sock"
+    )]
     pub runtime_proxy_endpoint: PathBuf,
 
     /// Group (name or numeric id) allowed to use the proxy socket: it is then 0660 and owned by
     /// that group; empty keeps it 0600 (root only, as the kubelet runs), whatever the umask.
-    #[arg(long, default_value = "")]
+    #[arg(help_heading = "Runtime", long, default_value = "")]
     pub socket_group: String,
 
     /// The runtime's own socket the proxy forwards to (a path, `unix://` optional).
-    #[arg(long, default_value = "/var/run/docker.sock")]
+    #[arg(help_heading = "Runtime", long, default_value = "/var/run/docker.sock")]
     pub container_runtime_service_endpoint: String,
 
     /// How the agent meets the runtime: Docker (Docker API proxy), Containerd (CRI proxy) or
     /// NRI (containerd >= 1.7 NRI plugin).
-    #[arg(long, default_value = "Docker", value_parser = parse_mode)]
+    #[arg(help_heading = "Runtime", long, default_value = "Docker", value_parser = parse_mode)]
     pub container_runtime_mode: RuntimeMode,
 
     /// The NRI socket (NRI mode).
-    #[arg(long, default_value = "/var/run/nri/nri.sock")]
+    #[arg(
+        help_heading = "Runtime",
+        long,
+        default_value = "/var/run/nri/nri.sock"
+    )]
     pub nri_socket_path: PathBuf,
 
     /// Placement policy: topology-aware or numa-aware.
-    #[arg(long, default_value = "topology-aware", value_parser = parse_policy)]
+    #[arg(help_heading = "Policy", long, default_value = "topology-aware", value_parser = parse_policy)]
     pub resource_policy: PolicyKind,
 
     /// Which affinity wins when they disagree: cpu-first or gpu-first.
-    #[arg(long, default_value = "cpu-first", value_parser = parse_priority)]
+    #[arg(help_heading = "Policy", long, default_value = "cpu-first", value_parser = parse_priority)]
     pub resource_priority: ResourcePriority,
 
     /// Also set cpuset.mems to the chosen CPUs' NUMA nodes, and account memory limits.
-    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(help_heading = "Policy", long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub enable_memory_topology: bool,
 
     /// Let topology-aware place containers on CPU clusters (Kunpeng 950).
-    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(help_heading = "Policy", long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub topology_cluster_affinity: bool,
 
     /// How long shutdown waits for requests in flight.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    #[arg(help_heading = "Runtime", long, default_value = "15s", value_parser = parse_duration)]
     pub graceful_timeout: Duration,
 
     /// Address for /metrics, /healthz and /readyz (e.g. `:9091`); empty = off.
-    #[arg(long, default_value = "")]
+    #[arg(help_heading = "Observability", long, default_value = "")]
     pub metrics_bind_address: String,
 
     /// Log verbosity, 2 (info) to 5 (trace); 0-1 warnings only.
-    #[arg(short = 'v', long = "verbose", default_value_t = 2)]
+    #[arg(
+        help_heading = "Observability",
+        short = 'v',
+        long = "verbose",
+        default_value_t = 2
+    )]
     pub verbose: u8,
 
     // ---- kunpeng-tap additions ----
     /// Root of the sysfs tree to discover the topology from.
-    #[arg(long, default_value = "/sys", env = "TAP_SYSFS_ROOT")]
+    #[arg(
+        help_heading = "Policy",
+        long,
+        default_value = "/sys",
+        env = "TAP_SYSFS_ROOT"
+    )]
     pub sysfs_root: PathBuf,
 
     /// Print the discovered topology tree and sample decisions, then exit.
-    #[arg(long)]
+    #[arg(help_heading = "Testing and debugging", long)]
     pub explain: bool,
 
     /// CPUs never handed to containers (system daemons), e.g. `0-1`.
-    #[arg(long, default_value = "", value_parser = parse_cpuset)]
+    #[arg(help_heading = "Policy", long, default_value = "", value_parser = parse_cpuset)]
     pub reserved_cpus: CpuSet,
 
     /// Give Guaranteed integer-CPU containers exclusive CPUs (topology-aware).
-    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(help_heading = "Policy", long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub exclusive_cpus: bool,
 
     /// Confine BestEffort containers to one pool or NUMA node like the others (charged
     /// nothing); by default they run on the machine's shared CPUs, as the kubelet leaves them.
-    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(help_heading = "Policy", long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub confine_best_effort: bool,
 
     /// Map decisions onto this host's CPUs (`cpu % host CPUs`): for testing a fixture topology
     /// on a smaller machine. Never in production.
-    #[arg(long)]
+    #[arg(help_heading = "Testing and debugging", long)]
     pub fold_cpus_to_host: bool,
 
-    /// NRI plugin name and index (registered as `<index>-<name>`).
-    #[arg(long, default_value = "kunpeng-tap")]
+    /// NRI plugin name (registered as `<index>-<name>`).
+    #[arg(help_heading = "Runtime", long, default_value = "kunpeng-tap")]
     pub nri_plugin_name: String,
-    #[arg(long, default_value = "10")]
+    /// NRI plugin index: orders the plugins containerd calls (two digits, lower first).
+    #[arg(help_heading = "Runtime", long, default_value = "10")]
     pub nri_plugin_index: String,
 
     /// This node's name (NodeTopology object); defaults to the hostname.
-    #[arg(long, env = "NODE_NAME")]
+    #[arg(help_heading = "Kube link", long, env = "NODE_NAME")]
     pub node_name: Option<String>,
 
     /// Watch this node's NodeTopology for its policy and report status to it.
-    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(help_heading = "Kube link", long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub enable_node_topology: bool,
 
     /// Publish this node's NodeResourceTopology (topology.node.k8s.io/v1alpha2: one zone per
@@ -164,21 +183,26 @@ pub struct Flags {
     /// scheduler-plugins NodeResourceTopologyMatch plugin. `auto`: when the API server serves
     /// that CRD (checked every minute); `on`: always try (warns while it is missing); `off`.
     /// Needs --enable-node-topology.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(help_heading = "Kube link", long, value_enum, default_value = "auto")]
     pub node_resource_topology: NrtMode,
 
     /// The topology manager policy and scope the NodeResourceTopology advertises (attributes
     /// `topologyManagerPolicy`, `topologyManagerScope`): the scheduler plugin filters nodes by
     /// NUMA fit only for `single-numa-node`. kunpeng-tap places each container on its own.
-    #[arg(long, default_value = "single-numa-node")]
+    #[arg(help_heading = "Kube link", long, default_value = "single-numa-node")]
     pub nrt_topology_manager_policy: String,
 
     /// Where the agent keeps its cached policy and the proxies' grant records (made 0700).
-    #[arg(long, default_value = "/var/lib/kunpeng-tap")]
+    #[arg(help_heading = "Runtime", long, default_value = "/var/lib/kunpeng-tap")]
     pub state_dir: PathBuf,
 
     /// Log format.
-    #[arg(long, value_enum, default_value = "text")]
+    #[arg(
+        help_heading = "Observability",
+        long,
+        value_enum,
+        default_value = "text"
+    )]
     pub log_format: LogFormat,
 }
 
@@ -269,6 +293,38 @@ impl Flags {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--help` is grouped: every flag says what it does and sits under a heading.
+    #[test]
+    fn every_flag_has_help_and_a_heading() {
+        use clap::CommandFactory;
+        let cmd = Flags::command();
+        let mut headings = std::collections::BTreeSet::new();
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            assert!(
+                a.get_help()
+                    .is_some_and(|h| !h.to_string().trim().is_empty()),
+                "--{id} has no help text"
+            );
+            let h = a.get_help_heading();
+            assert!(h.is_some(), "--{id} has no heading");
+            headings.extend(h.map(str::to_string));
+        }
+        assert_eq!(
+            headings.into_iter().collect::<Vec<_>>(),
+            [
+                "Kube link",
+                "Observability",
+                "Policy",
+                "Runtime",
+                "Testing and debugging"
+            ]
+        );
+    }
 
     #[test]
     fn reference_flags_parse() {

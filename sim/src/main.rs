@@ -17,9 +17,10 @@ use tap_sim::trace::Trace;
     about = "Replay a workload trace against a fixture topology and compare placement policies"
 )]
 struct Args {
-    /// sysfs root of the machine (a folder under shared/fixtures/sysfs).
-    #[arg(long)]
-    sysfs: PathBuf,
+    /// sysfs root of the machine (a folder under shared/fixtures/sysfs), as the agent's
+    /// `--sysfs-root`; `--sysfs` is kept as an alias.
+    #[arg(long, alias = "sysfs")]
+    sysfs_root: PathBuf,
     /// Trace file (JSON, see docs/sim.md). Without it a trace is generated.
     #[arg(long)]
     trace: Option<PathBuf>,
@@ -85,10 +86,10 @@ fn run_all(m: &Machine, t: &Trace, repeats: usize) -> Vec<Outcomes> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let raw = tap_engine::sysfs::discover_dir(&args.sysfs)
-        .with_context(|| format!("discovering topology under {}", args.sysfs.display()))?;
+    let raw = tap_engine::sysfs::discover_dir(&args.sysfs_root)
+        .with_context(|| format!("discovering topology under {}", args.sysfs_root.display()))?;
     let name = args
-        .sysfs
+        .sysfs_root
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
