@@ -1,4 +1,6 @@
-//! NodeResourceTopology on the real kube-apiserver with the real CRD (the one the
+//! The agent's objects for the scheduler and the Pod owner, on the real kube-apiserver:
+//! Pod Events (`TopologyPlaced`, what `kubectl describe pod` shows), and
+//! NodeResourceTopology with the real CRD (the one the
 //! scheduler-plugins NodeResourceTopologyMatch plugin reads, fetched from its Go module by
 //! hack/e2e/setup-nrt-crd.sh): the agent in NRI mode on a real containerd, authenticated as
 //! its ServiceAccount with deploy/rbac's rules, publishes one object for its node whose zones
@@ -174,9 +176,9 @@ async fn scenario(k: &KubeCluster, ctd: &mut Containerd, dir: &Path) -> Result<(
 
     // A Burstable container of 2 CPUs request: its NUMA node's zone shows 2 CPUs fewer.
     let mut cri: Cri = ctd.cri().await?;
-    let pod = cri
-        .run_pod(&PodSpec::new("nrt", CgroupQos::Burstable))
-        .await?;
+    let spec = PodSpec::new("nrt", CgroupQos::Burstable);
+    let pod_uid = spec.uid.clone();
+    let pod = cri.run_pod(&spec).await?;
     let id = cri
         .run_container(&pod, &ContainerSpec::cpus("c0", 2000, Some(4000)))
         .await?;
@@ -190,6 +192,40 @@ async fn scenario(k: &KubeCluster, ctd: &mut Containerd, dir: &Path) -> Result<(
         .parse()
         .with_context(|| format!("one NUMA node expected, record {record}"))?;
     let zone = format!("node-{node}");
+
+    // The Pod owner sees where the container went: a TopologyPlaced Event on the Pod, about
+    // the container, naming its CPUs and pool, recorded with the agent's own RBAC.
+    let field = format!("involvedObject.name=nrt,involvedObject.uid={}", pod_uid);
+    let until = Instant::now() + Duration::from_secs(20);
+    let ev = loop {
+        let list = k
+            .get_json(&["get", "events", "-n", "default", "--field-selector", &field])?
+            .context("no event list")?;
+        let found = list["items"].as_array().and_then(|items| {
+            items
+                .iter()
+                .find(|e| e["reason"] == "TopologyPlaced")
+                .cloned()
+        });
+        if let Some(e) = found {
+            break e;
+        }
+        ensure!(Instant::now() < until, "no TopologyPlaced Event: {list:#}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let msg = ev["message"].as_str().unwrap_or_default();
+    ensure!(
+        msg.starts_with("container c0: cpus ") && msg.contains(&format!("(numa{node}")),
+        "Event message {msg:?} should name the container and its pool numa{node}"
+    );
+    ensure!(
+        ev["type"] == "Normal" && ev["involvedObject"]["fieldPath"] == "spec.containers{c0}",
+        "Event {ev:#}"
+    );
+    ensure!(
+        ev["reportingComponent"] == "kunpeng-tap-agent",
+        "reporting controller: {ev:#}"
+    );
     let placed = wait_nrt(k, "the allocation in the zones", |v| {
         cpu_of(v, &zone).is_some_and(|c| {
             milli(&c["available"])

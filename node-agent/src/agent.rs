@@ -91,6 +91,8 @@ pub struct Agent {
     metrics: Arc<Metrics>,
     fold: Option<HostFold>,
     mode: &'static str,
+    /// Placement notes for Pod Events (see [`crate::notes`]).
+    notes: crate::notes::Sink,
 }
 
 impl Agent {
@@ -113,6 +115,37 @@ impl Agent {
             metrics,
             fold,
             mode,
+            notes: crate::notes::Sink::default(),
+        }
+    }
+
+    /// Where placement notes go (attach a consumer to get them).
+    pub fn notes(&self) -> &crate::notes::Sink {
+        &self.notes
+    }
+
+    /// Offers a note about `c` (never blocks; a full queue drops it, counted).
+    fn note(
+        &self,
+        hook: &'static str,
+        c: &ContainerInfo,
+        kind: crate::notes::Kind,
+        message: String,
+    ) {
+        if c.pod.name.is_empty() || !self.notes.attached() {
+            return;
+        }
+        let n = crate::notes::Note {
+            kind,
+            hook,
+            pod_uid: c.pod.uid.clone(),
+            pod_name: c.pod.name.clone(),
+            namespace: c.pod.namespace.clone(),
+            container: c.name.clone(),
+            message,
+        };
+        if !self.notes.offer(n) {
+            self.metrics.count_error(hook, "event_dropped");
         }
     }
 
@@ -271,6 +304,17 @@ impl Agent {
                 );
                 self.metrics
                     .count_placement(self.topo.pools[p.pool].level.as_str(), p.exclusive);
+                let mut msg = format!(
+                    "cpus {} ({}{})",
+                    self.fold_cpus(&p.cpus),
+                    self.topo.pools[p.pool].name,
+                    if p.exclusive { ", exclusive" } else { "" }
+                );
+                if let Some(m) = &p.mems {
+                    msg.push_str(&format!(", mems {}", self.fold_nodes(m)));
+                }
+                msg.push_str(&format!(": {}", p.reason));
+                self.note(hook, c, crate::notes::Kind::Placed, msg);
                 Adjustment {
                     cpus: Some(self.fold_cpus(&p.cpus)),
                     mems: p.mems.as_ref().map(|m| self.fold_nodes(m)),
@@ -280,9 +324,17 @@ impl Agent {
             }
             Some((Outcome::Skipped(why), _)) => {
                 tracing::info!(hook, container = %c.id, name = %c.name, pod = %c.pod.name, "not adjusted: {why}");
+                if matches!(why, tap_engine::SkipReason::NoCapacity) {
+                    let msg = format!("left on all CPUs: {why}");
+                    self.note(hook, c, crate::notes::Kind::FailedOpen, msg);
+                }
                 Adjustment::default()
             }
-            None => Adjustment::default(),
+            None => {
+                let msg = "left on all CPUs: the placement engine failed (see the agent log)";
+                self.note(hook, c, crate::notes::Kind::FailedOpen, msg.into());
+                Adjustment::default()
+            }
         }
     }
 

@@ -192,6 +192,13 @@ pub struct Flags {
     #[arg(help_heading = "Kube link", long, default_value = "single-numa-node")]
     pub nrt_topology_manager_policy: String,
 
+    /// Record an Event on the Pod for each placement (`TopologyPlaced`: cpus, pool, mems and
+    /// why) and each container left unadjusted by a failure (`TopologyNotPlaced`, Warning), so
+    /// `kubectl describe pod` shows them. Rate-limited and aggregated. Needs
+    /// --enable-node-topology.
+    #[arg(help_heading = "Kube link", long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub pod_events: bool,
+
     /// Where the agent keeps its cached policy and the proxies' grant records (made 0700).
     #[arg(help_heading = "Runtime", long, default_value = "/var/lib/kunpeng-tap")]
     pub state_dir: PathBuf,

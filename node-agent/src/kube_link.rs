@@ -8,6 +8,8 @@
 //! - writes the NodeTopology status (discovered topology, per-zone usage, containers, agent
 //!   mode and version, conditions) on change, at most once per [`STATUS_MIN_INTERVAL`].
 //!
+//! - with `--pod-events` (default on) records an Event on the Pod for each placement
+//!   ([`events`]);
 //! - with `--node-resource-topology` (default `auto`: when the API server serves the CRD)
 //!   publishes the node's NodeResourceTopology for the scheduler ([`nrt`]), with the same
 //!   rate limit.
@@ -15,6 +17,7 @@
 //! Nothing here can stop a container from starting: API errors are logged and retried.
 //! Decisions are pure functions in [`policy`] and [`status`]; this file is the I/O.
 
+pub mod events;
 pub mod nrt;
 pub mod policy;
 pub mod status;
@@ -181,6 +184,20 @@ pub async fn run(
     };
     tracing::info!(node = %node, "NodeTopology link started");
     let api: Api<NodeTopology> = Api::all(client.clone());
+    let event_writer = {
+        let rx = if flags.pod_events {
+            agent.notes().attach()
+        } else {
+            None
+        };
+        let (client, node, agent) = (client.clone(), node.clone(), agent.clone());
+        async move {
+            match rx {
+                Some(rx) => events::publish(client, &node, rx, agent.metrics().clone()).await,
+                None => std::future::pending().await,
+            }
+        }
+    };
     let nrt_writer = write_nrt(
         link.clone(),
         client,
@@ -279,6 +296,7 @@ pub async fn run(
         _ = watch => {}
         _ = writer => {}
         _ = nrt_writer => {}
+        _ = event_writer => {}
         _ = shutdown.cancelled() => {}
     }
     Ok(())

@@ -10,6 +10,7 @@ pub mod fold;
 pub mod kube_link;
 pub mod ledger;
 pub mod metrics;
+pub mod notes;
 pub mod nri;
 pub mod proxy_server;
 
