@@ -7,79 +7,16 @@
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use tap_e2e::helm::{chart, docs, helm, ok, run, template_in};
 use tap_e2e::kube::{kubectl_bin, KubeCluster};
 use tap_e2e::util::{skip_unless_enabled, workspace_root};
 
 const NS: &str = "kunpeng-tap";
 const RELEASE: &str = "tap";
 
-fn helm_bin() -> PathBuf {
-    let p = std::env::var_os("TAP_HELM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/kunpeng-tap/bin/helm"));
-    assert!(
-        p.exists(),
-        "{} not found: run hack/e2e/setup-helm.sh",
-        p.display()
-    );
-    p
-}
-
-fn chart() -> String {
-    workspace_root()
-        .join("charts/kunpeng-tap")
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// A private HELM_* home so the machine's helm config and cache are never touched.
-fn helm() -> Command {
-    let mut c = Command::new(helm_bin());
-    let home = std::env::temp_dir().join(format!("tap-e2e-helm-home-{}", std::process::id()));
-    c.env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_DATA_HOME", home.join("data"));
-    c
-}
-
-fn run(mut c: Command) -> Output {
-    c.output().unwrap_or_else(|e| panic!("running {c:?}: {e}"))
-}
-
-fn ok(c: Command) -> String {
-    let desc = format!("{c:?}");
-    let out = run(c);
-    assert!(
-        out.status.success(),
-        "{desc} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `helm template` with `--set` values; the YAML text.
+/// `helm template` of the release `tap` in `kunpeng-tap`; the YAML text.
 fn template_text(sets: &[&str], extra: &[&str]) -> String {
-    let mut c = helm();
-    c.args(["template", RELEASE, &chart(), "--namespace", NS]);
-    for s in sets {
-        c.args(["--set", s]);
-    }
-    c.args(extra);
-    ok(c)
-}
-
-/// Every document of a multi-document YAML text, as JSON values (empty ones dropped).
-fn docs(yaml: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(yaml)
-        .filter_map(|d| {
-            let v: serde_yaml::Value =
-                serde::Deserialize::deserialize(d).expect("rendered YAML parses");
-            let j: Value = serde_json::to_value(v).expect("YAML to JSON");
-            (!j.is_null()).then_some(j)
-        })
-        .collect()
+    template_in(RELEASE, NS, sets, extra)
 }
 
 fn render(sets: &[&str]) -> Vec<Value> {
@@ -160,13 +97,20 @@ fn default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator
             "Service",
             "Service",
             "ServiceAccount",
-            "ServiceAccount"
+            "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding"
         ]
     );
     for o in &objs {
         let ns = &o["metadata"]["namespace"];
-        let cluster_scoped =
-            ["ClusterRole", "ClusterRoleBinding"].contains(&o["kind"].as_str().unwrap());
+        let cluster_scoped = [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ]
+        .contains(&o["kind"].as_str().unwrap());
         assert_eq!(ns.is_null(), cluster_scoped, "namespace of {o}");
         if !cluster_scoped {
             assert_eq!(ns, NS);
@@ -310,18 +254,29 @@ fn value_sets_change_what_is_rendered() {
     }
     assert_eq!(c["image"], "kunpeng-tap/kunpeng-tap-agent:dev");
 
-    // The opt-in NRI enabler: a privileged init container in the host PID namespace running
-    // the chart's script from a ConfigMap.
+    // The opt-in NRI enabler: a privileged init container entering the host's namespaces
+    // through the host's /proc (only it mounts it), running the chart's script from a
+    // ConfigMap; the Pod gets no hostPID.
     let objs = render(&["agent.enableNri.enabled=true"]);
     let pod = &one(&objs, "DaemonSet")["spec"]["template"]["spec"];
-    assert_eq!(pod["hostPID"], true);
+    assert!(pod["hostPID"].is_null(), "hostPID: {}", pod["hostPID"]);
     let init = &pod["initContainers"][0];
     assert_eq!(init["name"], "enable-nri");
     assert_eq!(init["securityContext"]["privileged"], true);
     assert!(init["command"][2]
         .as_str()
         .unwrap()
-        .contains("nsenter -t 1 -m -u -i -n -p -- sh -s < /scripts/enable-nri.sh"));
+        .contains("nsenter --mount=/host/proc/1/ns/mnt"));
+    assert!(init["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["name"] == "host-proc" && m["mountPath"] == "/host/proc"));
+    assert!(!pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["name"] == "host-proc"));
     let cm = one(&objs, "ConfigMap");
     let script =
         std::fs::read_to_string(workspace_root().join("charts/kunpeng-tap/files/enable-nri.sh"))
@@ -585,6 +540,102 @@ fn enable_nri_script_turns_on_nri_in_a_real_containerd_1_7() {
         nri_socket_appears(&dir, &cfg, "after"),
         "no NRI socket after enable-nri.sh:\n{}",
         std::fs::read_to_string(dir.join("after.log")).unwrap_or_default()
+    );
+}
+
+/// The enable-NRI init container's command as the chart renders it, run the way a container
+/// without hostPID runs it: in a new PID namespace and a new mount namespace (where a tmpfs
+/// hides the work dir), with the host's /proc where the chart mounts it. A stand-in process of
+/// this test plays the host's PID 1 (the sandbox may not let a test read the real PID 1's
+/// namespaces). The script must edit the config in the host's mount namespace, and its restart
+/// command must run there while staying in the container's PID namespace.
+#[test]
+fn enable_nri_init_command_reaches_the_host_without_host_pid() {
+    if skip_unless_enabled("enable_nri_init_command_reaches_the_host_without_host_pid") {
+        return;
+    }
+    let objs = render(&["agent.enableNri.enabled=true"]);
+    let pod = &one(&objs, "DaemonSet")["spec"]["template"]["spec"];
+    assert!(pod["hostPID"].is_null());
+    let init = &pod["initContainers"][0];
+    assert_eq!(init["command"][0], "sh");
+    let rendered = init["command"][2].as_str().unwrap().to_string();
+    let host_proc = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "host-proc")
+        .expect("host-proc volume");
+    assert_eq!(host_proc["hostPath"]["path"], "/proc");
+
+    let tmp = TempDir::new("enable-nri-ns");
+    let work = tmp.0.join("host");
+    std::fs::create_dir_all(&work).unwrap();
+    let cfg = work.join("config.toml");
+    std::fs::write(
+        &cfg,
+        "version = 2\n[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = true\n",
+    )
+    .unwrap();
+    let marker = work.join("restarted");
+    let mut stand_in = Command::new("sleep").arg("60").spawn().expect("sleep");
+    let pid = stand_in.id();
+    let script = workspace_root().join("charts/kunpeng-tap/files/enable-nri.sh");
+    // Not remounting /proc inside keeps the host's procfs visible there, as the hostPath does.
+    let cmd = rendered
+        .replace("/host/proc/1/", &format!("/proc/{pid}/"))
+        .replace("/scripts/enable-nri.sh", &script.to_string_lossy());
+    let out = run({
+        let mut c = Command::new("unshare");
+        c.args([
+            "--pid",
+            "--fork",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+        ])
+        .arg(format!(
+            "mount -t tmpfs none '{w}' && test ! -e '{w}/config.toml' && {cmd}",
+            w = work.display()
+        ))
+        .env("CONTAINERD_CONFIG", &cfg)
+        .env(
+            "RESTART_COMMAND",
+            format!(
+                "echo $(readlink /proc/self/ns/mnt) $(readlink /proc/self/ns/pid) > '{}'",
+                marker.display()
+            ),
+        );
+        c
+    });
+    let _ = stand_in.kill();
+    let _ = stand_in.wait();
+    assert!(
+        out.status.success(),
+        "{cmd}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let edited = std::fs::read_to_string(&cfg).unwrap();
+    assert!(
+        edited.contains("disable = false"),
+        "the host's config was not edited:\n{edited}"
+    );
+    let seen = std::fs::read_to_string(&marker).expect("restart command ran on the host");
+    let ns = |kind: &str| std::fs::read_link(format!("/proc/self/ns/{kind}")).unwrap();
+    let seen: Vec<&str> = seen.split_whitespace().collect();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(
+        seen[0],
+        ns("mnt").to_string_lossy(),
+        "restart not in the host mount namespace"
+    );
+    assert_ne!(
+        seen[1],
+        ns("pid").to_string_lossy(),
+        "the test did not run it in a PID namespace of its own"
     );
 }
 
