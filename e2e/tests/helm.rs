@@ -333,27 +333,148 @@ fn value_sets_change_what_is_rendered() {
         assert_eq!(s["spec"]["endpoints"][0]["path"], "/metrics");
     }
 
-    // Nonsense values fail at render time with a message saying what to use.
-    for (set, msg) in [
-        (
-            "agent.flags.containerRuntimeMode=crio",
-            "use NRI, Containerd or Docker",
-        ),
-        (
-            "agent.flags.resourcePolicy=best",
-            "use topology-aware or numa-aware",
-        ),
-        ("agent.flags.nriPluginIndex=7", "two digits"),
-        (
-            "operator.leaderElection.enabled=false",
-            "needs operator.leaderElection.enabled=true",
-        ),
-    ] {
+    // Nonsense values fail at render time with a message saying what to use (the schema's
+    // checks are in values_schema_refuses_bad_values).
+    for (set, msg) in [(
+        "operator.leaderElection.enabled=false",
+        "needs operator.leaderElection.enabled=true",
+    )] {
         let mut c = helm();
         c.args(["template", RELEASE, &chart(), "--set", set]);
         let out = run(c);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(msg), "{set}: {err}");
+    }
+}
+
+/// `helm lint --strict` and `helm template` of the chart with `sets`: (lint ok, template ok,
+/// both outputs).
+fn lint_and_template(sets: &[&str]) -> (bool, bool, String) {
+    let mut lint = helm();
+    lint.args(["lint", "--strict", &chart(), "--namespace", NS]);
+    let mut tmpl = helm();
+    tmpl.args(["template", RELEASE, &chart(), "--namespace", NS]);
+    for s in sets {
+        lint.args(["--set", s]);
+        tmpl.args(["--set", s]);
+    }
+    let (l, t) = (run(lint), run(tmpl));
+    let text = |o: &Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    (
+        l.status.success(),
+        t.status.success(),
+        format!("lint: {}\ntemplate: {}", text(&l), text(&t)),
+    )
+}
+
+/// values.schema.json: misspelt keys, wrong types and malformed values are refused by the real
+/// `helm lint` and `helm template` (instead of rendering silently), each naming the value;
+/// good value sets still pass both.
+#[test]
+fn values_schema_refuses_bad_values() {
+    if skip_unless_enabled("values_schema_refuses_bad_values") {
+        return;
+    }
+    for (set, needle) in [
+        // The three of issue 14: a typo, a word for a number, a malformed CPU list.
+        (
+            "agent.flags.resourcPolicy=numa-aware",
+            "additional properties 'resourcPolicy' not allowed",
+        ),
+        ("operator.replicas=two", "/operator/replicas"),
+        (
+            "agent.flags.reservedCpus=0-1;3",
+            "/agent/flags/reservedCpus",
+        ),
+        (
+            "agent.flags.resourcePolicy=best",
+            "/agent/flags/resourcePolicy",
+        ),
+        (
+            "agent.flags.resourcePriority=io-first",
+            "/agent/flags/resourcePriority",
+        ),
+        (
+            "agent.flags.containerRuntimeMode=crio",
+            "/agent/flags/containerRuntimeMode",
+        ),
+        (
+            "agent.flags.nriPluginIndex=7",
+            "/agent/flags/nriPluginIndex",
+        ),
+        ("agent.flags.logFormat=xml", "/agent/flags/logFormat"),
+        (
+            "agent.flags.gracefulTimeout=soon",
+            "/agent/flags/gracefulTimeout",
+        ),
+        (
+            "agent.flags.metricsBindAddress=9091",
+            "/agent/flags/metricsBindAddress",
+        ),
+        (
+            "agent.flags.exclusiveCpus=maybe",
+            "/agent/flags/exclusiveCpus",
+        ),
+        (
+            "agent.image.pullPolicy=Sometimes",
+            "/agent/image/pullPolicy",
+        ),
+        ("operator.metricsPort=http", "/operator/metricsPort"),
+        ("operator.replicas=-1", "/operator/replicas"),
+        (
+            "operator.leaderElection.leaseDuration=15",
+            "/operator/leaderElection/leaseDuration",
+        ),
+        (
+            "agnet.enabled=false",
+            "additional properties 'agnet' not allowed",
+        ),
+        (
+            "metrics.serviceMonitor.enable=true",
+            "additional properties 'enable' not allowed",
+        ),
+    ] {
+        let (lint_ok, template_ok, out) = lint_and_template(&[set]);
+        assert!(!lint_ok, "helm lint accepted {set}:\n{out}");
+        assert!(!template_ok, "helm template accepted {set}:\n{out}");
+        assert!(
+            out.matches(needle).count() >= 2,
+            "{set}: both should name {needle:?}:\n{out}"
+        );
+        eprintln!("refused {set}");
+    }
+    for sets in [
+        vec![],
+        vec!["agent.flags.reservedCpus=0-1\\,8", "operator.replicas=3"],
+        vec![
+            "agent.flags.reservedCpus=3",
+            "agent.flags.nriPluginIndex=20",
+        ],
+        vec![
+            "agent.flags.containerRuntimeMode=docker",
+            "agent.flags.socketGroup=1000",
+        ],
+        vec![
+            "agent.flags.resourcePolicy=numa-aware",
+            "agent.flags.gracefulTimeout=1m30s",
+        ],
+        vec![
+            "agent.flags.metricsBindAddress=0.0.0.0:9100",
+            "agent.flags.verbose=5",
+        ],
+        vec![
+            "operator.leaderElection.enabled=false",
+            "operator.replicas=1",
+        ],
+    ] {
+        let (lint_ok, template_ok, out) = lint_and_template(&sets);
+        assert!(lint_ok && template_ok, "{sets:?} refused:\n{out}");
     }
 }
 
