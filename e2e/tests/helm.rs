@@ -62,6 +62,7 @@ fn chart_lints_clean_with_each_value_set() {
         vec!["agent.flags.containerRuntimeMode=Containerd"],
         vec!["agent.flags.containerRuntimeMode=Docker,agent.flags.containerRuntimeServiceEndpoint=/var/run/docker.sock"],
         vec!["metrics.serviceMonitor.enabled=true", "agent.flags.metricsBindAddress="],
+        vec!["metrics.podMonitor.enabled=true", "metrics.podMonitor.namespace=monitoring"],
         vec!["operator.enabled=false", "rbac.create=false"],
     ] {
         let mut c = helm();
@@ -351,6 +352,111 @@ fn value_sets_change_what_is_rendered() {
     );
 }
 
+/// The prometheus-operator objects: a ServiceMonitor or (the alternative) a PodMonitor per
+/// component, each relabelling the scraped Pod's node into a `node` label, in the release
+/// namespace or the override, always selecting the release namespace's objects.
+#[test]
+fn monitors_add_a_node_label_and_follow_the_namespace_override() {
+    if skip_unless_enabled("monitors_add_a_node_label_and_follow_the_namespace_override") {
+        return;
+    }
+    let node_relabel = json!([{
+        "action": "replace",
+        "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+        "targetLabel": "node",
+    }]);
+    for (kind, endpoints, sets) in [
+        (
+            "ServiceMonitor",
+            "endpoints",
+            vec!["metrics.serviceMonitor.enabled=true"],
+        ),
+        (
+            "ServiceMonitor",
+            "endpoints",
+            vec![
+                "metrics.serviceMonitor.enabled=true",
+                "metrics.serviceMonitor.namespace=monitoring",
+                "metrics.serviceMonitor.interval=15s",
+            ],
+        ),
+        (
+            "PodMonitor",
+            "podMetricsEndpoints",
+            vec!["metrics.podMonitor.enabled=true"],
+        ),
+        (
+            "PodMonitor",
+            "podMetricsEndpoints",
+            vec![
+                "metrics.podMonitor.enabled=true",
+                "metrics.podMonitor.namespace=monitoring",
+                "metrics.podMonitor.labels.release=prom",
+            ],
+        ),
+    ] {
+        let objs = render(&sets);
+        let want_ns = if sets.iter().any(|s| s.contains("namespace=monitoring")) {
+            "monitoring"
+        } else {
+            NS
+        };
+        let monitors: Vec<&Value> = objs
+            .iter()
+            .filter(|o| o["kind"] == "ServiceMonitor" || o["kind"] == "PodMonitor")
+            .collect();
+        assert_eq!(monitors.len(), 2, "{sets:?}: one per component");
+        let mut components = Vec::new();
+        for m in monitors {
+            assert_eq!(m["kind"], kind, "{sets:?}");
+            assert_eq!(m["apiVersion"], "monitoring.coreos.com/v1");
+            assert_eq!(m["metadata"]["namespace"], want_ns, "{sets:?}");
+            assert_eq!(m["spec"]["namespaceSelector"]["matchNames"], json!([NS]));
+            let component = m["metadata"]["labels"]["app.kubernetes.io/component"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            assert_eq!(
+                m["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
+                component.as_str()
+            );
+            let ep = &m["spec"][endpoints][0];
+            assert_eq!(ep["port"], "metrics", "{sets:?}");
+            assert_eq!(ep["path"], "/metrics");
+            assert_eq!(ep["relabelings"], node_relabel, "{sets:?}");
+            if sets.iter().any(|s| s.contains("interval=15s")) {
+                assert_eq!(ep["interval"], "15s");
+            }
+            if sets.iter().any(|s| s.contains("release=prom")) {
+                assert_eq!(m["metadata"]["labels"]["release"], "prom");
+            }
+            components.push(component);
+        }
+        components.sort();
+        assert_eq!(components, ["agent", "operator"]);
+        // The port the monitors name exists on both workloads' Pods (and the Services).
+        for workload in ["DaemonSet", "Deployment"] {
+            let c = &one(&objs, workload)["spec"]["template"]["spec"]["containers"][0];
+            assert_eq!(c["ports"][0]["name"], "metrics", "{workload}");
+        }
+    }
+    // Both at once would scrape every target twice.
+    let mut c = helm();
+    c.args(["template", RELEASE, &chart()]).args([
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.podMonitor.enabled=true",
+    ]);
+    let out = run(c);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("choose one"), "{err}");
+    // Off by default.
+    assert!(!render(&[])
+        .iter()
+        .any(|o| o["kind"] == "ServiceMonitor" || o["kind"] == "PodMonitor"));
+}
+
 /// `helm lint --strict` and `helm template` of the chart with `sets`: (lint ok, template ok,
 /// both outputs).
 fn lint_and_template(sets: &[&str]) -> (bool, bool, String) {
@@ -442,6 +548,10 @@ fn values_schema_refuses_bad_values() {
         (
             "metrics.serviceMonitor.enable=true",
             "additional properties 'enable' not allowed",
+        ),
+        (
+            "metrics.podMonitor.interval=30",
+            "/metrics/podMonitor/interval",
         ),
     ] {
         let (lint_ok, template_ok, out) = lint_and_template(&[set]);
