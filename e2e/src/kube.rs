@@ -397,9 +397,28 @@ impl KubeCluster {
 
     /// Runs kubectl as admin with `input` on stdin; fails unless it succeeds.
     pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> Result<String> {
+        let out = self.kubectl_stdin_as(&self.kubeconfig, args, input)?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Runs kubectl with `kubeconfig` and `input` on stdin; its output, whatever the status.
+    pub fn kubectl_stdin_as(
+        &self,
+        kubeconfig: &Path,
+        args: &[&str],
+        input: &str,
+    ) -> Result<Output> {
         use std::io::Write;
         let mut child = Command::new(kubectl_bin())
-            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg("--request-timeout=10s")
             .args(args)
             .stdin(Stdio::piped())
@@ -410,16 +429,21 @@ impl KubeCluster {
         if let Some(mut stdin) = child.stdin.take() {
             stdin.write_all(input.as_bytes())?;
         }
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {}: {}{}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        Ok(child.wait_with_output()?)
+    }
+
+    /// A kubeconfig authenticating with a bearer `token` (e.g. one from `kubectl create token`,
+    /// the TokenRequest API).
+    pub fn kubeconfig_with_token(&self, file_stem: &str, token: &str) -> Result<PathBuf> {
+        let path = self.dir.join(format!("{file_stem}.kubeconfig"));
+        let body = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: https://{host}:{port}\n    certificate-authority: {ca}\nusers:\n- name: {file_stem}\n  user:\n    token: {token}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: {file_stem}\ncurrent-context: e2e\n",
+            host = self.host,
+            port = self.port,
+            ca = self.dir.join("pki").join("ca.crt").display(),
+        );
+        std::fs::write(&path, body)?;
+        Ok(path)
     }
 
     /// `kubectl ... -o json` parsed; `None` when the object is not found.

@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod containerd;
 pub mod docker;
+pub mod helm;
 pub mod images;
 pub mod kube;
 pub mod util;

@@ -182,6 +182,19 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
         .contains_key(GRANT_KEY));
     assert_eq!(agent.accounted_on("numa")?, 2);
 
+    // The proxy mode's metrics: the proxy gauge says it serves, the build info the mode.
+    let m = agent.metrics()?;
+    assert!(
+        m.lines().any(|l| l == "tap_proxy_up 1"),
+        "tap_proxy_up:\n{m}"
+    );
+    assert!(
+        m.lines().any(|l| l.starts_with("tap_build_info{")
+            && l.contains("mode=\"Containerd\"")
+            && l.ends_with(" 1")),
+        "tap_build_info:\n{m}"
+    );
+
     // UpdateContainerResources through the proxy: re-placed for 8/16.
     let mut r = ContainerSpec::cpus("app", 8000, Some(16000)).resources();
     r.cpuset_cpus = String::new();

@@ -7,79 +7,16 @@
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use tap_e2e::helm::{chart, docs, helm, ok, run, template_in};
 use tap_e2e::kube::{kubectl_bin, KubeCluster};
 use tap_e2e::util::{skip_unless_enabled, workspace_root};
 
 const NS: &str = "kunpeng-tap";
 const RELEASE: &str = "tap";
 
-fn helm_bin() -> PathBuf {
-    let p = std::env::var_os("TAP_HELM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/kunpeng-tap/bin/helm"));
-    assert!(
-        p.exists(),
-        "{} not found: run hack/e2e/setup-helm.sh",
-        p.display()
-    );
-    p
-}
-
-fn chart() -> String {
-    workspace_root()
-        .join("charts/kunpeng-tap")
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// A private HELM_* home so the machine's helm config and cache are never touched.
-fn helm() -> Command {
-    let mut c = Command::new(helm_bin());
-    let home = std::env::temp_dir().join(format!("tap-e2e-helm-home-{}", std::process::id()));
-    c.env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_DATA_HOME", home.join("data"));
-    c
-}
-
-fn run(mut c: Command) -> Output {
-    c.output().unwrap_or_else(|e| panic!("running {c:?}: {e}"))
-}
-
-fn ok(c: Command) -> String {
-    let desc = format!("{c:?}");
-    let out = run(c);
-    assert!(
-        out.status.success(),
-        "{desc} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `helm template` with `--set` values; the YAML text.
+/// `helm template` of the release `tap` in `kunpeng-tap`; the YAML text.
 fn template_text(sets: &[&str], extra: &[&str]) -> String {
-    let mut c = helm();
-    c.args(["template", RELEASE, &chart(), "--namespace", NS]);
-    for s in sets {
-        c.args(["--set", s]);
-    }
-    c.args(extra);
-    ok(c)
-}
-
-/// Every document of a multi-document YAML text, as JSON values (empty ones dropped).
-fn docs(yaml: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(yaml)
-        .filter_map(|d| {
-            let v: serde_yaml::Value =
-                serde::Deserialize::deserialize(d).expect("rendered YAML parses");
-            let j: Value = serde_json::to_value(v).expect("YAML to JSON");
-            (!j.is_null()).then_some(j)
-        })
-        .collect()
+    template_in(RELEASE, NS, sets, extra)
 }
 
 fn render(sets: &[&str]) -> Vec<Value> {
@@ -125,6 +62,7 @@ fn chart_lints_clean_with_each_value_set() {
         vec!["agent.flags.containerRuntimeMode=Containerd"],
         vec!["agent.flags.containerRuntimeMode=Docker,agent.flags.containerRuntimeServiceEndpoint=/var/run/docker.sock"],
         vec!["metrics.serviceMonitor.enabled=true", "agent.flags.metricsBindAddress="],
+        vec!["metrics.podMonitor.enabled=true", "metrics.podMonitor.namespace=monitoring"],
         vec!["operator.enabled=false", "rbac.create=false"],
     ] {
         let mut c = helm();
@@ -160,13 +98,20 @@ fn default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator
             "Service",
             "Service",
             "ServiceAccount",
-            "ServiceAccount"
+            "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding"
         ]
     );
     for o in &objs {
         let ns = &o["metadata"]["namespace"];
-        let cluster_scoped =
-            ["ClusterRole", "ClusterRoleBinding"].contains(&o["kind"].as_str().unwrap());
+        let cluster_scoped = [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ]
+        .contains(&o["kind"].as_str().unwrap());
         assert_eq!(ns.is_null(), cluster_scoped, "namespace of {o}");
         if !cluster_scoped {
             assert_eq!(ns, NS);
@@ -310,18 +255,29 @@ fn value_sets_change_what_is_rendered() {
     }
     assert_eq!(c["image"], "kunpeng-tap/kunpeng-tap-agent:dev");
 
-    // The opt-in NRI enabler: a privileged init container in the host PID namespace running
-    // the chart's script from a ConfigMap.
+    // The opt-in NRI enabler: a privileged init container entering the host's namespaces
+    // through the host's /proc (only it mounts it), running the chart's script from a
+    // ConfigMap; the Pod gets no hostPID.
     let objs = render(&["agent.enableNri.enabled=true"]);
     let pod = &one(&objs, "DaemonSet")["spec"]["template"]["spec"];
-    assert_eq!(pod["hostPID"], true);
+    assert!(pod["hostPID"].is_null(), "hostPID: {}", pod["hostPID"]);
     let init = &pod["initContainers"][0];
     assert_eq!(init["name"], "enable-nri");
     assert_eq!(init["securityContext"]["privileged"], true);
     assert!(init["command"][2]
         .as_str()
         .unwrap()
-        .contains("nsenter -t 1 -m -u -i -n -p -- sh -s < /scripts/enable-nri.sh"));
+        .contains("nsenter --mount=/host/proc/1/ns/mnt"));
+    assert!(init["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["name"] == "host-proc" && m["mountPath"] == "/host/proc"));
+    assert!(!pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["name"] == "host-proc"));
     let cm = one(&objs, "ConfigMap");
     let script =
         std::fs::read_to_string(workspace_root().join("charts/kunpeng-tap/files/enable-nri.sh"))
@@ -378,27 +334,261 @@ fn value_sets_change_what_is_rendered() {
         assert_eq!(s["spec"]["endpoints"][0]["path"], "/metrics");
     }
 
-    // Nonsense values fail at render time with a message saying what to use.
-    for (set, msg) in [
+    // What the schema cannot see fails at render time with a message saying what to do (the
+    // schema's checks are in values_schema_refuses_bad_values).
+    let mut c = helm();
+    c.args([
+        "template",
+        RELEASE,
+        &chart(),
+        "--set",
+        "operator.leaderElection.enabled=false",
+    ]);
+    let out = run(c);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("needs operator.leaderElection.enabled=true"),
+        "{err}"
+    );
+}
+
+/// The prometheus-operator objects: a ServiceMonitor or (the alternative) a PodMonitor per
+/// component, each relabelling the scraped Pod's node into a `node` label, in the release
+/// namespace or the override, always selecting the release namespace's objects.
+#[test]
+fn monitors_add_a_node_label_and_follow_the_namespace_override() {
+    if skip_unless_enabled("monitors_add_a_node_label_and_follow_the_namespace_override") {
+        return;
+    }
+    let node_relabel = json!([{
+        "action": "replace",
+        "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+        "targetLabel": "node",
+    }]);
+    for (kind, endpoints, sets) in [
         (
-            "agent.flags.containerRuntimeMode=crio",
-            "use NRI, Containerd or Docker",
+            "ServiceMonitor",
+            "endpoints",
+            vec!["metrics.serviceMonitor.enabled=true"],
+        ),
+        (
+            "ServiceMonitor",
+            "endpoints",
+            vec![
+                "metrics.serviceMonitor.enabled=true",
+                "metrics.serviceMonitor.namespace=monitoring",
+                "metrics.serviceMonitor.interval=15s",
+            ],
+        ),
+        (
+            "PodMonitor",
+            "podMetricsEndpoints",
+            vec!["metrics.podMonitor.enabled=true"],
+        ),
+        (
+            "PodMonitor",
+            "podMetricsEndpoints",
+            vec![
+                "metrics.podMonitor.enabled=true",
+                "metrics.podMonitor.namespace=monitoring",
+                "metrics.podMonitor.labels.release=prom",
+            ],
+        ),
+    ] {
+        let objs = render(&sets);
+        let want_ns = if sets.iter().any(|s| s.contains("namespace=monitoring")) {
+            "monitoring"
+        } else {
+            NS
+        };
+        let monitors: Vec<&Value> = objs
+            .iter()
+            .filter(|o| o["kind"] == "ServiceMonitor" || o["kind"] == "PodMonitor")
+            .collect();
+        assert_eq!(monitors.len(), 2, "{sets:?}: one per component");
+        let mut components = Vec::new();
+        for m in monitors {
+            assert_eq!(m["kind"], kind, "{sets:?}");
+            assert_eq!(m["apiVersion"], "monitoring.coreos.com/v1");
+            assert_eq!(m["metadata"]["namespace"], want_ns, "{sets:?}");
+            assert_eq!(m["spec"]["namespaceSelector"]["matchNames"], json!([NS]));
+            let component = m["metadata"]["labels"]["app.kubernetes.io/component"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            assert_eq!(
+                m["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
+                component.as_str()
+            );
+            let ep = &m["spec"][endpoints][0];
+            assert_eq!(ep["port"], "metrics", "{sets:?}");
+            assert_eq!(ep["path"], "/metrics");
+            assert_eq!(ep["relabelings"], node_relabel, "{sets:?}");
+            if sets.iter().any(|s| s.contains("interval=15s")) {
+                assert_eq!(ep["interval"], "15s");
+            }
+            if sets.iter().any(|s| s.contains("release=prom")) {
+                assert_eq!(m["metadata"]["labels"]["release"], "prom");
+            }
+            components.push(component);
+        }
+        components.sort();
+        assert_eq!(components, ["agent", "operator"]);
+        // The port the monitors name exists on both workloads' Pods (and the Services).
+        for workload in ["DaemonSet", "Deployment"] {
+            let c = &one(&objs, workload)["spec"]["template"]["spec"]["containers"][0];
+            assert_eq!(c["ports"][0]["name"], "metrics", "{workload}");
+        }
+    }
+    // Both at once would scrape every target twice.
+    let mut c = helm();
+    c.args(["template", RELEASE, &chart()]).args([
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.podMonitor.enabled=true",
+    ]);
+    let out = run(c);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("choose one"), "{err}");
+    // Off by default.
+    assert!(!render(&[])
+        .iter()
+        .any(|o| o["kind"] == "ServiceMonitor" || o["kind"] == "PodMonitor"));
+}
+
+/// `helm lint --strict` and `helm template` of the chart with `sets`: (lint ok, template ok,
+/// both outputs).
+fn lint_and_template(sets: &[&str]) -> (bool, bool, String) {
+    let mut lint = helm();
+    lint.args(["lint", "--strict", &chart(), "--namespace", NS]);
+    let mut tmpl = helm();
+    tmpl.args(["template", RELEASE, &chart(), "--namespace", NS]);
+    for s in sets {
+        lint.args(["--set", s]);
+        tmpl.args(["--set", s]);
+    }
+    let (l, t) = (run(lint), run(tmpl));
+    let text = |o: &Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    (
+        l.status.success(),
+        t.status.success(),
+        format!("lint: {}\ntemplate: {}", text(&l), text(&t)),
+    )
+}
+
+/// values.schema.json: misspelt keys, wrong types and malformed values are refused by the real
+/// `helm lint` and `helm template` (instead of rendering silently), each naming the value;
+/// good value sets still pass both.
+#[test]
+fn values_schema_refuses_bad_values() {
+    if skip_unless_enabled("values_schema_refuses_bad_values") {
+        return;
+    }
+    for (set, needle) in [
+        // The three of issue 14: a typo, a word for a number, a malformed CPU list.
+        (
+            "agent.flags.resourcPolicy=numa-aware",
+            "additional properties 'resourcPolicy' not allowed",
+        ),
+        ("operator.replicas=two", "/operator/replicas"),
+        (
+            "agent.flags.reservedCpus=0-1;3",
+            "/agent/flags/reservedCpus",
         ),
         (
             "agent.flags.resourcePolicy=best",
-            "use topology-aware or numa-aware",
+            "/agent/flags/resourcePolicy",
         ),
-        ("agent.flags.nriPluginIndex=7", "two digits"),
         (
-            "operator.leaderElection.enabled=false",
-            "needs operator.leaderElection.enabled=true",
+            "agent.flags.resourcePriority=io-first",
+            "/agent/flags/resourcePriority",
+        ),
+        (
+            "agent.flags.containerRuntimeMode=crio",
+            "/agent/flags/containerRuntimeMode",
+        ),
+        (
+            "agent.flags.nriPluginIndex=7",
+            "/agent/flags/nriPluginIndex",
+        ),
+        ("agent.flags.logFormat=xml", "/agent/flags/logFormat"),
+        (
+            "agent.flags.gracefulTimeout=soon",
+            "/agent/flags/gracefulTimeout",
+        ),
+        (
+            "agent.flags.metricsBindAddress=9091",
+            "/agent/flags/metricsBindAddress",
+        ),
+        (
+            "agent.flags.exclusiveCpus=maybe",
+            "/agent/flags/exclusiveCpus",
+        ),
+        (
+            "agent.image.pullPolicy=Sometimes",
+            "/agent/image/pullPolicy",
+        ),
+        ("operator.metricsPort=http", "/operator/metricsPort"),
+        ("operator.replicas=-1", "/operator/replicas"),
+        (
+            "operator.leaderElection.leaseDuration=15",
+            "/operator/leaderElection/leaseDuration",
+        ),
+        (
+            "agnet.enabled=false",
+            "additional properties 'agnet' not allowed",
+        ),
+        (
+            "metrics.serviceMonitor.enable=true",
+            "additional properties 'enable' not allowed",
+        ),
+        (
+            "metrics.podMonitor.interval=30",
+            "/metrics/podMonitor/interval",
         ),
     ] {
-        let mut c = helm();
-        c.args(["template", RELEASE, &chart(), "--set", set]);
-        let out = run(c);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(msg), "{set}: {err}");
+        let (lint_ok, template_ok, out) = lint_and_template(&[set]);
+        assert!(!lint_ok, "helm lint accepted {set}:\n{out}");
+        assert!(!template_ok, "helm template accepted {set}:\n{out}");
+        assert!(
+            out.matches(needle).count() >= 2,
+            "{set}: both should name {needle:?}:\n{out}"
+        );
+        eprintln!("refused {set}");
+    }
+    for sets in [
+        vec![],
+        vec!["agent.flags.reservedCpus=0-1\\,8", "operator.replicas=3"],
+        vec![
+            "agent.flags.reservedCpus=3",
+            "agent.flags.nriPluginIndex=20",
+        ],
+        vec![
+            "agent.flags.containerRuntimeMode=docker",
+            "agent.flags.socketGroup=1000",
+        ],
+        vec![
+            "agent.flags.resourcePolicy=numa-aware",
+            "agent.flags.gracefulTimeout=1m30s",
+        ],
+        vec![
+            "agent.flags.metricsBindAddress=0.0.0.0:9100",
+            "agent.flags.verbose=5",
+        ],
+        vec![
+            "operator.leaderElection.enabled=false",
+            "operator.replicas=1",
+        ],
+    ] {
+        let (lint_ok, template_ok, out) = lint_and_template(&sets);
+        assert!(lint_ok && template_ok, "{sets:?} refused:\n{out}");
     }
 }
 
@@ -585,6 +775,102 @@ fn enable_nri_script_turns_on_nri_in_a_real_containerd_1_7() {
         nri_socket_appears(&dir, &cfg, "after"),
         "no NRI socket after enable-nri.sh:\n{}",
         std::fs::read_to_string(dir.join("after.log")).unwrap_or_default()
+    );
+}
+
+/// The enable-NRI init container's command as the chart renders it, run the way a container
+/// without hostPID runs it: in a new PID namespace and a new mount namespace (where a tmpfs
+/// hides the work dir), with the host's /proc where the chart mounts it. A stand-in process of
+/// this test plays the host's PID 1 (the sandbox may not let a test read the real PID 1's
+/// namespaces). The script must edit the config in the host's mount namespace, and its restart
+/// command must run there while staying in the container's PID namespace.
+#[test]
+fn enable_nri_init_command_reaches_the_host_without_host_pid() {
+    if skip_unless_enabled("enable_nri_init_command_reaches_the_host_without_host_pid") {
+        return;
+    }
+    let objs = render(&["agent.enableNri.enabled=true"]);
+    let pod = &one(&objs, "DaemonSet")["spec"]["template"]["spec"];
+    assert!(pod["hostPID"].is_null());
+    let init = &pod["initContainers"][0];
+    assert_eq!(init["command"][0], "sh");
+    let rendered = init["command"][2].as_str().unwrap().to_string();
+    let host_proc = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "host-proc")
+        .expect("host-proc volume");
+    assert_eq!(host_proc["hostPath"]["path"], "/proc");
+
+    let tmp = TempDir::new("enable-nri-ns");
+    let work = tmp.0.join("host");
+    std::fs::create_dir_all(&work).unwrap();
+    let cfg = work.join("config.toml");
+    std::fs::write(
+        &cfg,
+        "version = 2\n[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = true\n",
+    )
+    .unwrap();
+    let marker = work.join("restarted");
+    let mut stand_in = Command::new("sleep").arg("60").spawn().expect("sleep");
+    let pid = stand_in.id();
+    let script = workspace_root().join("charts/kunpeng-tap/files/enable-nri.sh");
+    // Not remounting /proc inside keeps the host's procfs visible there, as the hostPath does.
+    let cmd = rendered
+        .replace("/host/proc/1/", &format!("/proc/{pid}/"))
+        .replace("/scripts/enable-nri.sh", &script.to_string_lossy());
+    let out = run({
+        let mut c = Command::new("unshare");
+        c.args([
+            "--pid",
+            "--fork",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+        ])
+        .arg(format!(
+            "mount -t tmpfs none '{w}' && test ! -e '{w}/config.toml' && {cmd}",
+            w = work.display()
+        ))
+        .env("CONTAINERD_CONFIG", &cfg)
+        .env(
+            "RESTART_COMMAND",
+            format!(
+                "echo $(readlink /proc/self/ns/mnt) $(readlink /proc/self/ns/pid) > '{}'",
+                marker.display()
+            ),
+        );
+        c
+    });
+    let _ = stand_in.kill();
+    let _ = stand_in.wait();
+    assert!(
+        out.status.success(),
+        "{cmd}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let edited = std::fs::read_to_string(&cfg).unwrap();
+    assert!(
+        edited.contains("disable = false"),
+        "the host's config was not edited:\n{edited}"
+    );
+    let seen = std::fs::read_to_string(&marker).expect("restart command ran on the host");
+    let ns = |kind: &str| std::fs::read_link(format!("/proc/self/ns/{kind}")).unwrap();
+    let seen: Vec<&str> = seen.split_whitespace().collect();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(
+        seen[0],
+        ns("mnt").to_string_lossy(),
+        "restart not in the host mount namespace"
+    );
+    assert_ne!(
+        seen[1],
+        ns("pid").to_string_lossy(),
+        "the test did not run it in a PID namespace of its own"
     );
 }
 

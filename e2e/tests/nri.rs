@@ -442,6 +442,23 @@ async fn nri_places_containers_through_containerd() {
             && !l.ends_with(" 0")),
         "the bad annotation is counted:\n{m}"
     );
+    // What an alert sees in NRI mode: the build info, no proxy gauge (there is no proxy), and
+    // no cluster zones (the fixture has 24 clusters, cluster affinity is off).
+    assert!(
+        m.lines().any(|l| l.starts_with("tap_build_info{")
+            && l.contains("mode=\"NRI\"")
+            && l.contains("policy=\"topology-aware\"")
+            && l.ends_with(" 1")),
+        "tap_build_info:\n{m}"
+    );
+    assert!(
+        !m.contains("tap_proxy_up"),
+        "tap_proxy_up in NRI mode:\n{m}"
+    );
+    assert!(
+        m.contains("level=\"numa\"") && !m.contains("level=\"cluster\""),
+        "zones without cluster affinity:\n{m}"
+    );
 
     // UpdateContainer: new resources re-place the container (8/8 now), the usage follows.
     let before: f64 = agent.numa_usage().unwrap().values().sum();

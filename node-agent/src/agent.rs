@@ -106,8 +106,14 @@ impl Agent {
         let engine = Arc::new(Mutex::new(engine));
         let weak = Arc::downgrade(&engine);
         metrics.set_usage_source(Box::new(move || match weak.upgrade() {
-            Some(e) => e.lock().unwrap_or_else(|p| p.into_inner()).pool_status(),
-            None => Vec::new(),
+            Some(e) => {
+                let e = e.lock().unwrap_or_else(|p| p.into_inner());
+                crate::metrics::EngineFigures {
+                    pools: e.pool_status(),
+                    config: e.config().clone(),
+                }
+            }
+            None => crate::metrics::EngineFigures::default(),
         }));
         Agent {
             engine,

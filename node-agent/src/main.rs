@@ -47,7 +47,7 @@ fn run(flags: Flags) -> anyhow::Result<()> {
     } else {
         None
     };
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::for_mode(flags.container_runtime_mode.as_str()));
     let engine = Engine::new(topo.clone(), flags.engine_config());
     let agent = Arc::new(Agent::new(
         engine,

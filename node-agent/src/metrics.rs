@@ -1,5 +1,9 @@
 //! Prometheus metrics of the agent (the reference's names kept) and the HTTP endpoint that
 //! serves them with `/healthz` and `/readyz`.
+//!
+//! What is registered depends on the runtime mode ([`Metrics::for_mode`]): `tap_proxy_up` only
+//! in the proxy modes (Docker, Containerd). The per-zone gauges and `tap_build_info` are read
+//! from the engine at scrape time; cluster-level zones appear only while cluster affinity is on.
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
@@ -16,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tap_engine::engine::PoolStatus;
+use tap_engine::{EngineConfig, Level};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HookLabels {
@@ -41,6 +46,13 @@ pub struct ErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    mode: String,
+    policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PlacementLabels {
     pub level: String,
     pub exclusive: String,
@@ -53,6 +65,7 @@ fn latency_histogram() -> Histogram {
 
 pub struct Metrics {
     registry: Registry,
+    /// `tap_proxy_up`; registered (exported) only in the proxy modes.
     pub proxy_up: Gauge,
     pub proxy_request_duration: Family<MethodLabels, Histogram>,
     pub hook_request_duration: Family<HookLabels, Histogram>,
@@ -64,8 +77,22 @@ pub struct Metrics {
     ready: AtomicBool,
 }
 
-/// Reads the per-pool figures (capacity, usage, containers) when they are scraped.
-pub type UsageFn = dyn Fn() -> Vec<PoolStatus> + Send + Sync;
+/// What a scrape reads from the engine: the per-pool figures (capacity, usage, containers)
+/// and the configuration in force (policy, cluster affinity).
+#[derive(Debug, Clone, Default)]
+pub struct EngineFigures {
+    pub pools: Vec<PoolStatus>,
+    pub config: EngineConfig,
+}
+
+/// Reads the engine's figures when they are scraped.
+pub type UsageFn = dyn Fn() -> EngineFigures + Send + Sync;
+
+/// Whether `mode` (`--container-runtime-mode`, any case) is a proxy mode, where
+/// `tap_proxy_up` means something.
+pub fn is_proxy_mode(mode: &str) -> bool {
+    mode.eq_ignore_ascii_case("docker") || mode.eq_ignore_ascii_case("containerd")
+}
 
 #[derive(Clone, Default)]
 struct UsageSource(Arc<OnceLock<Box<UsageFn>>>);
@@ -76,14 +103,42 @@ impl std::fmt::Debug for UsageSource {
     }
 }
 
-/// `tap_topology_node_{capacity,usage,container_count}`, computed from the engine's state on
-/// each scrape rather than on every hook.
+/// `tap_topology_node_{capacity,usage,container_count}` and `tap_build_info`, computed from
+/// the engine's state on each scrape rather than on every hook.
 #[derive(Debug)]
-struct UsageCollector(UsageSource);
+struct UsageCollector {
+    source: UsageSource,
+    mode: String,
+}
 
 impl Collector for UsageCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let pools = self.0 .0.get().map(|f| f()).unwrap_or_default();
+        let figures = self.source.0.get().map(|f| f());
+        let mut family = encoder.encode_descriptor(
+            "tap_build_info",
+            "Always 1: the agent's version, runtime mode and the placement policy in force",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(1i64).encode(
+            family.encode_family(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                mode: self.mode.clone(),
+                policy: figures
+                    .as_ref()
+                    .map(|f| f.config.policy.as_str().to_string())
+                    .unwrap_or_default(),
+            })?,
+        )?;
+        let (pools, cluster_affinity) = figures
+            .map(|f| (f.pools, f.config.cluster_affinity))
+            .unwrap_or_default();
+        // Cluster pools hold containers only with cluster affinity; without it their series
+        // would only repeat their NUMA node's CPUs.
+        let pools: Vec<PoolStatus> = pools
+            .into_iter()
+            .filter(|p| cluster_affinity || p.level != Level::Cluster)
+            .collect();
         let labels: Vec<ZoneLabels> = pools
             .iter()
             .map(|p| ZoneLabels {
@@ -133,7 +188,15 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// The metrics of NRI mode (no `tap_proxy_up`); for tests and tools.
     pub fn new() -> Metrics {
+        Metrics::for_mode("NRI")
+    }
+
+    /// The metrics of an agent in runtime mode `mode` (`NRI`, `Containerd`, `Docker`, or a
+    /// tool's name): `tap_build_info` carries it, and `tap_proxy_up` is registered only in the
+    /// proxy modes.
+    pub fn for_mode(mode: &str) -> Metrics {
         let mut registry = Registry::default();
         let proxy_up = Gauge::default();
         let proxy_request_duration = Family::<MethodLabels, Histogram>::new_with_constructor(
@@ -145,11 +208,13 @@ impl Metrics {
         let errors = Family::<ErrorLabels, Counter>::default();
         let placements = Family::<PlacementLabels, Counter>::default();
         let runtime_connected = Gauge::default();
-        registry.register(
-            "tap_proxy_up",
-            "Whether the runtime proxy is serving (1) or not (0)",
-            proxy_up.clone(),
-        );
+        if is_proxy_mode(mode) {
+            registry.register(
+                "tap_proxy_up",
+                "Whether the runtime proxy is serving (1) or not (0)",
+                proxy_up.clone(),
+            );
+        }
         registry.register(
             "tap_proxy_request_duration_seconds",
             "Time to serve a proxied runtime request, by method",
@@ -161,7 +226,10 @@ impl Metrics {
             hook_request_duration.clone(),
         );
         let usage = UsageSource::default();
-        registry.register_collector(Box::new(UsageCollector(usage.clone())));
+        registry.register_collector(Box::new(UsageCollector {
+            source: usage.clone(),
+            mode: mode.to_string(),
+        }));
         registry.register(
             "tap_errors",
             "Problems that were failed open (the container started unchanged), by hook and kind",
@@ -296,7 +364,7 @@ mod tests {
 
     #[test]
     fn reference_metric_names_are_exported() {
-        let m = Metrics::new();
+        let m = Metrics::for_mode("Containerd");
         m.observe_hook("create", "NRI", Duration::from_micros(5));
         m.observe_proxy(
             "/runtime.v1.RuntimeService/Version",
@@ -312,8 +380,159 @@ mod tests {
             "tap_topology_node_usage",
             "tap_topology_node_container_count",
             "tap_errors_total",
+            "tap_build_info",
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
+        }
+    }
+
+    /// The names docs/troubleshooting.md, README.md and the other docs use are the names
+    /// exported: counters carry `_total` (OpenMetrics), so `tap_errors` alone is not a series.
+    #[test]
+    fn documented_metric_names_are_the_exported_ones() {
+        let m = Metrics::for_mode("Docker");
+        m.count_error("create", "annotation");
+        m.count_placement("numa", false);
+        m.observe_hook("create", "Docker", Duration::from_micros(5));
+        m.observe_proxy("/v1.41/containers/create", Duration::from_micros(5));
+        m.set_usage_source(Box::new(|| EngineFigures {
+            pools: vec![pool("numa0", Level::Numa, 4000, 1000, 1)],
+            config: EngineConfig::default(),
+        }));
+        let text = m.render();
+        let exported: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut checked = 0;
+        for doc in [
+            "docs/troubleshooting.md",
+            "docs/install.md",
+            "docs/nri.md",
+            "docs/reliability.md",
+            "docs/metrics.md",
+            "README.md",
+        ] {
+            let text = std::fs::read_to_string(root.join(doc)).unwrap_or_default();
+            assert!(!text.is_empty(), "{doc} missing");
+            // Every `tap_…` word in backticks or followed by `{` names an exported series
+            // (histograms by their base name).
+            for word in text
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("tap_") && w.len() > 4)
+            {
+                if word.starts_with("tap_e2e") || word == "tap_sim" {
+                    continue;
+                }
+                let known = exported.iter().any(|e| {
+                    *e == word
+                        || e.strip_suffix("_bucket") == Some(word)
+                        || e.strip_suffix("_count") == Some(word)
+                        || e.strip_suffix("_sum") == Some(word)
+                });
+                assert!(
+                    known,
+                    "{doc} names {word}, which the agent does not export: {exported:?}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(
+            checked > 10,
+            "only {checked} metric names found in the docs"
+        );
+    }
+
+    fn pool(name: &str, level: Level, capacity: u64, request: u64, containers: u32) -> PoolStatus {
+        PoolStatus {
+            name: name.into(),
+            level,
+            cpus: "0-3".into(),
+            capacity_milli: capacity,
+            request_milli: request,
+            limit_milli: 0,
+            exclusive_cpus: String::new(),
+            shared_cpus: "0-3".into(),
+            containers,
+        }
+    }
+
+    #[test]
+    fn proxy_up_is_exported_only_in_the_proxy_modes() {
+        for (mode, exported) in [
+            ("NRI", false),
+            ("nri", false),
+            ("kube-link", false),
+            ("Containerd", true),
+            ("Docker", true),
+            ("docker", true),
+        ] {
+            let text = Metrics::for_mode(mode).render();
+            assert_eq!(text.contains("tap_proxy_up"), exported, "{mode}:\n{text}");
+        }
+        assert!(!Metrics::new().render().contains("tap_proxy_up"));
+    }
+
+    #[test]
+    fn build_info_says_version_mode_and_the_policy_in_force() {
+        let m = Metrics::for_mode("NRI");
+        let policy = Arc::new(std::sync::Mutex::new(tap_engine::PolicyKind::TopologyAware));
+        let p2 = policy.clone();
+        m.set_usage_source(Box::new(move || EngineFigures {
+            pools: Vec::new(),
+            config: EngineConfig {
+                policy: *p2.lock().unwrap(),
+                ..EngineConfig::default()
+            },
+        }));
+        let line = |t: &str| {
+            t.lines()
+                .find(|l| l.starts_with("tap_build_info{"))
+                .map(str::to_string)
+                .unwrap_or_default()
+        };
+        let v = env!("CARGO_PKG_VERSION");
+        assert_eq!(
+            line(&m.render()),
+            format!("tap_build_info{{version=\"{v}\",mode=\"NRI\",policy=\"topology-aware\"}} 1")
+        );
+        // A NodeTopology policy switches the engine's config: the next scrape says so.
+        *policy.lock().unwrap() = tap_engine::PolicyKind::NumaAware;
+        assert_eq!(
+            line(&m.render()),
+            format!("tap_build_info{{version=\"{v}\",mode=\"NRI\",policy=\"numa-aware\"}} 1")
+        );
+    }
+
+    #[test]
+    fn cluster_zones_are_exported_only_with_cluster_affinity() {
+        for affinity in [false, true] {
+            let m = Metrics::new();
+            m.set_usage_source(Box::new(move || EngineFigures {
+                pools: vec![
+                    pool("numa0", Level::Numa, 4000, 2000, 0),
+                    pool("cluster0", Level::Cluster, 4000, 2000, 1),
+                ],
+                config: EngineConfig {
+                    cluster_affinity: affinity,
+                    ..EngineConfig::default()
+                },
+            }));
+            let t = m.render();
+            assert!(t.contains("tap_topology_node_usage{zone=\"numa0\",level=\"numa\"} 2.0"));
+            for name in [
+                "tap_topology_node_capacity",
+                "tap_topology_node_usage",
+                "tap_topology_node_container_count",
+            ] {
+                assert_eq!(
+                    t.contains(&format!("{name}{{zone=\"cluster0\",level=\"cluster\"}}")),
+                    affinity,
+                    "{name}, cluster affinity {affinity}:\n{t}"
+                );
+            }
         }
     }
 
@@ -322,18 +541,15 @@ mod tests {
         let m = Metrics::new();
         let n = Arc::new(std::sync::atomic::AtomicU64::new(1000));
         let n2 = n.clone();
-        m.set_usage_source(Box::new(move || {
-            vec![PoolStatus {
-                name: "numa0".into(),
-                level: tap_engine::Level::Numa,
-                cpus: "0-3".into(),
-                capacity_milli: 4000,
-                request_milli: n2.load(Ordering::SeqCst),
-                limit_milli: 0,
-                exclusive_cpus: String::new(),
-                shared_cpus: "0-3".into(),
-                containers: 2,
-            }]
+        m.set_usage_source(Box::new(move || EngineFigures {
+            pools: vec![pool(
+                "numa0",
+                Level::Numa,
+                4000,
+                n2.load(Ordering::SeqCst),
+                2,
+            )],
+            config: EngineConfig::default(),
         }));
         let line = |t: &str, name: &str| {
             t.lines()

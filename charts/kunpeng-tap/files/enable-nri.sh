@@ -4,7 +4,8 @@
 # containerd is not restarted.
 #
 # The chart's optional `enable-nri` init container runs it on the host, through
-# `nsenter -t 1 -m -u -i -n -p -- sh -s`, so it uses the host's sh, awk and systemctl.
+# `nsenter --mount=/host/proc/1/ns/mnt --uts=... --ipc=... --net=... -- sh -s` (the host's /proc
+# mounted at /host/proc; no hostPID), so it uses the host's files, sh, awk and systemctl.
 # Environment:
 #   CONTAINERD_CONFIG  containerd's config (default /etc/containerd/config.toml)
 #   NRI_SOCKET_PATH    socket_path written into a new NRI section (default /var/run/nri/nri.sock)

@@ -28,7 +28,7 @@ fn main() -> std::process::ExitCode {
 
 fn run(flags: Flags) -> anyhow::Result<()> {
     let topo = flags.load_topology()?;
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::for_mode("kube-link"));
     let agent = Arc::new(Agent::new(
         Engine::new(topo, flags.engine_config()),
         metrics,
