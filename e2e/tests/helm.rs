@@ -499,6 +499,11 @@ fn values_schema_refuses_bad_values() {
         ),
         ("operator.replicas=two", "/operator/replicas"),
         (
+            "agent.flags.nodeResourceTopology=yes",
+            "/agent/flags/nodeResourceTopology",
+        ),
+        ("agent.flags.podEvents=sometimes", "/agent/flags/podEvents"),
+        (
             "agent.flags.reservedCpus=0-1;3",
             "/agent/flags/reservedCpus",
         ),

@@ -219,7 +219,7 @@ fn an_agent_writes_only_its_own_node_topology() {
     assert!(
         last.contains("kunpeng-tap-agent-node-restriction")
             && last.contains(
-                "kunpeng-tap node restriction: the agent on node node-a may write only NodeTopology node-a, not node-b"
+                "kunpeng-tap node restriction: the agent on node node-a may write only the NodeTopology and NodeResourceTopology node-a, not node-b"
             ),
         "refused, but not by the policy: {last}"
     );
@@ -235,7 +235,7 @@ fn an_agent_writes_only_its_own_node_topology() {
     let (ok, err) = write_status(&k, &agent_b, "node-a", "from-agent-b");
     assert!(
         !ok && err
-            .contains("the agent on node node-b may write only NodeTopology node-b, not node-a"),
+            .contains("the agent on node node-b may write only the NodeTopology and NodeResourceTopology node-b, not node-a"),
         "{err}"
     );
     assert_eq!(status_version(&k, "node-a"), "own-node-a");
@@ -243,7 +243,7 @@ fn an_agent_writes_only_its_own_node_topology() {
     // A token of the agent's account without the node claim writes nothing.
     let (ok, err) = write_status(&k, &agent_unbound, "node-a", "unbound");
     assert!(
-        !ok && err.contains("writes NodeTopologies only with a token bound to a Pod on a node"),
+        !ok && err.contains("writes NodeTopologies and NodeResourceTopologies only with a token bound to a Pod on a node"),
         "{err}"
     );
     assert_eq!(status_version(&k, "node-a"), "own-node-a");
@@ -279,4 +279,52 @@ fn an_agent_writes_only_its_own_node_topology() {
         ])
         .expect("get");
     assert_eq!(labels.trim(), "operator operator");
+
+    // The same for the NodeResourceTopology the agent publishes for the scheduler, with the
+    // real CRD (hack/e2e/setup-nrt-crd.sh): its own node's object only.
+    let crd = std::path::Path::new("/var/cache/kunpeng-tap/nrt/crd.yaml");
+    assert!(
+        crd.exists(),
+        "{} missing: run hack/e2e/setup-nrt-crd.sh",
+        crd.display()
+    );
+    k.kubectl_ok(&["apply", "-f", &crd.to_string_lossy()])
+        .expect("NodeResourceTopology CRD");
+    k.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=30s",
+        "crd/noderesourcetopologies.topology.node.k8s.io",
+    ])
+    .expect("CRD established");
+    let create_nrt = |kubeconfig: &std::path::Path, n: &str| {
+        let path = k.dir.join(format!("nrt-{n}.json"));
+        let obj = json!({
+            "apiVersion": "topology.node.k8s.io/v1alpha2",
+            "kind": "NodeResourceTopology",
+            "metadata": {"name": n},
+            "zones": [{"name": "node-0", "type": "Node", "resources": [
+                {"name": "cpu", "capacity": "4", "allocatable": "4", "available": "4"}]}],
+        });
+        std::fs::write(&path, obj.to_string()).expect("write");
+        let out = k
+            .kubectl_as(kubeconfig, &["create", "-f", &path.to_string_lossy()])
+            .expect("kubectl");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = create_nrt(&agent_a, "node-b");
+    assert!(
+        !ok && err.contains(
+            "the agent on node node-a may write only the NodeTopology and NodeResourceTopology node-a, not node-b"
+        ),
+        "node-a's agent created node-b's NodeResourceTopology: {err}"
+    );
+    let (ok, err) = create_nrt(&agent_a, "node-a");
+    assert!(
+        ok,
+        "node-a's agent could not create its own NodeResourceTopology: {err}"
+    );
 }
