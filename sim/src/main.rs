@@ -205,9 +205,12 @@ fn main() -> Result<()> {
             ));
             for (i, r) in res.iter().enumerate() {
                 let s = r.summary();
-                series[i]
-                    .points
-                    .push((measured, s.one_numa, s.one_numa_where_fits));
+                series[i].points.push(tap_sim::plot::Point {
+                    overcommit: measured,
+                    one_numa: s.one_numa,
+                    one_numa_where_fits: s.one_numa_where_fits,
+                    imbalance: s.imbalance,
+                });
                 rows[i].push_str(&format!(" {:.1}% |", s.one_numa_where_fits * 100.0));
                 imb_rows[i].push_str(&format!(" {:.3} |", s.imbalance));
                 lim_rows[i].push_str(&format!(" {:.3} |", s.limit_imbalance));

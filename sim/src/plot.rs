@@ -1,66 +1,183 @@
-//! `--plot out.svg`: locality against overcommit, one line per policy.
+//! `--plot out.svg`: what differs between the policies against overcommit, one line per
+//! policy, in three panels: all containers within one NUMA node; within one NUMA node where one
+//! fit, on an axis zoomed to the policies that place (the others are named "off scale"); and
+//! the NUMA imbalance of requested CPUs (max/mean).
 
 use plotters::prelude::*;
 
-/// One policy's curve: (overcommit, share within one NUMA node, share within one NUMA node
-/// where one fits), shares in 0..=1.
+/// One trace's figures for one policy; shares in 0..=1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Point {
+    /// Measured overcommit (sum of limits / CPUs).
+    pub overcommit: f64,
+    pub one_numa: f64,
+    pub one_numa_where_fits: f64,
+    /// max/mean of requested CPUs per NUMA node.
+    pub imbalance: f64,
+}
+
+/// One policy's curve.
 pub struct Series {
     pub label: String,
-    pub points: Vec<(f64, f64, f64)>,
+    pub points: Vec<Point>,
+}
+
+/// A panel: its caption, the value it shows, and its y range.
+struct Panel {
+    caption: &'static str,
+    y_desc: &'static str,
+    value: fn(&Point) -> f64,
+    range: (f64, f64),
+}
+
+/// The lower end of the zoomed locality axis: just below the lowest value of the policies
+/// whose values all lie above 50% (the engine's), never above 95%.
+fn zoom_floor(series: &[Series]) -> f64 {
+    let low = series
+        .iter()
+        .filter(|s| s.points.iter().all(|p| p.one_numa_where_fits > 0.5))
+        .flat_map(|s| s.points.iter().map(|p| p.one_numa_where_fits * 100.0))
+        .fold(f64::INFINITY, f64::min);
+    if low.is_finite() {
+        (low - 1.0).floor().min(95.0)
+    } else {
+        0.0
+    }
 }
 
 pub fn plot(path: &std::path::Path, title: &str, series: &[Series]) -> anyhow::Result<()> {
-    let root = SVGBackend::new(path, (1400, 560)).into_drawing_area();
+    let root = SVGBackend::new(path, (1800, 560)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 20))?;
-    let panels = root.split_evenly((1, 2));
+    let areas = root.split_evenly((1, 3));
     let (x0, x1) = series
         .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .flat_map(|s| s.points.iter().map(|p| p.overcommit))
         .fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
     let (x0, x1) = if x0 <= x1 {
         (x0 - 0.1, x1 + 0.1)
     } else {
         (0.0, 3.5)
     };
-    let captions = [
-        "containers within one NUMA node (%)",
-        "within one NUMA node where one fit (%)",
+    let imb_max = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.imbalance))
+        .fold(1.0_f64, f64::max);
+    let panels = [
+        Panel {
+            caption: "containers within one NUMA node (%)",
+            y_desc: "%",
+            value: |p| p.one_numa * 100.0,
+            range: (0.0, 105.0),
+        },
+        Panel {
+            caption: "within one NUMA node where one fit (%, zoomed)",
+            y_desc: "%",
+            value: |p| p.one_numa_where_fits * 100.0,
+            range: (zoom_floor(series), 100.5),
+        },
+        Panel {
+            caption: "NUMA imbalance of requested CPUs (max/mean)",
+            y_desc: "max/mean",
+            value: |p| p.imbalance,
+            range: (1.0, (imb_max + 0.02).max(1.1)),
+        },
     ];
-    for (k, panel) in panels.iter().enumerate() {
-        let mut chart = ChartBuilder::on(panel)
-            .caption(captions[k], ("sans-serif", 16))
+    for (panel, area) in panels.iter().zip(areas.iter()) {
+        let (y0, y1) = panel.range;
+        let mut chart = ChartBuilder::on(area)
+            .caption(panel.caption, ("sans-serif", 16))
             .margin(12)
             .x_label_area_size(40)
-            .y_label_area_size(50)
-            .build_cartesian_2d(x0..x1, 0.0..105.0)?;
+            .y_label_area_size(55)
+            .build_cartesian_2d(x0..x1, y0..y1)?;
         chart
             .configure_mesh()
             .x_desc("overcommit (sum of limits / CPUs, measured)")
-            .y_desc("%")
+            .y_desc(panel.y_desc)
             .draw()?;
         for (i, s) in series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             let pts: Vec<(f64, f64)> = s
                 .points
                 .iter()
-                .map(|p| (p.0, if k == 0 { p.1 } else { p.2 } * 100.0))
+                .map(|p| (p.overcommit, (panel.value)(p)))
                 .collect();
+            let visible = pts.iter().all(|p| p.1 >= y0 && p.1 <= y1);
+            let label = if visible {
+                s.label.clone()
+            } else {
+                format!("{} (off scale)", s.label)
+            };
+            let kept: Vec<(f64, f64)> =
+                pts.into_iter().filter(|p| p.1 >= y0 && p.1 <= y1).collect();
             chart
-                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
-                .label(s.label.clone())
+                .draw_series(LineSeries::new(kept.clone(), color.stroke_width(2)))?
+                .label(label)
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
                 });
-            chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
+            chart.draw_series(kept.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::MiddleMiddle)
+            .position(SeriesLabelPosition::LowerLeft)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()?;
     }
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(label: &str, fits: &[f64]) -> Series {
+        Series {
+            label: label.into(),
+            points: fits
+                .iter()
+                .enumerate()
+                .map(|(i, f)| Point {
+                    overcommit: 1.0 + i as f64,
+                    one_numa: *f,
+                    one_numa_where_fits: *f,
+                    imbalance: 1.1,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn zoom_follows_the_placing_policies() {
+        let s = [
+            series("kubelet", &[0.05, 0.06]),
+            series("topology-aware", &[0.974, 0.99]),
+            series("numa-aware", &[1.0, 1.0]),
+        ];
+        assert_eq!(zoom_floor(&s), 95.0, "at least 95-100 shown");
+        assert_eq!(zoom_floor(&[series("kubelet", &[0.05])]), 0.0);
+        assert_eq!(zoom_floor(&[series("x", &[0.6])]), 59.0);
+    }
+
+    #[test]
+    fn plot_names_policies_off_scale() {
+        let dir = std::env::temp_dir().join(format!("tap-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("p.svg");
+        let s = [
+            series("kubelet", &[0.05, 0.06]),
+            series("topology-aware", &[0.97, 0.99]),
+        ];
+        plot(&path, "t", &s).expect("plot");
+        let svg = std::fs::read_to_string(&path).expect("svg");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            svg.contains("kubelet (off scale)"),
+            "the zoomed panel names what it leaves out"
+        );
+        assert!(svg.contains("NUMA imbalance of requested CPUs"));
+    }
 }
