@@ -1142,3 +1142,53 @@ fn helm_install_path_on_a_real_kube_apiserver() {
     install_path(&cluster.kubeconfig, &work.0);
     eprintln!("helm install path: {:.1}s", t0.elapsed().as_secs_f64());
 }
+
+/// The chart README is what helm-docs (hack/e2e/setup-helm-docs.sh) makes of values.yaml and
+/// README.md.gotmpl today: a value added or re-described without regenerating it fails here.
+#[test]
+fn chart_readme_is_generated_from_the_values() {
+    if skip_unless_enabled("chart_readme_is_generated_from_the_values") {
+        return;
+    }
+    let bin = std::env::var_os("TAP_HELM_DOCS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/kunpeng-tap/bin/helm-docs"));
+    assert!(
+        bin.exists(),
+        "{} missing: run hack/e2e/setup-helm-docs.sh",
+        bin.display()
+    );
+    let charts = workspace_root().join("charts");
+    let out = Command::new(&bin)
+        .arg("--chart-search-root")
+        .arg(&charts)
+        .args([
+            "--skip-version-footer",
+            "--dry-run",
+            "--log-level",
+            "warning",
+        ])
+        .output()
+        .expect("running helm-docs");
+    assert!(
+        out.status.success(),
+        "helm-docs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = String::from_utf8_lossy(&out.stdout);
+    let have = std::fs::read_to_string(charts.join("kunpeng-tap/README.md")).expect("README");
+    assert!(
+        want.trim_end() == have.trim_end(),
+        "charts/kunpeng-tap/README.md is out of date; regenerate it:\n  {} --chart-search-root charts --skip-version-footer",
+        bin.display()
+    );
+    // Every value is described (no empty description column).
+    let undocumented: Vec<&str> = have
+        .lines()
+        .filter(|l| l.starts_with("| ") && l.trim_end().ends_with("|  |"))
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "values without a `# --` comment: {undocumented:#?}"
+    );
+}
