@@ -33,7 +33,13 @@ pub const CPUSET_RULE: &str = "self == '' || (self.matches('^[0-9]+(-[0-9]+)?(,[
 pub const CPUSET_MESSAGE: &str =
     "must be a CPU list such as 0-3,8 (ascending ranges, no spaces) or empty";
 
-/// The placement policies the engine knows.
+/// Bounds of `TopologyPolicy.spec.priority` (the API server refuses values outside).
+pub const PRIORITY_MIN: i32 = -1000;
+pub const PRIORITY_MAX: i32 = 1000;
+
+/// The placement policies the engine knows: `numa-aware` gives each container the CPUs of one
+/// NUMA node (the nearest nodes when it needs more); `topology-aware` places containers in a
+/// tree of pools (machine, socket, die, NUMA node, CPU cluster) at the smallest level that fits.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 pub enum PolicyName {
     #[serde(rename = "numa-aware")]
@@ -61,13 +67,14 @@ fn yes() -> bool {
     true
 }
 
-/// The placement settings a policy carries to a node (the part of the agent's configuration
-/// the cluster decides; the rest stays with the agent's flags).
+/// The placement settings a TopologyPolicy carries to a node (the part of the node agent's
+/// configuration the cluster decides; the rest stays with the agent's flags).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PolicySettings {
-    /// `numa-aware` or `topology-aware`.
-    #[x_kube(validation = Rule::new("self in ['numa-aware', 'topology-aware']").message("policy must be numa-aware or topology-aware"))]
+    /// The placement policy: `numa-aware` (each container on the CPUs of one NUMA node, or of
+    /// the nearest nodes when it needs more) or `topology-aware` (the smallest pool of the
+    /// machine > socket > die > NUMA node > cluster tree that fits).
     pub policy: PolicyName,
     /// Also set cpuset.mems to the chosen CPUs' NUMA nodes and account memory limits.
     #[serde(default)]
@@ -97,13 +104,15 @@ impl Default for PolicySettings {
     }
 }
 
-/// Which placement policy applies to the Nodes a selector matches.
+/// What a TopologyPolicy asks for: the Nodes it selects, the placement policy and settings they
+/// get, and its priority where selectors overlap.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[kube(
     group = "tap.kunpeng.io",
     version = "v1alpha1",
     kind = "TopologyPolicy",
     plural = "topologypolicies",
+    doc = "TopologyPolicy chooses how kunpeng-tap places containers' CPUs and memory on the Nodes its nodeSelector matches: a placement policy (numa-aware or topology-aware) and its settings. Where the selectors of several policies match a Node, the higher priority wins, then the older policy, then the smaller name. The operator resolves policies onto Nodes and writes the result into each Node's NodeTopology; the node agent applies it. Cluster-scoped.",
     shortname = "tpol",
     category = "kunpeng-tap",
     status = "TopologyPolicyStatus",
@@ -132,8 +141,9 @@ pub struct TopologyPolicySpec {
     /// Nodes this policy applies to; empty selects every Node.
     #[serde(default)]
     pub node_selector: LabelSelector,
-    /// `numa-aware` or `topology-aware`.
-    #[x_kube(validation = Rule::new("self in ['numa-aware', 'topology-aware']").message("policy must be numa-aware or topology-aware"))]
+    /// The placement policy: `numa-aware` (each container on the CPUs of one NUMA node, or of
+    /// the nearest nodes when it needs more) or `topology-aware` (the smallest pool of the
+    /// machine > socket > die > NUMA node > cluster tree that fits).
     pub policy: PolicyName,
     /// Also set cpuset.mems to the chosen CPUs' NUMA nodes and account memory limits.
     #[serde(default)]
@@ -146,8 +156,10 @@ pub struct TopologyPolicySpec {
     #[schemars(length(max = 1024))]
     #[x_kube(validation = Rule::new(CPUSET_RULE).message(CPUSET_MESSAGE))]
     pub reserved_cpus: String,
-    /// Higher wins where selectors overlap (then the older policy, then the name).
+    /// Precedence where the selectors of several policies match a Node: the higher priority
+    /// wins, then the older policy, then the smaller name. From -1000 to 1000; default 0.
     #[serde(default)]
+    #[schemars(range(min = PRIORITY_MIN, max = PRIORITY_MAX))]
     pub priority: i32,
     /// Whether Pod annotations may override the policy, level and memory binding.
     #[serde(default = "yes")]
@@ -167,8 +179,8 @@ impl TopologyPolicySpec {
     }
 }
 
-/// Written by the operator.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+/// How the policy was resolved onto Nodes; written by the operator.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TopologyPolicyStatus {
     /// Nodes this policy is applied to (it matches and wins).
@@ -178,21 +190,23 @@ pub struct TopologyPolicyStatus {
     #[serde(default)]
     pub overridden_nodes: i32,
     /// `Ready` (the selector is valid and the policy was resolved) and `Conflict` (it overlaps
-    /// a policy of the same priority, so age or name decided).
+    /// a policy of the same priority, so age or name decided); one per type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
     /// The spec generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }
 
-/// One Node's topology placement state: spec from the operator, status from the node agent.
+/// The placement settings resolved for one Node; written by the operator.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "tap.kunpeng.io",
     version = "v1alpha1",
     kind = "NodeTopology",
     plural = "nodetopologies",
+    doc = "NodeTopology is one Node's CPU and memory placement state under kunpeng-tap, named after the Node and owned by it. The operator writes the spec (the placement settings resolved from the TopologyPolicies that match the Node, and which policy they came from); the node agent on that Node writes the status (the discovered topology, per-zone CPU capacity and allocation, the agent's mode and version). Cluster-scoped.",
     shortname = "ntopo",
     category = "kunpeng-tap",
     status = "NodeTopologyStatus",
@@ -245,7 +259,7 @@ pub struct NodeTopologySpec {
     /// flags).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicySettings>,
-    /// The TopologyPolicy it came from.
+    /// The TopologyPolicy the settings came from; absent with the policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<PolicySource>,
 }
@@ -254,7 +268,9 @@ pub struct NodeTopologySpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PolicySource {
+    /// The TopologyPolicy's name.
     pub name: String,
+    /// The TopologyPolicy's metadata.uid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
     /// The TopologyPolicy's metadata.generation the settings were taken from.
@@ -262,10 +278,12 @@ pub struct PolicySource {
     pub generation: i64,
 }
 
-/// Written by the node agent.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+/// What the node agent found and did on the Node; written by the node agent.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeTopologyStatus {
+    /// The machine as the agent discovered it (sockets, dies, clusters, NUMA nodes, CPUs,
+    /// devices).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<TopologySummary>,
     /// Per pool (zone) of the placement tree: capacity and what is allocated.
@@ -277,10 +295,13 @@ pub struct NodeTopologyStatus {
     /// CPU requests placed over usable CPUs, e.g. `4.5/94`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocated: Option<String>,
+    /// The agent: its mode, version and the settings in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentStatus>,
-    /// `Ready`: the agent runs and applies the spec's policy (or its flags when none).
+    /// `Ready`: the agent runs and applies the spec's policy (or its flags when none); one per
+    /// type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
 }
 
@@ -288,34 +309,47 @@ pub struct NodeTopologyStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TopologySummary {
+    /// Physical packages (sockets).
     pub sockets: i32,
+    /// Dies, over all sockets.
     pub dies: i32,
+    /// CPU clusters (the kernel's `cluster_id`), over all dies; 0 without cluster information.
     pub clusters: i32,
+    /// NUMA nodes.
     pub numa_node_count: i32,
+    /// Online CPUs.
     pub cpu_count: i32,
     /// Online CPUs, kernel list syntax.
     #[serde(rename = "onlineCPUs")]
     pub online_cpus: String,
+    /// CPUs isolated from the scheduler (`isolcpus`), kernel list syntax; absent when none.
     #[serde(
         default,
         rename = "isolatedCPUs",
         skip_serializing_if = "String::is_empty"
     )]
     pub isolated_cpus: String,
+    /// Each NUMA node: its CPUs and memory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub numa_nodes: Vec<NumaNodeSummary>,
+    /// PCI display controllers (GPUs, NPUs) and the devices named in the agent's options.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceSummary>,
 }
 
+/// One NUMA node of the machine.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NumaNodeSummary {
+    /// The kernel's NUMA node number.
     pub id: i32,
+    /// Its CPUs, kernel list syntax.
     pub cpus: String,
+    /// Its memory (the node's MemTotal), bytes.
     pub memory_bytes: i64,
 }
 
+/// One PCI device and the NUMA node it hangs off.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceSummary {
@@ -323,23 +357,31 @@ pub struct DeviceSummary {
     pub address: String,
     /// PCI class, hex (`0x030200`).
     pub class: String,
+    /// PCI vendor id, hex (`0x19e5`).
     pub vendor: String,
+    /// PCI device id, hex.
     pub device: String,
+    /// The NUMA node the device is attached to; absent when the kernel does not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numa_node: Option<i32>,
 }
 
-/// One pool of the placement tree.
+/// One pool (zone) of the placement tree. Zones nest (machine > socket > die > NUMA node >
+/// cluster): a zone's figures include the zones below it.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ZoneStatus {
+    /// The pool's name, e.g. `socket0` or `numa1`.
     pub name: String,
     /// `machine`, `socket`, `die`, `numa` or `cluster`.
     pub level: String,
+    /// The pool's CPUs, kernel list syntax.
     pub cpus: String,
+    /// Usable CPUs of the pool, milli-CPU.
     pub capacity_milli: i64,
     /// CPU requests charged to this zone and the zones below it (milli-CPU).
     pub allocated_milli: i64,
+    /// CPU limits charged to this zone and the zones below it (milli-CPU).
     pub limit_milli: i64,
     /// CPUs of this zone shared by its containers.
     #[serde(default, rename = "sharedCPUs")]
@@ -351,18 +393,24 @@ pub struct ZoneStatus {
     pub containers: i32,
 }
 
+/// The node agent and the settings it applies.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentStatus {
     /// `NRI`, `Containerd`, `Docker` or `kube-link`.
     pub mode: String,
+    /// The agent's version.
     pub version: String,
     /// The policy in force.
     pub policy: String,
+    /// Whether cpuset.mems follows the chosen CPUs' NUMA nodes.
     pub memory_topology: bool,
+    /// Whether topology-aware places containers on CPU clusters.
     pub cluster_affinity: bool,
+    /// CPUs never handed to containers, kernel list syntax; empty = none.
     #[serde(default, rename = "reservedCPUs")]
     pub reserved_cpus: String,
+    /// Whether Pod annotations may override the policy, level and memory binding.
     pub annotations_allowed: bool,
     /// `NodeTopology` when from the spec, `flags` when the spec has none, `cache` when taken
     /// from the on-disk cache because the API server was not reached yet.

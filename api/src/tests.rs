@@ -93,6 +93,51 @@ fn schema_carries_cel_rules_and_enum() {
     assert!(json.contains("x-kubernetes-validations"));
 }
 
+/// The kinds and every field have a description (none of kube's "Auto-generated derived type"),
+/// conditions are a map keyed by type, priority is bounded, and the policy enum is not repeated
+/// as a CEL rule.
+#[test]
+fn schema_describes_every_field_and_bounds_priority() {
+    fn undescribed(s: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        if let Some(props) = s["properties"].as_object() {
+            for (k, v) in props {
+                let p = format!("{path}.{k}");
+                if v["description"].as_str().is_none_or(str::is_empty) {
+                    out.push(p.clone());
+                }
+                undescribed(v, &p, out);
+            }
+        }
+        if s.get("items").is_some() {
+            undescribed(&s["items"], &format!("{path}[]"), out);
+        }
+    }
+    for crd in [TopologyPolicy::crd(), NodeTopology::crd()] {
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        let root = &schema["openAPIV3Schema"];
+        let kind = &crd.spec.names.kind;
+        let top = root["description"].as_str().unwrap();
+        assert!(top.starts_with(&format!("{kind} ")), "{kind}: {top}");
+        assert!(!top.contains("Auto-generated"), "{kind}: {top}");
+        let mut missing = Vec::new();
+        undescribed(root, "", &mut missing);
+        assert!(missing.is_empty(), "{kind}: no description: {missing:?}");
+        let conditions = &root["properties"]["status"]["properties"]["conditions"];
+        assert_eq!(conditions["x-kubernetes-list-type"], "map", "{kind}");
+        assert_eq!(
+            conditions["x-kubernetes-list-map-keys"],
+            serde_json::json!(["type"]),
+            "{kind}"
+        );
+        let json = schema.to_string();
+        assert!(!json.contains("self in ['numa-aware'"), "{kind}: {json}");
+    }
+    let schema = serde_json::to_value(&TopologyPolicy::crd().spec.versions[0].schema).unwrap();
+    let priority = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["priority"];
+    assert_eq!(priority["minimum"].as_f64(), Some(f64::from(PRIORITY_MIN)));
+    assert_eq!(priority["maximum"].as_f64(), Some(f64::from(PRIORITY_MAX)));
+}
+
 #[test]
 fn spec_defaults_and_names_round_trip() {
     let spec: TopologyPolicySpec = serde_json::from_value(serde_json::json!({

@@ -38,6 +38,11 @@ struct Flags {
     /// This replica's identity in the Lease (default: $POD_NAME or the hostname, plus the pid).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// TEST ONLY: shift the acquireTime/renewTime this replica writes into the Lease by a
+    /// signed duration (`+1h`, `-90s`), to play a node whose clock is off. Expiry never depends
+    /// on those timestamps; the e2e tests use this to prove it.
+    #[arg(long, hide = true, default_value = "0s", value_parser = parse_signed_duration, allow_hyphen_values = true)]
+    test_wall_clock_offset: jiff::SignedDuration,
     /// Address for /metrics (empty = off).
     #[arg(long, default_value = ":8080")]
     metrics_bind_address: String,
@@ -53,6 +58,16 @@ struct Flags {
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
+}
+
+fn parse_signed_duration(s: &str) -> Result<jiff::SignedDuration, String> {
+    let (negative, rest) = match s.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, s.strip_prefix('+').unwrap_or(s)),
+    };
+    let d = jiff::SignedDuration::try_from(parse_duration(rest)?)
+        .map_err(|e| format!("duration {s:?} out of range: {e}"))?;
+    Ok(if negative { -d } else { d })
 }
 
 fn bind(s: &str) -> anyhow::Result<std::net::SocketAddr> {
@@ -134,12 +149,18 @@ async fn run(f: Flags) -> anyhow::Result<()> {
         return Ok(tap_operator::controller::run(client, metrics, &identity, shutdown).await?);
     }
 
-    let elector = Arc::new(LeaderElector::new(
-        kube::Api::namespaced(client.clone(), &f.lease_namespace),
-        &f.lease_name,
-        &identity,
-        f.lease_duration,
-    ));
+    let elector = Arc::new(
+        LeaderElector::new(
+            kube::Api::namespaced(client.clone(), &f.lease_namespace),
+            &f.lease_name,
+            &identity,
+            f.lease_duration,
+        )
+        .with_wall_clock_offset(f.test_wall_clock_offset),
+    );
+    if !f.test_wall_clock_offset.is_zero() {
+        tracing::warn!(offset = %f.test_wall_clock_offset, "TEST ONLY: Lease timestamps are written with a shifted wall clock");
+    }
     // A standby is healthy and ready: it does its job by waiting.
     metrics
         .ready
