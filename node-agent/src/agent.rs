@@ -369,7 +369,7 @@ impl Agent {
                         .and_then(|s| CpuSet::parse(s).ok())
                         .filter(|s| !s.is_empty())
                         .filter(|_| self.fold.is_none() || !c.annotations.contains_key(GRANT_KEY)),
-                    mems: c.mems.as_deref().and_then(|s| CpuSet::parse(s).ok()),
+                    mems: c.mems.as_deref().and_then(|s| NodeSet::parse(s).ok()),
                     record: c.annotations.get(GRANT_KEY).cloned(),
                 })
                 .collect();
