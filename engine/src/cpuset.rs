@@ -1,4 +1,4 @@
-//! A fixed-size bit set of CPU (or NUMA node) ids with the kernel's list syntax (`0-3,8,10-11`).
+//! A fixed-size bit set of CPU ids with the kernel's list syntax (`0-3,8,10-11`).
 //!
 //! Fixed size so that it is `Copy` and set operations never allocate: a placement decision does
 //! many unions and differences and must stay in the microsecond range.
@@ -15,9 +15,6 @@ const WORDS: usize = MAX_IDS / 64;
 pub struct CpuSet {
     bits: [u64; WORDS],
 }
-
-/// NUMA node sets use the same representation and syntax.
-pub type NodeSet = CpuSet;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParseError {

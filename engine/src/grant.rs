@@ -2,7 +2,8 @@
 //! stores in the container itself (an annotation or label) so a restarted agent reads back
 //! exactly what it decided.
 
-use crate::cpuset::{CpuSet, NodeSet};
+use crate::cpuset::CpuSet;
+use crate::nodeset::NodeSet;
 use crate::request::PolicyKind;
 use crate::topology::{PoolId, Topology};
 use std::fmt::Write as _;
@@ -82,7 +83,7 @@ impl GrantRecord {
             match k {
                 "p" => policy = PolicyKind::parse(v),
                 "pool" => pool = Some(v.to_string()),
-                "n" => nodes = CpuSet::parse(v).ok(),
+                "n" => nodes = NodeSet::parse(v).ok(),
                 "x" => excl = CpuSet::parse(v).ok(),
                 "r" => req = v.parse().ok(),
                 "l" => {
@@ -93,7 +94,7 @@ impl GrantRecord {
                     })
                 }
                 "m" => mem = v.parse().ok(),
-                "mems" => mems = Some(CpuSet::parse(v).ok()?),
+                "mems" => mems = Some(NodeSet::parse(v).ok()?),
                 _ => {}
             }
         }

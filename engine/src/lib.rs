@@ -1,6 +1,6 @@
 //! kunpeng-tap's placement engine.
 //!
-//! - [`cpuset`]: CPU / NUMA node sets in the kernel's list syntax.
+//! - [`cpuset`], [`nodeset`]: CPU and NUMA node sets in the kernel's list syntax.
 //! - [`topology`]: the machine model and its pool tree.
 //! - [`sysfs`]: discovery of the model from a sysfs tree (behind a small file trait).
 //! - [`request`]: what is known about a container (QoS, CPU, memory, annotations).
@@ -17,6 +17,7 @@ pub mod cpu_picker;
 pub mod cpuset;
 pub mod engine;
 pub mod grant;
+pub mod nodeset;
 pub mod policy;
 pub mod request;
 pub mod state;
@@ -25,8 +26,9 @@ pub mod testdata;
 pub mod topology;
 pub mod types;
 
-pub use cpuset::{CpuSet, NodeSet};
+pub use cpuset::CpuSet;
 pub use engine::Engine;
+pub use nodeset::NodeSet;
 pub use policy::{Choice, Policy, Settings};
 pub use request::{ContainerRequest, Overrides, PolicyKind, Qos};
 pub use state::StateView;

@@ -9,7 +9,8 @@
 //! than their NUMA node and hold more than one core.
 
 mod build;
-use crate::cpuset::{CpuSet, NodeSet};
+use crate::cpuset::CpuSet;
+use crate::nodeset::NodeSet;
 use serde::Serialize;
 use std::fmt;
 

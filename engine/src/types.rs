@@ -2,7 +2,8 @@
 //! outcomes, and the per-pool / per-node load figures. Imports neither the engine nor the
 //! policies, so both can depend on it.
 
-use crate::cpuset::{CpuSet, NodeSet};
+use crate::cpuset::CpuSet;
+use crate::nodeset::NodeSet;
 use crate::request::{ContainerRequest, PolicyKind};
 use crate::topology::{Level, PoolId};
 use std::fmt;

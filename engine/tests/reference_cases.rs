@@ -102,7 +102,7 @@ fn nodes(e: &Engine, p: &Placement) -> String {
 }
 
 fn set(s: &str) -> NodeSet {
-    CpuSet::parse(s).expect("set")
+    NodeSet::parse(s).expect("set")
 }
 
 /// A fresh engine restored from the live one's records must equal it.

@@ -47,24 +47,25 @@ pub struct ContainerInfo {
     pub env: Vec<String>,
     /// The container's own annotations or labels (the grant record is read from here).
     pub annotations: HashMap<String, String>,
-    /// Current cpuset and memory nodes (for restore), kernel list syntax.
-    pub cpus: Option<String>,
-    pub mems: Option<String>,
+    /// Current cpuset and memory nodes (for restore), as the runtime reports them (parsed
+    /// from its list syntax at the edge with [`runtime_cpus`] / [`runtime_nodes`]).
+    pub cpus: Option<CpuSet>,
+    pub mems: Option<NodeSet>,
 }
 
 /// A cpuset change for another container, in runtime terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Update {
     pub container_id: String,
-    pub cpus: String,
-    pub mems: Option<String>,
+    pub cpus: CpuSet,
+    pub mems: Option<NodeSet>,
 }
 
 /// The answer to a create or update hook. Empty means "leave the container as it is".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Adjustment {
-    pub cpus: Option<String>,
-    pub mems: Option<String>,
+    pub cpus: Option<CpuSet>,
+    pub mems: Option<NodeSet>,
     /// Grant record to store with the container (annotation or label [`GRANT_KEY`]).
     pub record: Option<String>,
     pub updates: Vec<Update>,
@@ -73,6 +74,38 @@ pub struct Adjustment {
 impl Adjustment {
     pub fn is_empty(&self) -> bool {
         self.cpus.is_none() && self.mems.is_none() && self.updates.is_empty()
+    }
+}
+
+/// A cpuset as a runtime reports it (kernel list syntax) at the edge where its wire format is
+/// read. Empty is `None` (nothing set); so is a list that does not parse (logged): the
+/// container is then treated as one without a cpuset.
+pub fn runtime_cpus(container: &str, s: &str) -> Option<CpuSet> {
+    parsed(container, "cpus", s, CpuSet::parse(s)).filter(|c| !c.is_empty())
+}
+
+/// Memory nodes as a runtime reports them; as [`runtime_cpus`].
+pub fn runtime_nodes(container: &str, s: &str) -> Option<NodeSet> {
+    parsed(container, "mems", s, NodeSet::parse(s)).filter(|m| !m.is_empty())
+}
+
+fn parsed<T>(
+    container: &str,
+    what: &'static str,
+    s: &str,
+    r: Result<T, tap_engine::cpuset::ParseError>,
+) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!(
+                container,
+                what,
+                value = s,
+                "ignoring the runtime's {what}: {e}"
+            );
+            None
+        }
     }
 }
 
@@ -262,17 +295,17 @@ impl Agent {
         out
     }
 
-    fn fold_cpus(&self, s: &CpuSet) -> String {
+    fn fold_cpus(&self, s: &CpuSet) -> CpuSet {
         match &self.fold {
-            Some(f) => f.cpus(s).to_string(),
-            None => s.to_string(),
+            Some(f) => f.cpus(s),
+            None => *s,
         }
     }
 
-    fn fold_nodes(&self, s: &NodeSet) -> String {
+    fn fold_nodes(&self, s: &NodeSet) -> NodeSet {
         match &self.fold {
-            Some(f) => f.nodes(s).to_string(),
-            None => s.to_string(),
+            Some(f) => f.nodes(s),
+            None => *s,
         }
     }
 
@@ -386,7 +419,7 @@ impl Agent {
 
     /// The cpuset and memory nodes the engine gives a container now, as the runtime writes
     /// them (folded onto the host where a fold is set); `None` without a grant.
-    pub fn current(&self, id: &str) -> Option<(String, Option<String>)> {
+    pub fn current(&self, id: &str) -> Option<(CpuSet, Option<NodeSet>)> {
         let e = self.lock();
         let g = e.grant(id)?;
         Some((
@@ -423,11 +456,9 @@ impl Agent {
                     // cannot confirm a record (the record alone is used then).
                     cpus: c
                         .cpus
-                        .as_deref()
-                        .and_then(|s| CpuSet::parse(s).ok())
                         .filter(|s| !s.is_empty())
                         .filter(|_| self.fold.is_none() || !c.annotations.contains_key(GRANT_KEY)),
-                    mems: c.mems.as_deref().and_then(|s| CpuSet::parse(s).ok()),
+                    mems: c.mems,
                     record: c.annotations.get(GRANT_KEY).cloned(),
                 })
                 .collect();
@@ -480,8 +511,27 @@ impl Agent {
     }
 }
 
+/// Sets from literals and sets shown as the runtime writes them, for tests.
+#[cfg(test)]
+pub(crate) mod test_sets {
+    use super::{CpuSet, NodeSet};
+
+    pub fn cpu_set(s: &str) -> CpuSet {
+        CpuSet::parse(s).expect("a cpu list literal")
+    }
+
+    pub fn node_set(s: &str) -> NodeSet {
+        NodeSet::parse(s).expect("a node list literal")
+    }
+
+    pub fn shown<T: std::fmt::Display>(o: Option<T>) -> Option<String> {
+        o.map(|v| v.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_sets::*;
     use super::*;
     use tap_engine::sysfs::discover_dir;
 
@@ -521,10 +571,19 @@ mod tests {
     }
 
     #[test]
+    fn runtime_lists_are_parsed_at_the_edge_and_bad_ones_are_absent() {
+        assert_eq!(runtime_cpus("c", " 0-3,8\n"), Some(cpu_set("0-3,8")));
+        assert_eq!(runtime_cpus("c", ""), None);
+        assert_eq!(runtime_cpus("c", "3-1"), None);
+        assert_eq!(runtime_nodes("c", "0,1"), Some(node_set("0-1")));
+        assert_eq!(runtime_nodes("c", "x"), None);
+    }
+
+    #[test]
     fn burstable_4_8_gets_one_numa_node() {
         let a = agent("synthetic-2s-4numa-96c-gpu");
         let adj = a.create(&burstable("c1", 4, 8));
-        assert_eq!(adj.cpus.as_deref(), Some("0-23"));
+        assert_eq!(shown(adj.cpus).as_deref(), Some("0-23"));
         assert!(adj.record.is_some());
     }
 
@@ -549,7 +608,7 @@ mod tests {
         let mut c = burstable("c1", 4, 8);
         c.env.push("VA_VISIBLE_DEVICES=/dev/vacc0".into());
         // The fixture's GPU is on NUMA node 1 (CPUs 24-47).
-        assert_eq!(a.create(&c).cpus.as_deref(), Some("24-47"));
+        assert_eq!(shown(a.create(&c).cpus).as_deref(), Some("24-47"));
     }
 
     #[test]
@@ -559,7 +618,7 @@ mod tests {
         for i in 0..6 {
             let mut c = burstable(&format!("c{i}"), 4, 8);
             let adj = a.create(&c);
-            c.cpus = adj.cpus.clone();
+            c.cpus = adj.cpus;
             c.annotations.insert(GRANT_KEY.into(), adj.record.unwrap());
             infos.push(c);
         }

@@ -75,7 +75,9 @@ pub fn explain(agent: &Agent) -> String {
         let _ = writeln!(
             out,
             "  {name:<16} -> cpus [{}] mems [{}]",
-            adj.cpus.unwrap_or_else(|| "unchanged".into()),
+            adj.cpus
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "unchanged".into()),
             adj.mems.unwrap_or_default()
         );
     }

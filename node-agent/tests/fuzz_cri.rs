@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{adjustment, edge_i64, edge_u64, num, text, Num};
+use common::{
+    adjustment, cpu_set, cpuset_list, edge_i64, edge_u64, node_set, num, shown, text, Num,
+};
 use k8s_cri::v1 as cri;
 use node_agent::cri_proxy::convert::{
     apply_linux_resources, cgroup_parent_from_verbose, container_key, create_overlay,
@@ -200,8 +202,8 @@ fn created_as(
         .get_or_insert_with(Default::default)
         .resources
         .get_or_insert_with(Default::default);
-    merge_str(&mut res.cpuset_cpus, &adj.cpus);
-    merge_str(&mut res.cpuset_mems, &adj.mems);
+    merge_str(&mut res.cpuset_cpus, &shown(adj.cpus));
+    merge_str(&mut res.cpuset_mems, &shown(adj.mems));
     if let Some(r) = &adj.record {
         cfg.annotations.insert(GRANT_KEY.to_string(), r.clone());
     }
@@ -213,8 +215,8 @@ fn updated_as(
     adj: &Adjustment,
 ) -> cri::UpdateContainerResourcesRequest {
     let res = req.linux.get_or_insert_with(Default::default);
-    merge_str(&mut res.cpuset_cpus, &adj.cpus);
-    merge_str(&mut res.cpuset_mems, &adj.mems);
+    merge_str(&mut res.cpuset_cpus, &shown(adj.cpus));
+    merge_str(&mut res.cpuset_mems, &shown(adj.mems));
     if let Some(r) = &adj.record {
         req.annotations.insert(GRANT_KEY.to_string(), r.clone());
     }
@@ -335,8 +337,8 @@ proptest! {
         period in proptest::option::of(edge_u64()),
         quota in proptest::option::of(edge_i64()),
         memory in proptest::option::of(edge_i64()),
-        cpus in common::cpuset(),
-        mems in proptest::option::of(common::cpuset()),
+        cpus in cpu_set(),
+        mems in proptest::option::of(node_set()),
     ) {
         let info = ContainerInfo {
             cpu_shares: shares,
@@ -345,7 +347,7 @@ proptest! {
             memory_limit: memory,
             ..Default::default()
         };
-        let u = Update { container_id: "c".into(), cpus: cpus.clone(), mems: mems.clone() };
+        let u = Update { container_id: "c".into(), cpus, mems };
         let r = update_resources(&info, &u);
         let sat = |v: Option<u64>| i64::try_from(v.unwrap_or(0)).unwrap_or(i64::MAX);
         prop_assert_eq!(r.cpu_shares, sat(shares));
@@ -353,8 +355,8 @@ proptest! {
         prop_assert!(r.cpu_shares >= 0 && r.cpu_period >= 0);
         prop_assert_eq!(r.cpu_quota, quota.unwrap_or(0));
         prop_assert_eq!(r.memory_limit_in_bytes, memory.unwrap_or(0));
-        prop_assert_eq!(&r.cpuset_cpus, &cpus);
-        prop_assert_eq!(&r.cpuset_mems, &mems.unwrap_or_default());
+        prop_assert_eq!(&r.cpuset_cpus, &cpus.to_string());
+        prop_assert_eq!(&r.cpuset_mems, &shown(mems).unwrap_or_default());
 
         let mut back = ContainerInfo::default();
         apply_linux_resources(&mut back, &r);
@@ -409,7 +411,7 @@ proptest! {
     #[test]
     fn verbose_numbers_are_read_without_wrapping(
         shares in num(), quota in num(), period in num(), limit in num(),
-        cpus in proptest::option::of(text()), parent in proptest::option::of(text()),
+        cpus in proptest::option::of(cpuset_list()), parent in proptest::option::of(text()),
     ) {
         let mut cpu = serde_json::Map::new();
         put(&mut cpu, "shares", &shares);
@@ -430,7 +432,7 @@ proptest! {
         prop_assert_eq!(c.cpu_quota, quota.exact_i64().filter(|q| *q != 0));
         prop_assert_eq!(c.cpu_period, period.exact_u64().filter(|p| *p > 0));
         prop_assert_eq!(c.memory_limit, limit.exact_i64().filter(|m| *m > 0));
-        prop_assert_eq!(c.cpus, cpus.filter(|s| !s.is_empty()));
+        prop_assert_eq!(shown(c.cpus), cpus.filter(|s| !s.is_empty()));
         prop_assert_eq!(
             cgroup_parent_from_verbose(&verbose(&doc)),
             parent.filter(|s| !s.is_empty())

@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{adjustment, json_object, json_value, num, text, Num};
+use common::{
+    adjustment, cpu_set, cpuset_list, json_object, json_value, node_set, num, shown, text, Num,
+};
 use hyper::Method;
 use node_agent::docker_proxy::convert::{
     apply_resources, info_from_create, info_from_inspect, percent_decode, query_param,
@@ -15,6 +17,7 @@ use node_agent::{Adjustment, ContainerInfo, Update};
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 use tap_engine::request::GRANT_KEY;
+use tap_engine::{CpuSet, NodeSet};
 
 // ---- helpers ----------------------------------------------------------------------------
 
@@ -260,7 +263,10 @@ proptest! {
         (hc, nums) in host_config(),
         labels in k8s_labels(),
         env in json_value(),
-        cpus in json_value(),
+        cpus in prop_oneof![
+            3 => cpuset_list().prop_map(Value::String),
+            1 => json_value().prop_filter("a non-string", |v| !v.is_string()),
+        ],
     ) {
         let mut hc = hc;
         let body = reparse(&json!({"Labels": labels, "Env": env, "HostConfig": hc}));
@@ -279,16 +285,29 @@ proptest! {
                                       "HostConfig": hc}));
         let info = info_from_inspect(&inspect, None).expect("a Kubernetes container");
         check_resources(&info, &hc, &nums);
-        prop_assert_eq!(
-            info.cpus.as_deref(),
-            cpus.as_str().filter(|s| !s.is_empty())
-        );
+        let got = shown(info.cpus);
+        prop_assert_eq!(got.as_deref(), cpus.as_str().filter(|s| !s.is_empty()));
 
         // An update body (flat) keeps what it does not set.
         let before = info.clone();
         let mut after = info.clone();
         apply_resources(&mut after, &reparse(&Value::Object(hc.clone())));
         prop_assert_eq!(after, before);
+    }
+
+    /// A cpuset of any text from dockerd is read as the set it names, or not at all (empty,
+    /// or not the kernel's list syntax).
+    #[test]
+    fn inspect_reads_any_cpuset_text_as_a_set_or_nothing(
+        cpus in text(),
+        mems in text(),
+        labels in k8s_labels(),
+    ) {
+        let inspect = json!({"Name": "/k8s_app_web_default_u_0", "Config": {"Labels": labels},
+                             "HostConfig": {"CpusetCpus": cpus, "CpusetMems": mems}});
+        let info = info_from_inspect(&inspect, None).expect("a Kubernetes container");
+        prop_assert_eq!(info.cpus, CpuSet::parse(&cpus).ok().filter(|s| !s.is_empty()));
+        prop_assert_eq!(info.mems, NodeSet::parse(&mems).ok().filter(|s| !s.is_empty()));
     }
 
     /// rewrite_create on any JSON object: after the proxy's serialize/parse round trip, every
@@ -337,9 +356,11 @@ proptest! {
         prop_assert_eq!(unowned(&sent, &adj).to_string(), unowned(&plain, &adj).to_string());
         let hc = &sent["HostConfig"];
         if let Some(c) = &adj.cpus {
+            let c = c.to_string();
             prop_assert_eq!(hc["CpusetCpus"].as_str(), Some(c.as_str()));
         }
         if let Some(m) = &adj.mems {
+            let m = m.to_string();
             prop_assert_eq!(hc["CpusetMems"].as_str(), Some(m.as_str()));
         }
         if let Some(r) = &adj.record {
@@ -356,10 +377,10 @@ proptest! {
         let mut want = body.clone();
         if let Some(obj) = want.as_object_mut() {
             if let Some(c) = &adj.cpus {
-                obj.insert("CpusetCpus".into(), Value::String(c.clone()));
+                obj.insert("CpusetCpus".into(), Value::String(c.to_string()));
             }
             if let Some(m) = &adj.mems {
-                obj.insert("CpusetMems".into(), Value::String(m.clone()));
+                obj.insert("CpusetMems".into(), Value::String(m.to_string()));
             }
         }
         prop_assert_eq!(reparse(&rewritten).to_string(), reparse(&want).to_string());
@@ -367,12 +388,12 @@ proptest! {
 
     /// The body of an update for another container is exactly its cpuset.
     #[test]
-    fn update_body_round_trips(cpus in text(), mems in proptest::option::of(text())) {
-        let u = Update { container_id: "c".into(), cpus: cpus.clone(), mems: mems.clone() };
+    fn update_body_round_trips(cpus in cpu_set(), mems in proptest::option::of(node_set())) {
+        let u = Update { container_id: "c".into(), cpus, mems };
         let v = reparse(&update_body(&u));
-        let mut want = json!({"CpusetCpus": cpus});
+        let mut want = json!({"CpusetCpus": cpus.to_string()});
         if let Some(m) = mems {
-            want["CpusetMems"] = Value::String(m);
+            want["CpusetMems"] = Value::String(m.to_string());
         }
         prop_assert_eq!(v, want);
     }

@@ -32,8 +32,9 @@ pub mod topology_aware;
 
 pub use crate::types::Choice;
 
-use crate::cpuset::{CpuSet, NodeSet};
+use crate::cpuset::CpuSet;
 use crate::grant::Grant;
+use crate::nodeset::NodeSet;
 use crate::request::{ContainerRequest, PolicyKind, Qos};
 use crate::state::StateView;
 use crate::topology::{Level, PoolId};

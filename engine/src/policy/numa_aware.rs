@@ -3,8 +3,9 @@
 //! most free request capacity. Capacity is accounted by requests; CPUs are shared.
 
 use super::{Choice, Policy, Settings};
-use crate::cpuset::{CpuSet, NodeSet};
+use crate::cpuset::CpuSet;
 use crate::grant::Grant;
+use crate::nodeset::NodeSet;
 use crate::request::{ContainerRequest, PolicyKind};
 use crate::state::StateView;
 use crate::types::Reason;

@@ -10,8 +10,9 @@
 
 use super::{pool_choice, Choice, Policy, Settings};
 use crate::cpu_picker::pick_exclusive;
-use crate::cpuset::{CpuSet, NodeSet};
+use crate::cpuset::CpuSet;
 use crate::grant::Grant;
+use crate::nodeset::NodeSet;
 use crate::request::{ContainerRequest, PolicyKind};
 use crate::state::StateView;
 use crate::topology::{Level, Pool, PoolId};

@@ -2,7 +2,8 @@
 //! together, so that an inconsistent tree is an error (or a warning) instead of a wrong model.
 
 use super::error::{DiscoveryError, DiscoveryWarning};
-use crate::cpuset::{CpuSet, NodeSet};
+use crate::cpuset::CpuSet;
+use crate::nodeset::NodeSet;
 use crate::topology::RawNode;
 
 /// A NUMA node as read, with the files its facts came from.

@@ -3,7 +3,8 @@
 //! Every variant names the sysfs file (or directory) it is about, and the CPUs where CPUs are
 //! involved, so that an operator can look at the same file on the machine.
 
-use crate::cpuset::{CpuSet, NodeSet, MAX_IDS};
+use crate::cpuset::{CpuSet, MAX_IDS};
+use crate::nodeset::NodeSet;
 use std::io;
 
 // CPU and node sets are boxed: a set is 128 bytes, which would make every `Result` carrying

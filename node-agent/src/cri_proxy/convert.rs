@@ -1,7 +1,7 @@
 //! The pure part of the CRI proxy: CRI messages to and from the agent's view of a container,
 //! and the overlays that write an adjustment into a request.
 
-use crate::agent::{Adjustment, ContainerInfo, PodInfo, Update};
+use crate::agent::{runtime_cpus, runtime_nodes, Adjustment, ContainerInfo, PodInfo, Update};
 use k8s_cri::v1 as cri;
 use prost::Message;
 use serde_json::Value;
@@ -105,8 +105,8 @@ pub fn update_overlay(adj: &Adjustment) -> Option<Vec<u8>> {
 
 fn cpuset_resources(adj: &Adjustment) -> cri::LinuxContainerResources {
     cri::LinuxContainerResources {
-        cpuset_cpus: adj.cpus.clone().unwrap_or_default(),
-        cpuset_mems: adj.mems.clone().unwrap_or_default(),
+        cpuset_cpus: adj.cpus.map(|c| c.to_string()).unwrap_or_default(),
+        cpuset_mems: adj.mems.map(|m| m.to_string()).unwrap_or_default(),
         ..Default::default()
     }
 }
@@ -128,8 +128,8 @@ pub fn update_resources(info: &ContainerInfo, u: &Update) -> cri::LinuxContainer
         cpu_quota: info.cpu_quota.unwrap_or(0),
         cpu_period: saturate(info.cpu_period),
         memory_limit_in_bytes: info.memory_limit.unwrap_or(0),
-        cpuset_cpus: u.cpus.clone(),
-        cpuset_mems: u.mems.clone().unwrap_or_default(),
+        cpuset_cpus: u.cpus.to_string(),
+        cpuset_mems: u.mems.map(|m| m.to_string()).unwrap_or_default(),
         ..Default::default()
     }
 }
@@ -154,11 +154,11 @@ pub fn resources_from_verbose(info: &HashMap<String, String>, c: &mut ContainerI
     if let Some(p) = cpu["period"].as_u64().filter(|p| *p > 0) {
         c.cpu_period = Some(p);
     }
-    if let Some(s) = cpu["cpus"].as_str().filter(|s| !s.is_empty()) {
-        c.cpus = Some(s.to_string());
+    if let Some(s) = cpu["cpus"].as_str().and_then(|s| runtime_cpus(&c.id, s)) {
+        c.cpus = Some(s);
     }
-    if let Some(s) = cpu["mems"].as_str().filter(|s| !s.is_empty()) {
-        c.mems = Some(s.to_string());
+    if let Some(s) = cpu["mems"].as_str().and_then(|s| runtime_nodes(&c.id, s)) {
+        c.mems = Some(s);
     }
     if let Some(m) = spec["linux"]["resources"]["memory"]["limit"]
         .as_i64()
@@ -186,6 +186,7 @@ pub fn cgroup_parent_from_verbose(info: &HashMap<String, String>) -> Option<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::test_sets::*;
     use crate::cri_proxy::grpc::{frame, unary_message};
     use crate::Adjustment;
     use prost::Message;
@@ -269,10 +270,10 @@ mod tests {
             .resources
             .get_or_insert_with(Default::default);
         if let Some(c) = &adj.cpus {
-            res.cpuset_cpus = c.clone();
+            res.cpuset_cpus = c.to_string();
         }
         if let Some(m) = &adj.mems {
-            res.cpuset_mems = m.clone();
+            res.cpuset_mems = m.to_string();
         }
         if let Some(r) = &adj.record {
             cfg.annotations.insert(GRANT_KEY.to_string(), r.clone());
@@ -289,8 +290,8 @@ mod tests {
     #[test]
     fn create_overlay_sets_the_cpuset_and_keeps_the_rest() {
         let adj = Adjustment {
-            cpus: Some("0-23".into()),
-            mems: Some("0".into()),
+            cpus: Some(cpu_set("0-23")),
+            mems: Some(node_set("0")),
             record: Some("v1;x".into()),
             updates: vec![],
         };
@@ -322,7 +323,7 @@ mod tests {
             cfg.annotations.insert(GRANT_KEY.into(), "old".into());
         }
         let cpus_only = Adjustment {
-            cpus: Some("8-9".into()),
+            cpus: Some(cpu_set("8-9")),
             mems: None,
             ..adj.clone()
         };
@@ -359,8 +360,8 @@ mod tests {
             ..Default::default()
         };
         let adj = Adjustment {
-            cpus: Some("24-47".into()),
-            mems: Some("1".into()),
+            cpus: Some(cpu_set("24-47")),
+            mems: Some(node_set("1")),
             record: Some("v1;y".into()),
             updates: vec![],
         };
@@ -392,8 +393,8 @@ mod tests {
         assert_eq!(c.cpu_shares, Some(2048));
         assert_eq!(c.cpu_quota, Some(400_000));
         assert_eq!(c.cpu_period, Some(100_000));
-        assert_eq!(c.cpus.as_deref(), Some("0-1"));
-        assert_eq!(c.mems.as_deref(), Some("0"));
+        assert_eq!(shown(c.cpus).as_deref(), Some("0-1"));
+        assert_eq!(shown(c.mems).as_deref(), Some("0"));
         assert_eq!(c.memory_limit, Some(64 << 20));
         assert_eq!(c.env, vec!["A=1"]);
         assert_eq!(
@@ -420,7 +421,7 @@ mod tests {
             &info,
             &Update {
                 container_id: "k".into(),
-                cpus: "4-7".into(),
+                cpus: cpu_set("4-7"),
                 mems: None,
             },
         );
@@ -443,7 +444,7 @@ mod tests {
         };
         let u = Update {
             container_id: "k".into(),
-            cpus: "0".into(),
+            cpus: cpu_set("0"),
             mems: None,
         };
         let r = update_resources(&info, &u);

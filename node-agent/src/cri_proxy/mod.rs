@@ -21,7 +21,7 @@ pub mod grpc;
 
 pub use convert::*;
 
-use crate::agent::{Agent, ContainerInfo, PodInfo, Update};
+use crate::agent::{runtime_cpus, runtime_nodes, Agent, ContainerInfo, PodInfo, Update};
 use crate::flags::Flags;
 use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime, RECONCILE_EVERY};
 use crate::ledger::state_file::StateFile;
@@ -225,11 +225,11 @@ impl LedgerRuntime for CriProxy {
                 .and_then(|r| r.linux.as_ref())
             {
                 apply_linux_resources(&mut info, r);
-                if !r.cpuset_cpus.is_empty() {
-                    info.cpus = Some(r.cpuset_cpus.clone());
+                if let Some(cpus) = runtime_cpus(&info.id, &r.cpuset_cpus) {
+                    info.cpus = Some(cpus);
                 }
-                if !r.cpuset_mems.is_empty() {
-                    info.mems = Some(r.cpuset_mems.clone());
+                if let Some(mems) = runtime_nodes(&info.id, &r.cpuset_mems) {
+                    info.mems = Some(mems);
                 }
             }
             resources_from_verbose(&st.info, &mut info);

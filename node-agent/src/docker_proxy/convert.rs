@@ -1,7 +1,7 @@
 //! The pure part of the Docker proxy: routing, label parsing, and the rewriting of create and
 //! update bodies.
 
-use crate::agent::{Adjustment, ContainerInfo, PodInfo, Update};
+use crate::agent::{runtime_cpus, runtime_nodes, Adjustment, ContainerInfo, PodInfo, Update};
 use hyper::Method;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -228,14 +228,9 @@ pub fn info_from_inspect(
     info.env = env_of(config.get("Env"));
     if let Some(hc) = inspect.get("HostConfig") {
         apply_resources(&mut info, hc);
-        let s = |k: &str| {
-            hc.get(k)
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-        };
-        info.cpus = s("CpusetCpus");
-        info.mems = s("CpusetMems");
+        let s = |k: &str| hc.get(k).and_then(Value::as_str).unwrap_or("");
+        info.cpus = runtime_cpus(&info.id, s("CpusetCpus"));
+        info.mems = runtime_nodes(&info.id, s("CpusetMems"));
     }
     Some(info)
 }
@@ -265,10 +260,10 @@ pub fn rewrite_create(body: &mut Value, adj: &Adjustment) -> bool {
     }
     if let Some(hc) = hc.as_object_mut() {
         if let Some(c) = &adj.cpus {
-            hc.insert("CpusetCpus".into(), Value::String(c.clone()));
+            hc.insert("CpusetCpus".into(), Value::String(c.to_string()));
         }
         if let Some(m) = &adj.mems {
-            hc.insert("CpusetMems".into(), Value::String(m.clone()));
+            hc.insert("CpusetMems".into(), Value::String(m.to_string()));
         }
     }
     if let Some(rec) = &adj.record {
@@ -292,11 +287,11 @@ pub fn rewrite_update(body: &mut Value, adj: &Adjustment) -> bool {
     };
     let mut changed = false;
     if let Some(c) = &adj.cpus {
-        obj.insert("CpusetCpus".into(), Value::String(c.clone()));
+        obj.insert("CpusetCpus".into(), Value::String(c.to_string()));
         changed = true;
     }
     if let Some(m) = &adj.mems {
-        obj.insert("CpusetMems".into(), Value::String(m.clone()));
+        obj.insert("CpusetMems".into(), Value::String(m.to_string()));
         changed = true;
     }
     changed
@@ -304,9 +299,9 @@ pub fn rewrite_update(body: &mut Value, adj: &Adjustment) -> bool {
 
 /// The body of `POST /containers/{id}/update` that applies an [`Update`].
 pub fn update_body(u: &Update) -> Value {
-    let mut v = json!({ "CpusetCpus": u.cpus });
+    let mut v = json!({ "CpusetCpus": u.cpus.to_string() });
     if let Some(m) = &u.mems {
-        v["CpusetMems"] = Value::String(m.clone());
+        v["CpusetMems"] = Value::String(m.to_string());
     }
     v
 }
@@ -314,6 +309,7 @@ pub fn update_body(u: &Update) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::test_sets::*;
 
     fn labels(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs
@@ -456,8 +452,8 @@ mod tests {
         );
         assert_eq!(info.env, vec!["A=1", "VA_VISIBLE_DEVICES=0"]);
         let adj = Adjustment {
-            cpus: Some("0-23".into()),
-            mems: Some("0".into()),
+            cpus: Some(cpu_set("0-23")),
+            mems: Some(node_set("0")),
             record: Some("v1;p=topology-aware".into()),
             updates: vec![],
         };
@@ -486,7 +482,7 @@ mod tests {
     #[test]
     fn malformed_host_config_or_labels_are_forwarded_unchanged() {
         let adj = Adjustment {
-            cpus: Some("0-3".into()),
+            cpus: Some(cpu_set("0-3")),
             mems: None,
             record: Some("v1;r".into()),
             updates: vec![],
@@ -525,7 +521,7 @@ mod tests {
         assert_eq!(info.cpu_period, Some(100_000));
         assert_eq!(info.memory_limit, Some(1 << 30));
         let adj = Adjustment {
-            cpus: Some("24-47".into()),
+            cpus: Some(cpu_set("24-47")),
             ..Default::default()
         };
         assert!(rewrite_update(&mut up, &adj));
@@ -533,8 +529,8 @@ mod tests {
         assert!(up.get("CpusetMems").is_none());
         let u = Update {
             container_id: "c".into(),
-            cpus: "1-3".into(),
-            mems: Some("0".into()),
+            cpus: cpu_set("1-3"),
+            mems: Some(node_set("0")),
         };
         assert_eq!(
             update_body(&u),
@@ -555,7 +551,7 @@ mod tests {
         });
         let info = info_from_inspect(&v, None).unwrap();
         assert_eq!(info.id, "k8s_app_web_default_u_0");
-        assert_eq!(info.cpus.as_deref(), Some("0-1"));
+        assert_eq!(shown(info.cpus).as_deref(), Some("0-1"));
         assert_eq!(info.mems, None);
         assert_eq!(info.cpu_shares, Some(2));
         assert_eq!(

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tap_engine::grant::Grant;
 use tap_engine::request::GRANT_KEY;
-use tap_engine::CpuSet;
+use tap_engine::{CpuSet, NodeSet};
 
 /// The span of one hook (a create, update, stop or remove as a mode sees it): every log line of
 /// the hook carries the hook, the mode and, once the ledger knows them, the Pod, its namespace
@@ -63,24 +63,19 @@ pub struct Listed {
     pub info: ContainerInfo,
 }
 
-/// The cpuset and memory nodes a runtime holds for a container (kernel list syntax, as the
-/// runtime writes it; normalised so equal sets compare equal).
+/// The cpuset and memory nodes a runtime holds for a container (no memory nodes and an empty
+/// set of them are the same).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Applied {
-    cpus: String,
-    mems: Option<String>,
+    cpus: CpuSet,
+    mems: Option<NodeSet>,
 }
 
 impl Applied {
-    fn new(cpus: &str, mems: Option<&str>) -> Applied {
-        let norm = |s: &str| {
-            CpuSet::parse(s)
-                .map(|c| c.to_string())
-                .unwrap_or_else(|_| s.trim().to_string())
-        };
+    fn new(cpus: CpuSet, mems: Option<NodeSet>) -> Applied {
         Applied {
-            cpus: norm(cpus),
-            mems: mems.map(norm).filter(|m| !m.is_empty()),
+            cpus,
+            mems: mems.filter(|m| !m.is_empty()),
         }
     }
 }
@@ -334,8 +329,7 @@ impl Ledger {
                 e.applied = t
                     .adjustment
                     .cpus
-                    .as_deref()
-                    .map(|c| Applied::new(c, t.adjustment.mems.as_deref()));
+                    .map(|c| Applied::new(c, t.adjustment.mems));
                 if let Some(r) = &t.adjustment.record {
                     e.info.annotations.insert(GRANT_KEY.into(), r.clone());
                 }
@@ -466,11 +460,8 @@ impl Ledger {
         e.info = *after_info;
         e.seq = seq;
         let adj = &t.adjustment;
-        if let Some(c) = adj.cpus.as_deref() {
-            let mems = adj
-                .mems
-                .as_deref()
-                .or(e.applied.as_ref().and_then(|a| a.mems.as_deref()));
+        if let Some(c) = adj.cpus {
+            let mems = adj.mems.or(e.applied.as_ref().and_then(|a| a.mems));
             e.applied = Some(Applied::new(c, mems));
         }
         if let Some(r) = &adj.record {
@@ -511,7 +502,7 @@ impl Ledger {
         let mut b = self.book();
         if let Some(key) = b.resolve(&u.container_id) {
             if let Some(e) = b.entries.get_mut(&key) {
-                e.applied = Some(Applied::new(&u.cpus, u.mems.as_deref()));
+                e.applied = Some(Applied::new(u.cpus, u.mems));
             }
         }
     }
@@ -627,10 +618,7 @@ impl Ledger {
                 if !l.runtime_id.is_empty() {
                     b.ids.insert(l.runtime_id.clone(), info.id.clone());
                 }
-                let applied = info
-                    .cpus
-                    .as_deref()
-                    .map(|c| Applied::new(c, info.mems.as_deref()));
+                let applied = info.cpus.map(|c| Applied::new(c, info.mems));
                 b.entries.insert(
                     info.id.clone(),
                     Entry {
@@ -660,11 +648,7 @@ impl Ledger {
             for l in &listed {
                 if let Some(e) = b.entries.get_mut(&l.info.id) {
                     if matches!(e.state, State::Committed) && e.seq < since {
-                        e.applied = l
-                            .info
-                            .cpus
-                            .as_deref()
-                            .map(|c| Applied::new(c, l.info.mems.as_deref()));
+                        e.applied = l.info.cpus.map(|c| Applied::new(c, l.info.mems));
                         touched.push(l.info.id.clone());
                     }
                 }
@@ -700,7 +684,7 @@ impl Ledger {
             let Some((cpus, mems)) = self.agent.current(&key) else {
                 continue;
             };
-            let want = Applied::new(&cpus, mems.as_deref());
+            let want = Applied::new(cpus, mems);
             if e.applied.as_ref() == Some(&want) {
                 continue;
             }

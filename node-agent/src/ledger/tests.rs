@@ -1,6 +1,7 @@
 //! The ledger's lifecycle rules on a fixture topology (pure logic: no runtime).
 
 use super::*;
+use crate::agent::test_sets::*;
 use crate::agent::PodInfo;
 use crate::metrics::Metrics;
 use tap_engine::sysfs::discover_dir;
@@ -53,7 +54,7 @@ async fn created(l: &Ledger, c: ContainerInfo, id: &str) -> Adjustment {
 async fn a_duplicate_create_never_touches_the_first_grant() {
     let l = Ledger::new(agent(), None);
     let first = created(&l, container("k1", "burstable", 4, 8), "id1").await;
-    assert_eq!(first.cpus.as_deref(), Some("0-23"));
+    assert_eq!(shown(first.cpus).as_deref(), Some("0-23"));
     let before = l.agent().snapshot();
     // The kubelet retries the create; the runtime answers "name already reserved".
     let t = l.begin_create(container("k1", "burstable", 4, 8)).await;
@@ -104,20 +105,20 @@ async fn an_exclusive_create_shrinks_shared_containers_after_the_runtime_said_ye
         shared.push(adj.cpus.expect("placed"));
     }
     let t = l.begin_create(container("g", "guaranteed", 4, 4)).await;
-    let mine = CpuSet::parse(t.adjustment.cpus.as_deref().expect("exclusive")).unwrap();
+    let mine = t.adjustment.cpus.expect("exclusive");
     let ups = l.commit_create(t, Some("idg".into()));
     assert_eq!(ups.len(), 1, "{ups:?}");
     let i = shared
         .iter()
-        .position(|c| CpuSet::parse(c).unwrap().intersects(&mine))
+        .position(|c| c.intersects(&mine))
         .expect("the node of the exclusive CPUs has a shared container");
     assert_eq!(
         ups[0].container_id,
         format!("ids{i}"),
         "updates name the runtime id"
     );
-    let shrunk = CpuSet::parse(&ups[0].cpus).unwrap();
-    assert_eq!(shrunk, CpuSet::parse(&shared[i]).unwrap().difference(&mine));
+    let shrunk = ups[0].cpus;
+    assert_eq!(shrunk, shared[i].difference(&mine));
     // Until the runtime confirms, the update is still wanted; after, it is not.
     l.applied(&ups[0]);
     assert!(l.release("unknown", true).is_empty());
@@ -194,7 +195,7 @@ async fn restore_reads_changed_records_and_survives_a_corrupt_file() {
     let want = a.agent().snapshot();
     // What the runtime lists after an agent restart: the create-time record in the container.
     let mut live = container("k", "burstable", 6, 8);
-    live.cpus = adj.cpus.clone();
+    live.cpus = adj.cpus;
     live.annotations
         .insert(GRANT_KEY.into(), adj.record.clone().unwrap());
     let listed = vec![Listed {
@@ -227,9 +228,9 @@ async fn reconcile_releases_what_the_runtime_lost_and_adopts_what_it_has() {
     let since = l.now();
     // The runtime restarted: only "a" survived, and "x" appeared (created around us).
     let mut x = container("x", "burstable", 2, 4);
-    x.cpus = Some("24-47".into());
+    x.cpus = Some(cpu_set("24-47"));
     let mut alive = container("a", "burstable", 4, 8);
-    alive.cpus = a.cpus.clone();
+    alive.cpus = a.cpus;
     let listed = vec![
         Listed {
             runtime_id: "ida".into(),
@@ -285,7 +286,7 @@ async fn huge_requests_neither_panic_nor_wrap() {
         c.memory_limit = Some(i64::MAX);
         let adj = created(&l, c, &format!("id{i}")).await;
         // Larger than the machine: the whole machine, never one NUMA node.
-        if let Some(cpus) = adj.cpus.as_deref() {
+        if let Some(cpus) = shown(adj.cpus).as_deref() {
             assert_eq!(cpus, "0-95", "request {shares} shares");
         }
     }

@@ -4,9 +4,10 @@ use super::proto::{
     Container, ContainerAdjustment, ContainerUpdate, Event, LinuxCPU, LinuxContainerAdjustment,
     LinuxContainerUpdate, LinuxResources, PodSandbox,
 };
-use crate::agent::{Adjustment, ContainerInfo, PodInfo, Update};
+use crate::agent::{runtime_cpus, runtime_nodes, Adjustment, ContainerInfo, PodInfo, Update};
 use std::collections::HashMap;
 use tap_engine::request::GRANT_KEY;
+use tap_engine::{CpuSet, NodeSet};
 
 /// The events kunpeng-tap subscribes to. Only events up to REMOVE_CONTAINER (11): a bit outside
 /// the runtime's valid mask (0x7FF up to NRI v0.9) fails the registration.
@@ -56,11 +57,6 @@ pub fn pod_info(pod: &PodSandbox) -> PodInfo {
     }
 }
 
-fn non_empty(s: &str) -> Option<String> {
-    let t = s.trim();
-    (!t.is_empty()).then(|| t.to_string())
-}
-
 /// Copies CPU and memory figures from NRI resources into `info` (only those that are set).
 pub fn apply_resources(info: &mut ContainerInfo, r: &LinuxResources) {
     if let Some(cpu) = r.cpu.as_ref() {
@@ -73,10 +69,10 @@ pub fn apply_resources(info: &mut ContainerInfo, r: &LinuxResources) {
         if let Some(p) = cpu.period.as_ref() {
             info.cpu_period = (p.value > 0).then_some(p.value);
         }
-        if let Some(c) = non_empty(&cpu.cpus) {
+        if let Some(c) = runtime_cpus(&info.id, &cpu.cpus) {
             info.cpus = Some(c);
         }
-        if let Some(m) = non_empty(&cpu.mems) {
+        if let Some(m) = runtime_nodes(&info.id, &cpu.mems) {
             info.mems = Some(m);
         }
     }
@@ -101,7 +97,7 @@ pub fn container_info(pod: Option<&PodSandbox>, c: &Container) -> ContainerInfo 
     info
 }
 
-fn cpu_resources(cpus: &str, mems: Option<&str>) -> LinuxResources {
+fn cpu_resources(cpus: &CpuSet, mems: Option<&NodeSet>) -> LinuxResources {
     let mut cpu = LinuxCPU::new();
     cpu.cpus = cpus.to_string();
     if let Some(m) = mems {
@@ -115,9 +111,9 @@ fn cpu_resources(cpus: &str, mems: Option<&str>) -> LinuxResources {
 /// The ContainerAdjustment for a create: cpuset (and mems) plus the grant record annotation.
 /// `None` when the container is left as it is.
 pub fn adjustment(adj: &Adjustment) -> Option<ContainerAdjustment> {
-    let cpus = adj.cpus.as_deref()?;
+    let cpus = adj.cpus.as_ref()?;
     let mut linux = LinuxContainerAdjustment::new();
-    linux.resources = Some(cpu_resources(cpus, adj.mems.as_deref())).into();
+    linux.resources = Some(cpu_resources(cpus, adj.mems.as_ref())).into();
     let mut out = ContainerAdjustment::new();
     out.linux = Some(linux).into();
     if let Some(rec) = &adj.record {
@@ -130,7 +126,7 @@ pub fn adjustment(adj: &Adjustment) -> Option<ContainerAdjustment> {
 /// may be gone), so an update never fails the event it rides on.
 pub fn container_update(u: &Update) -> ContainerUpdate {
     let mut linux = LinuxContainerUpdate::new();
-    linux.resources = Some(cpu_resources(&u.cpus, u.mems.as_deref())).into();
+    linux.resources = Some(cpu_resources(&u.cpus, u.mems.as_ref())).into();
     let mut out = ContainerUpdate::new();
     out.container_id = u.container_id.clone();
     out.linux = Some(linux).into();
@@ -147,6 +143,7 @@ mod tests {
     use super::super::proto::{LinuxContainer, LinuxMemory, LinuxPodSandbox, OptionalInt64};
     use super::super::proto::{OptionalUInt64, SynchronizeRequest};
     use super::*;
+    use crate::agent::test_sets::*;
     use protobuf::Message;
 
     fn pod() -> PodSandbox {
@@ -223,7 +220,7 @@ mod tests {
         assert_eq!(info.cpu_quota, Some(800_000));
         assert_eq!(info.cpu_period, Some(100_000));
         assert_eq!(info.memory_limit, Some(1 << 30));
-        assert_eq!(info.cpus.as_deref(), Some("0-3"));
+        assert_eq!(shown(info.cpus).as_deref(), Some("0-3"));
         assert_eq!(info.env, vec!["VA_VISIBLE_DEVICES=0".to_string()]);
         assert_eq!(
             info.annotations.get(GRANT_KEY).map(String::as_str),
@@ -249,8 +246,8 @@ mod tests {
     fn adjustment_carries_cpus_mems_and_the_grant_record() {
         assert!(adjustment(&Adjustment::default()).is_none());
         let a = Adjustment {
-            cpus: Some("0-23".into()),
-            mems: Some("0".into()),
+            cpus: Some(cpu_set("0-23")),
+            mems: Some(node_set("0")),
             record: Some("r1".into()),
             updates: vec![],
         };
@@ -266,7 +263,7 @@ mod tests {
         );
         let u = container_update(&Update {
             container_id: "o".into(),
-            cpus: "24-47".into(),
+            cpus: cpu_set("24-47"),
             mems: None,
         });
         assert_eq!(u.container_id, "o");
@@ -289,7 +286,7 @@ mod tests {
         // ContainerAdjustment.linux = 6 (0x32) > LinuxContainerAdjustment.resources = 2 (0x12)
         // > LinuxResources.cpu = 2 (0x12).
         let a = adjustment(&Adjustment {
-            cpus: Some("1".into()),
+            cpus: Some(cpu_set("1")),
             ..Default::default()
         })
         .unwrap();

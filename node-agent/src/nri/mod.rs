@@ -209,11 +209,11 @@ impl NriPlugin {
             let adj = ticket.adjustment.clone();
             (adj, self.ledger.commit_update(ticket))
         };
-        if let Some(cpus) = adj.cpus.clone() {
+        if let Some(cpus) = adj.cpus {
             let own = crate::agent::Update {
                 container_id: id.clone(),
                 cpus,
-                mems: adj.mems.clone(),
+                mems: adj.mems,
             };
             self.ledger.applied(&own);
             resp.update.push(convert::container_update(&own));
@@ -695,7 +695,7 @@ mod tests {
         };
         let mut applied = info("applied");
         let adj = agent.create(&applied);
-        applied.cpus = adj.cpus.clone();
+        applied.cpus = adj.cpus;
         applied
             .annotations
             .insert(tap_engine::request::GRANT_KEY.into(), adj.record.unwrap());

@@ -157,11 +157,40 @@ pub fn cpuset() -> impl Strategy<Value = String> {
     prop_oneof![3 => "[0-9]{1,3}(-[0-9]{1,3})?(,[0-9]{1,3})?", 1 => Just(String::new())]
 }
 
+/// Ids in runs (`a-b` ranges and single ids) anywhere below the sets' limit, possibly none.
+fn id_runs() -> impl Strategy<Value = Vec<usize>> {
+    proptest::collection::vec((0..tap_engine::cpuset::MAX_IDS, 0usize..8), 0..4).prop_map(|runs| {
+        runs.into_iter()
+            .flat_map(|(start, len)| start..(start + len).min(tap_engine::cpuset::MAX_IDS))
+            .collect()
+    })
+}
+
+/// A CPU set as the engine hands it (possibly empty).
+pub fn cpu_set() -> impl Strategy<Value = tap_engine::CpuSet> {
+    id_runs().prop_map(tap_engine::CpuSet::from_ids)
+}
+
+/// A NUMA node set as the engine hands it (possibly empty).
+pub fn node_set() -> impl Strategy<Value = tap_engine::NodeSet> {
+    id_runs().prop_map(tap_engine::NodeSet::from_ids)
+}
+
+/// A cpuset as a runtime writes it: the kernel's list syntax, canonical, possibly empty.
+pub fn cpuset_list() -> impl Strategy<Value = String> {
+    cpu_set().prop_map(|s| s.to_string())
+}
+
+/// A set as its runtime wire string.
+pub fn shown<T: std::fmt::Display>(o: Option<T>) -> Option<String> {
+    o.map(|v| v.to_string())
+}
+
 /// An adjustment as the engine might hand it (any combination of the three parts).
 pub fn adjustment() -> impl Strategy<Value = node_agent::Adjustment> {
     (
-        proptest::option::of(cpuset()),
-        proptest::option::of(cpuset()),
+        proptest::option::of(cpu_set()),
+        proptest::option::of(node_set()),
         proptest::option::of(text()),
     )
         .prop_map(|(cpus, mems, record)| node_agent::Adjustment {

@@ -1,0 +1,144 @@
+//! A set of NUMA node ids: its own type so that node ids and CPU ids cannot be mixed up.
+//!
+//! Same representation, limit ([`MAX_IDS`](crate::cpuset::MAX_IDS)) and kernel list syntax
+//! (`0-3,5`) as [`CpuSet`]; every operation is the bit set's own, inlined, so it costs what a
+//! `CpuSet` costs on the decision path.
+
+use crate::cpuset::{CpuSet, ParseError};
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(transparent)]
+pub struct NodeSet(CpuSet);
+
+impl NodeSet {
+    #[inline]
+    pub const fn new() -> Self {
+        NodeSet(CpuSet::new())
+    }
+
+    /// Inserts `id`. Returns false (and leaves the set unchanged) when `id` is too large.
+    #[inline]
+    pub fn insert(&mut self, id: usize) -> bool {
+        self.0.insert(id)
+    }
+
+    #[inline]
+    pub fn contains(&self, id: usize) -> bool {
+        self.0.contains(id)
+    }
+
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    #[inline]
+    pub fn union(&self, other: &NodeSet) -> NodeSet {
+        NodeSet(self.0.union(&other.0))
+    }
+
+    #[inline]
+    pub fn is_subset(&self, other: &NodeSet) -> bool {
+        self.0.is_subset(&other.0)
+    }
+
+    #[inline]
+    pub fn intersects(&self, other: &NodeSet) -> bool {
+        self.0.intersects(&other.0)
+    }
+
+    /// Ids in ascending order.
+    #[inline]
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.iter()
+    }
+
+    /// Parses the kernel list syntax (`0-1,3`); the empty string is the empty set.
+    pub fn parse(input: &str) -> Result<NodeSet, ParseError> {
+        CpuSet::parse(input).map(NodeSet)
+    }
+
+    pub fn from_ids<I: IntoIterator<Item = usize>>(ids: I) -> NodeSet {
+        NodeSet(CpuSet::from_ids(ids))
+    }
+}
+
+impl FromStr for NodeSet {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        NodeSet::parse(s)
+    }
+}
+
+impl fmt::Display for NodeSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Debug for NodeSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NodeSet({})", self.0)
+    }
+}
+
+impl serde::Serialize for NodeSet {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for NodeSet {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        CpuSet::deserialize(d).map(NodeSet)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_syntax_round_trips() {
+        for s in ["", "0", "0-3", "0-3,5", "1,3,1023"] {
+            assert_eq!(NodeSet::parse(s).unwrap().to_string(), s);
+        }
+        assert!(NodeSet::parse("1-x").is_err());
+        assert!(NodeSet::parse("1024").is_err());
+        assert_eq!(
+            format!("{:?}", NodeSet::parse("0-1").unwrap()),
+            "NodeSet(0-1)"
+        );
+    }
+
+    #[test]
+    fn set_operations() {
+        let a = NodeSet::parse("0-1").unwrap();
+        let b = NodeSet::from_ids([1, 3]);
+        assert_eq!(a.union(&b).to_string(), "0-1,3");
+        assert!(NodeSet::from_ids([1]).is_subset(&a));
+        assert!(!b.is_subset(&a));
+        assert!(a.intersects(&b) && !NodeSet::from_ids([3]).intersects(&a));
+        assert!(b.contains(3) && !b.contains(2));
+        assert_eq!(b.iter().collect::<Vec<_>>(), vec![1, 3]);
+        assert_eq!((b.len(), NodeSet::new().is_empty()), (2, true));
+        let mut c = NodeSet::new();
+        assert!(c.insert(7) && !c.insert(5000));
+        assert_eq!(c, NodeSet::from_ids([7]));
+    }
+
+    #[test]
+    fn serde_is_the_list_string() {
+        let s = NodeSet::parse("0,2-3").unwrap();
+        let j = serde_json::to_string(&s).unwrap();
+        assert_eq!(j, "\"0,2-3\"");
+        assert_eq!(serde_json::from_str::<NodeSet>(&j).unwrap(), s);
+    }
+}
