@@ -8,4 +8,5 @@ pub mod containerd;
 pub mod docker;
 pub mod images;
 pub mod kube;
+pub mod stats;
 pub mod util;
