@@ -173,7 +173,9 @@ fn start_nri_plugins(bin: &Path, ctd: &Containerd, dir: &Path) -> Result<Externa
          spec:\n  pinCPU: true\n  pinMemory: true\n  reservedResources:\n    cpu: 750m\n",
     )?;
     let log = std::fs::File::create(dir.join("nri-plugins.log"))?;
-    let before = ctd_log_count(ctd, "synchroniz");
+    // containerd 1.7 logs `plugin "<name>" connected` once it has synchronized a plugin.
+    const CONNECTED: &str = " connected\"";
+    let before = ctd_log_count(ctd, CONNECTED);
     let child = Command::new(bin)
         .arg(format!("--nri-socket={}", ctd.nri_socket().display()))
         .arg(format!("--config-file={}", cfg.display()))
@@ -192,7 +194,7 @@ fn start_nri_plugins(bin: &Path, ctd: &Containerd, dir: &Path) -> Result<Externa
         .with_context(|| format!("starting {}", bin.display()))?;
     let mut p = ExternalPlugin { child };
     let until = Instant::now() + Duration::from_secs(60);
-    while ctd_log_count(ctd, "synchroniz") <= before {
+    while ctd_log_count(ctd, CONNECTED) <= before {
         if let Some(st) = p.child.try_wait()? {
             bail!(
                 "{} exited ({st}):\n{}",
@@ -266,7 +268,7 @@ async fn run_setup(setup: char, args: &Args, agent_bin: Option<&Path>) -> Result
         }
         _ => bail!("unknown setup {setup}"),
     };
-    let res = measure(&socket, args, agent.as_ref(), ctd.pid()).await;
+    let res = measure(&socket, args, agent.as_ref(), ctd.pid(), setup != 'a').await;
     if res.is_err() {
         eprintln!("--- containerd log\n{}", ctd.log_tail(30));
         if let Some(a) = &agent {
@@ -323,6 +325,7 @@ async fn measure(
     args: &Args,
     agent: Option<&TapAgent>,
     ctd_pid: Option<u32>,
+    plugged: bool,
 ) -> Result<Samples> {
     let mut cri = Cri::connect(socket).await?;
     let mut sandboxes = Vec::new();
@@ -386,12 +389,14 @@ async fn measure(
             "the agent placed {placed} of {total} containers:\n{}",
             a.log_tail(20)
         );
+        s.agent_means = agent_means(&m);
+    }
+    if plugged {
         let last = ids.last().context("no container")?;
         ensure!(
             !cri.spec_cpuset(last).await?.is_empty(),
             "the last container has no cpuset: the plugin did not adjust it"
         );
-        s.agent_means = agent_means(&m);
     }
     for id in &ids {
         let t0 = Instant::now();
