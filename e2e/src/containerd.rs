@@ -131,6 +131,11 @@ impl Containerd {
         &self.dir
     }
 
+    /// The daemon's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// The CRI (and containerd API) socket.
     pub fn cri_socket(&self) -> PathBuf {
         self.dir.join("containerd.sock")
@@ -660,22 +665,33 @@ impl Cri {
         Ok(r.pod_sandbox_id)
     }
 
-    /// CreateContainer in a sandbox made by [`Cri::run_pod`]; returns the container id.
-    pub async fn create_container(&mut self, sandbox: &str, c: &ContainerSpec) -> Result<String> {
+    /// The CreateContainerRequest the kubelet would send for `c` in a sandbox made by
+    /// [`Cri::run_pod`] (built ahead of a timed call).
+    pub fn create_request(
+        &self,
+        sandbox: &str,
+        c: &ContainerSpec,
+    ) -> Result<cri::CreateContainerRequest> {
         let pod = self
             .sandboxes
             .get(sandbox)
-            .cloned()
             .context("unknown sandbox (not run through this client)")?;
+        Ok(cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox.to_string(),
+            config: Some(c.config()),
+            sandbox_config: Some(pod.config()),
+        })
+    }
+
+    /// CreateContainer in a sandbox made by [`Cri::run_pod`]; returns the container id.
+    pub async fn create_container(&mut self, sandbox: &str, c: &ContainerSpec) -> Result<String> {
+        let req = self.create_request(sandbox, c)?;
+        let pod = self.sandboxes.get(sandbox).map(|p| p.name.clone());
         let r = self
             .rt
-            .create_container(cri::CreateContainerRequest {
-                pod_sandbox_id: sandbox.to_string(),
-                config: Some(c.config()),
-                sandbox_config: Some(pod.config()),
-            })
+            .create_container(req)
             .await
-            .with_context(|| format!("CreateContainer {}/{}", pod.name, c.name))?
+            .with_context(|| format!("CreateContainer {}/{}", pod.unwrap_or_default(), c.name))?
             .into_inner();
         Ok(r.container_id)
     }

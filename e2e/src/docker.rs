@@ -366,7 +366,15 @@ impl TapAgent {
 
     /// As [`TapAgent::start`], the agent running under `umask` (e.g. `"000"`) when given.
     pub fn start_with_umask(args: &[String], log: &Path, umask: Option<&str>) -> Result<TapAgent> {
-        let bin = crate::util::agent_binary()?;
+        TapAgent::spawn(&crate::util::agent_binary()?, args, log, umask)
+    }
+
+    /// As [`TapAgent::start`], with the agent binary `bin` (the benchmarks use a release build).
+    pub fn start_binary(bin: &Path, args: &[String], log: &Path) -> Result<TapAgent> {
+        TapAgent::spawn(bin, args, log, None)
+    }
+
+    fn spawn(bin: &Path, args: &[String], log: &Path, umask: Option<&str>) -> Result<TapAgent> {
         let metrics_addr = format!("127.0.0.1:{}", free_port()?);
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -377,10 +385,10 @@ impl TapAgent {
                 let mut c = Command::new("/bin/sh");
                 c.arg("-c")
                     .arg(format!("umask {m} && exec \"$0\" \"$@\""))
-                    .arg(&bin);
+                    .arg(bin);
                 c
             }
-            None => Command::new(&bin),
+            None => Command::new(bin),
         };
         let child = cmd
             .args(args)

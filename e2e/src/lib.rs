@@ -9,4 +9,5 @@ pub mod docker;
 pub mod helm;
 pub mod images;
 pub mod kube;
+pub mod stats;
 pub mod util;

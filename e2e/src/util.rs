@@ -39,25 +39,37 @@ pub fn fixture_dir(name: &str) -> PathBuf {
 /// Builds a binary of this workspace (`cargo build -p <package> --bin <bin>`) and returns its
 /// path under `CARGO_TARGET_DIR` (or `./target`); cargo's own lock makes concurrent calls safe.
 pub fn cargo_bin(package: &str, bin: &str) -> anyhow::Result<PathBuf> {
+    cargo_bin_profile(package, bin, false)
+}
+
+/// As [`cargo_bin`], with `--release` when `release` (the benchmarks measure release builds).
+pub fn cargo_bin_profile(package: &str, bin: &str, release: bool) -> anyhow::Result<PathBuf> {
     use anyhow::Context;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let root = workspace_root();
+    let mut args = vec!["build", "-q", "-p", package, "--bin", bin];
+    if release {
+        args.push("--release");
+    }
     let out = std::process::Command::new(cargo)
         .current_dir(&root)
-        .args(["build", "-q", "-p", package, "--bin", bin])
+        .args(&args)
         .stdin(std::process::Stdio::null())
         .output()
         .context("running cargo build")?;
     if !out.status.success() {
         anyhow::bail!(
-            "cargo build -p {package} --bin {bin} failed:\n{}",
+            "cargo {} failed:\n{}",
+            args.join(" "),
             String::from_utf8_lossy(&out.stderr)
         );
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let p = target.join("debug").join(bin);
+    let p = target
+        .join(if release { "release" } else { "debug" })
+        .join(bin);
     anyhow::ensure!(p.exists(), "{} not found after cargo build", p.display());
     Ok(p)
 }

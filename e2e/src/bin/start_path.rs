@@ -1,0 +1,621 @@
+//! Start-path benchmark: what a placement plugin adds to CreateContainer + StartContainer on a
+//! real containerd 1.7 with runc (docs/start-path.md).
+//!
+//! For every setup, a fresh private containerd (NRI on; tap_e2e::containerd) gets a few Pod
+//! sandboxes and then `--containers` busybox `sleep` containers, created and started one after
+//! the other through CRI and each call timed on the client; all stay running until the end, then
+//! are stopped and removed. Setups:
+//!   a  containerd, NRI on, no plugin (the floor)
+//!   b  kunpeng-tap (release build) as an NRI plugin
+//!   c  kunpeng-tap (release build) as the CRI proxy: the calls go through its socket
+//!   d  containers/nri-plugins' topology-aware plugin as an NRI plugin, when
+//!      hack/e2e/setup-nri-plugins.sh could build it (skipped, with the reason, otherwise)
+//! kunpeng-tap decides on a 96-CPU fixture folded onto this host (`--fold-cpus-to-host`), so
+//! the cpusets runc applies are valid here. `--rounds` repeats the setups in turn, each round
+//! starting one setup later (a b c, b c a, c a b, ...), so drift in the machine's load is spread
+//! over all of them.
+//!
+//! Run as root after hack/e2e/setup-containerd.sh:
+//!   cargo run --release -p tap-e2e --bin start-path -- --containers 200 --rounds 2
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::Parser;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tap_e2e::containerd::{
+    remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
+};
+use tap_e2e::docker::{terminate, TapAgent};
+use tap_e2e::stats::{ms, ms_delta, Summary};
+use tap_e2e::util::{self, fixtures_dir, RmDir};
+
+const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
+/// Where hack/e2e/setup-nri-plugins.sh puts the Go plugin.
+const NRI_PLUGINS_BIN: &str = "/var/cache/kunpeng-tap/bin/nri-topology-aware-v0.12.1";
+
+#[derive(Parser, Debug)]
+#[command(about = "CreateContainer + StartContainer latency with and without a placement plugin")]
+struct Args {
+    /// Measured containers per setup and round.
+    #[arg(long, default_value_t = 200)]
+    containers: usize,
+    /// Unmeasured containers created first in each run (first-use costs).
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    /// Times every setup runs, in turn.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Setups to run (a, b, c, d), comma-separated.
+    #[arg(long, default_value = "a,b,c,d", value_delimiter = ',')]
+    setups: Vec<char>,
+    /// The kunpeng-tap binary (default: `cargo build --release` of node-agent).
+    #[arg(long, env = "TAP_BIN")]
+    agent: Option<PathBuf>,
+    /// The nri-plugins topology-aware binary.
+    #[arg(long, default_value = NRI_PLUGINS_BIN)]
+    nri_plugins: PathBuf,
+    /// Keep the agent logs of each run in this folder.
+    #[arg(long)]
+    keep_logs: Option<PathBuf>,
+}
+
+fn setup_name(s: char) -> &'static str {
+    match s {
+        'a' => "(a) containerd + NRI, no plugin",
+        'b' => "(b) kunpeng-tap, NRI plugin",
+        'c' => "(c) kunpeng-tap, CRI proxy",
+        'd' => "(d) nri-plugins topology-aware v0.12.1",
+        _ => "?",
+    }
+}
+
+/// One run's samples and what the plugin reported about itself.
+#[derive(Default)]
+struct Samples {
+    create: Vec<Duration>,
+    start: Vec<Duration>,
+    both: Vec<Duration>,
+    /// create+start of the Burstable (shared-pool) containers only.
+    both_shared: Vec<Duration>,
+    /// create+start of the Guaranteed (exclusive-CPU) containers only.
+    both_exclusive: Vec<Duration>,
+    /// (p50, p99) of create+start in each run, to show the run-to-run spread.
+    per_run: Vec<(Duration, Duration)>,
+    stop_remove: Vec<Duration>,
+    /// CPU time (user + system, all threads) spent during the create+start phase, and the
+    /// containers of that phase: the agent's and containerd's.
+    agent_cpu: Duration,
+    containerd_cpu: Duration,
+    cpu_containers: u32,
+    /// Mean time per call the agent's own metrics show (engine per hook; proxied calls).
+    agent_means: BTreeMap<String, (f64, u64)>,
+    loads: Vec<String>,
+}
+
+/// User + system CPU time of a process and all its threads so far (`/proc/<pid>/stat`, in
+/// clock ticks of 10 ms).
+fn cpu_time(pid: Option<u32>) -> Duration {
+    let Some(pid) = pid else {
+        return Duration::ZERO;
+    };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Duration::ZERO;
+    };
+    // The fields after the command name (which may hold spaces) start at state (field 3);
+    // utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let ticks = f.iter().sum::<u64>();
+    Duration::from_millis(ticks.saturating_mul(1000 / CLK_TCK))
+}
+
+/// `getconf CLK_TCK` on Linux.
+const CLK_TCK: u64 = 100;
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// The containers of a run: 4 Pods (3 Burstable, 1 Guaranteed); every 8th container is
+/// Guaranteed with 1 exclusive CPU, the others Burstable 250m/500m. On the 96-CPU fixture the
+/// 200 fit (25 exclusive CPUs + 43.75 shared).
+fn pods() -> Vec<(PodSpec, bool)> {
+    let mut v: Vec<(PodSpec, bool)> = (0..3)
+        .map(|i| {
+            (
+                PodSpec::new(&format!("bench-b{i}"), CgroupQos::Burstable),
+                false,
+            )
+        })
+        .collect();
+    v.push((PodSpec::new("bench-g", CgroupQos::Guaranteed), true));
+    v
+}
+
+/// Which Pod container `i` goes to, and its spec (Pod 3 is the Guaranteed one).
+fn container(i: usize) -> (usize, ContainerSpec) {
+    if i % 8 == 7 {
+        let mut c = ContainerSpec::cpus(&format!("c{i}"), 1000, Some(1000));
+        c.memory_limit_bytes = Some(64 << 20);
+        (3, c)
+    } else {
+        (i % 3, ContainerSpec::cpus(&format!("c{i}"), 250, Some(500)))
+    }
+}
+
+/// An NRI plugin that is not kunpeng-tap (setup d); killed on drop.
+struct ExternalPlugin {
+    child: Child,
+}
+
+impl Drop for ExternalPlugin {
+    fn drop(&mut self) {
+        terminate(&mut self.child, Duration::from_secs(5));
+    }
+}
+
+/// Starts the nri-plugins topology-aware plugin with a local config file (no API server: its
+/// `--config-file` replaces the custom resource) and waits until containerd has synchronized it.
+fn start_nri_plugins(bin: &Path, ctd: &Containerd, dir: &Path) -> Result<ExternalPlugin> {
+    let cfg = dir.join("topology-aware.yaml");
+    std::fs::write(
+        &cfg,
+        "apiVersion: config.nri/v1alpha1\nkind: TopologyAwarePolicy\nmetadata:\n  name: default\n\
+         spec:\n  pinCPU: true\n  pinMemory: true\n  reservedResources:\n    cpu: 750m\n",
+    )?;
+    let log = std::fs::File::create(dir.join("nri-plugins.log"))?;
+    // containerd 1.7 logs `plugin "<name>" connected` once it has synchronized a plugin.
+    const CONNECTED: &str = " connected\"";
+    let before = ctd_log_count(ctd, CONNECTED);
+    let child = Command::new(bin)
+        .arg(format!("--nri-socket={}", ctd.nri_socket().display()))
+        .arg(format!("--config-file={}", cfg.display()))
+        .arg(format!(
+            "--state-dir={}",
+            dir.join("nri-plugins-state").display()
+        ))
+        .arg(format!(
+            "--pid-file={}",
+            dir.join("nri-plugins.pid").display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut p = ExternalPlugin { child };
+    let until = Instant::now() + Duration::from_secs(60);
+    while ctd_log_count(ctd, CONNECTED) <= before {
+        if let Some(st) = p.child.try_wait()? {
+            bail!(
+                "{} exited ({st}):\n{}",
+                bin.display(),
+                std::fs::read_to_string(dir.join("nri-plugins.log")).unwrap_or_default()
+            );
+        }
+        ensure!(
+            Instant::now() < until,
+            "the NRI plugin did not register in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(p)
+}
+
+fn ctd_log_count(ctd: &Containerd, needle: &str) -> usize {
+    std::fs::read_to_string(ctd.log_path())
+        .map(|s| s.matches(needle).count())
+        .unwrap_or(0)
+}
+
+/// Mean seconds per observation of every histogram series of the agent's /metrics.
+fn agent_means(text: &str) -> BTreeMap<String, (f64, u64)> {
+    let mut sums = BTreeMap::new();
+    let mut counts = BTreeMap::new();
+    for line in text.lines() {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        for (suffix, map) in [("_sum{", &mut sums), ("_count{", &mut counts)] {
+            if let Some(pos) = series.find(suffix) {
+                let key = format!("{}{}", &series[..pos], &series[pos + suffix.len() - 1..]);
+                if let Ok(v) = value.parse::<f64>() {
+                    map.insert(key, v);
+                }
+            }
+        }
+    }
+    sums.into_iter()
+        .filter_map(|(k, s)| {
+            let n = *counts.get(&k)?;
+            (n > 0.0).then(|| (k, (s / n, n as u64)))
+        })
+        .collect()
+}
+
+async fn run_setup(setup: char, args: &Args, agent_bin: Option<&Path>) -> Result<Samples> {
+    remove_cgroup_tree();
+    let dir = util::temp_dir("tap-sp")?;
+    let _rm = RmDir(dir.clone());
+    let ctd = Containerd::start(ContainerdOptions::default())?;
+    let mut agent = None;
+    let mut external = None;
+    let socket = match setup {
+        'a' => ctd.cri_socket(),
+        'b' => {
+            let bin = agent_bin.context("no agent binary")?;
+            agent = Some(start_agent(bin, &nri_args(&ctd, &dir), &dir)?);
+            ctd.cri_socket()
+        }
+        'c' => {
+            let bin = agent_bin.context("no agent binary")?;
+            let proxy = dir.join("cri.sock");
+            agent = Some(start_agent(bin, &proxy_args(&ctd, &proxy, &dir), &dir)?);
+            proxy
+        }
+        'd' => {
+            external = Some(start_nri_plugins(&args.nri_plugins, &ctd, &dir)?);
+            ctd.cri_socket()
+        }
+        _ => bail!("unknown setup {setup}"),
+    };
+    let res = measure(&socket, args, agent.as_ref(), ctd.pid(), setup != 'a').await;
+    if res.is_err() {
+        eprintln!("--- containerd log\n{}", ctd.log_tail(30));
+        if let Some(a) = &agent {
+            eprintln!("--- agent log\n{}", a.log_tail(30));
+        }
+    }
+    if let Some(keep) = &args.keep_logs {
+        std::fs::create_dir_all(keep)?;
+        for f in ["agent.log", "nri-plugins.log"] {
+            let _ = std::fs::copy(dir.join(f), keep.join(format!("{setup}-{f}")));
+        }
+        let _ = std::fs::copy(ctd.log_path(), keep.join(format!("{setup}-containerd.log")));
+    }
+    drop(agent);
+    drop(external);
+    drop(ctd);
+    remove_cgroup_tree();
+    res
+}
+
+fn nri_args(ctd: &Containerd, dir: &Path) -> Vec<String> {
+    vec![
+        "--container-runtime-mode=NRI".into(),
+        format!("--nri-socket-path={}", ctd.nri_socket().display()),
+        "--resource-policy=topology-aware".into(),
+        format!("--sysfs-root={}", fixtures_dir().join(FIXTURE).display()),
+        "--fold-cpus-to-host".into(),
+        format!("--state-dir={}", dir.join("state").display()),
+    ]
+}
+
+fn proxy_args(ctd: &Containerd, proxy: &Path, dir: &Path) -> Vec<String> {
+    vec![
+        "--container-runtime-mode=Containerd".into(),
+        format!("--runtime-proxy-endpoint={}", proxy.display()),
+        format!(
+            "--container-runtime-service-endpoint={}",
+            ctd.cri_socket().display()
+        ),
+        "--resource-policy=topology-aware".into(),
+        format!("--sysfs-root={}", fixtures_dir().join(FIXTURE).display()),
+        "--fold-cpus-to-host".into(),
+        format!("--state-dir={}", dir.join("state").display()),
+        "--graceful-timeout=2s".into(),
+    ]
+}
+
+fn start_agent(bin: &Path, args: &[String], dir: &Path) -> Result<TapAgent> {
+    TapAgent::start_binary(bin, args, &dir.join("agent.log"))
+}
+
+async fn measure(
+    socket: &Path,
+    args: &Args,
+    agent: Option<&TapAgent>,
+    ctd_pid: Option<u32>,
+    plugged: bool,
+) -> Result<Samples> {
+    let mut cri = Cri::connect(socket).await?;
+    let mut sandboxes = Vec::new();
+    for (pod, _) in pods() {
+        sandboxes.push(cri.run_pod(&pod).await?);
+    }
+    let mut s = Samples {
+        loads: vec![load()],
+        ..Default::default()
+    };
+    let total = args.warmup + args.containers;
+    let mut ids = Vec::with_capacity(total);
+    let agent_pid = agent.and_then(|a| a.pid());
+    let mut cpu0 = (Duration::ZERO, Duration::ZERO);
+    for i in 0..total {
+        if i == args.warmup {
+            cpu0 = (cpu_time(agent_pid), cpu_time(ctd_pid));
+        }
+        let (pod, spec) = container(i);
+        let req = cri.create_request(&sandboxes[pod], &spec)?;
+        let t0 = Instant::now();
+        let id = cri
+            .raw()
+            .create_container(req)
+            .await
+            .with_context(|| format!("CreateContainer {i}"))?
+            .into_inner()
+            .container_id;
+        let t1 = Instant::now();
+        cri.start_container(&id).await?;
+        let t2 = Instant::now();
+        if i >= args.warmup {
+            s.create.push(t1 - t0);
+            s.start.push(t2 - t1);
+            s.both.push(t2 - t0);
+            if pod == 3 {
+                s.both_exclusive.push(t2 - t0);
+            } else {
+                s.both_shared.push(t2 - t0);
+            }
+        }
+        ids.push(id);
+    }
+    s.agent_cpu = cpu_time(agent_pid).saturating_sub(cpu0.0);
+    s.containerd_cpu = cpu_time(ctd_pid).saturating_sub(cpu0.1);
+    s.cpu_containers = u32::try_from(args.containers).unwrap_or(u32::MAX);
+    s.loads.push(load());
+    if let Some(b) = Summary::of(&s.both) {
+        s.per_run.push((b.p50, b.p99));
+    }
+    if let Some(a) = agent {
+        // Every container went through the plugin: one placement each, none failed open.
+        let m = a.metrics()?;
+        let placed: f64 = m
+            .lines()
+            .filter(|l| l.starts_with("tap_placements_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        ensure!(
+            placed as usize == total,
+            "the agent placed {placed} of {total} containers:\n{}",
+            a.log_tail(20)
+        );
+        s.agent_means = agent_means(&m);
+    }
+    if plugged {
+        let last = ids.last().context("no container")?;
+        ensure!(
+            !cri.spec_cpuset(last).await?.is_empty(),
+            "the last container has no cpuset: the plugin did not adjust it"
+        );
+    }
+    for id in &ids {
+        let t0 = Instant::now();
+        cri.stop_container(id).await?;
+        cri.remove_container(id).await?;
+        s.stop_remove.push(t0.elapsed());
+    }
+    cri.remove_all_pods().await?;
+    Ok(s)
+}
+
+fn agent_binary(args: &Args) -> Result<PathBuf> {
+    match &args.agent {
+        Some(p) => Ok(p.clone()),
+        None => util::cargo_bin_profile("node-agent", "kunpeng-tap", true),
+    }
+}
+
+fn print_report(args: &Args, all: &BTreeMap<char, Samples>, skipped: &[(char, String)]) {
+    let base = all.get(&'a').and_then(|s| Summary::of(&s.both));
+    println!(
+        "\n## Start path: CreateContainer + StartContainer, {} containers x {} round(s) per setup\n",
+        args.containers, args.rounds
+    );
+    println!(
+        "| setup | n | create p50 | create p99 | start p50 | start p99 | create+start p50 | \
+         create+start p99 | p99 - (a) | stop+remove p50 |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (setup, s) in all {
+        let (Some(c), Some(st), Some(b), Some(sr)) = (
+            Summary::of(&s.create),
+            Summary::of(&s.start),
+            Summary::of(&s.both),
+            Summary::of(&s.stop_remove),
+        ) else {
+            continue;
+        };
+        let delta = match (setup, base) {
+            ('a', _) | (_, None) => "".to_string(),
+            (_, Some(a)) => ms_delta(a.p99, b.p99),
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            setup_name(*setup),
+            b.n,
+            ms(c.p50),
+            ms(c.p99),
+            ms(st.p50),
+            ms(st.p99),
+            ms(b.p50),
+            ms(b.p99),
+            delta,
+            ms(sr.p50),
+        );
+    }
+    println!(
+        "\nBy kind of container (create+start, ms; Guaranteed containers take exclusive CPUs, \
+         which shrinks the shared pool: the plugin then also updates the cpusets of running \
+         containers):\n"
+    );
+    println!("| setup | Burstable n | p50 | p99 | Guaranteed n | p50 | p99 |");
+    println!("|---|---|---|---|---|---|---|");
+    for (setup, s) in all {
+        if let (Some(sh), Some(ex)) = (Summary::of(&s.both_shared), Summary::of(&s.both_exclusive))
+        {
+            println!(
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                setup_name(*setup),
+                sh.n,
+                ms(sh.p50),
+                ms(sh.p99),
+                ex.n,
+                ms(ex.p50),
+                ms(ex.p99)
+            );
+        }
+    }
+    println!("\nEach run's create+start p50 / p99 (ms), the spread between runs of one setup:");
+    for (setup, s) in all {
+        let runs: Vec<String> = s
+            .per_run
+            .iter()
+            .map(|(a, b)| format!("{} / {}", ms(*a), ms(*b)))
+            .collect();
+        println!("  {}: {}", setup_name(*setup), runs.join(", "));
+    }
+    println!(
+        "\nCPU time per measured container during create+start (user + system, all threads; \
+         10 ms ticks summed over the run):"
+    );
+    for (setup, s) in all {
+        let n = s.cpu_containers.max(1);
+        println!(
+            "  {}: containerd {} ms, kunpeng-tap {} ms",
+            setup_name(*setup),
+            ms(s.containerd_cpu / n),
+            if *setup == 'b' || *setup == 'c' {
+                ms(s.agent_cpu / n)
+            } else {
+                "-".into()
+            }
+        );
+    }
+    println!("\n(milliseconds; p50 - (a) of create+start:");
+    if let Some(a) = base {
+        for (setup, s) in all.iter().filter(|(k, _)| **k != 'a') {
+            if let Some(b) = Summary::of(&s.both) {
+                println!("  {}: {}", setup_name(*setup), ms_delta(a.p50, b.p50));
+            }
+        }
+    }
+    println!(")");
+    for (setup, why) in skipped {
+        println!("\n{} skipped: {why}", setup_name(*setup));
+    }
+    for (setup, s) in all {
+        if !s.agent_means.is_empty() {
+            println!(
+                "\n{} — the agent's own mean time per call:",
+                setup_name(*setup)
+            );
+            for (k, (mean, n)) in &s.agent_means {
+                println!("  {k}: {:.1} µs x {n}", mean * 1e6);
+            }
+        }
+        println!(
+            "{} load averages (1/5/15 min) at the start and end of each run: {}",
+            setup_name(*setup),
+            s.loads.join(" -> ")
+        );
+    }
+}
+
+impl Samples {
+    fn extend(&mut self, o: Samples) {
+        self.create.extend(o.create);
+        self.start.extend(o.start);
+        self.both.extend(o.both);
+        self.both_shared.extend(o.both_shared);
+        self.both_exclusive.extend(o.both_exclusive);
+        self.per_run.extend(o.per_run);
+        self.agent_cpu += o.agent_cpu;
+        self.containerd_cpu += o.containerd_cpu;
+        self.cpu_containers = self.cpu_containers.saturating_add(o.cpu_containers);
+        self.stop_remove.extend(o.stop_remove);
+        for (k, (mean, n)) in o.agent_means {
+            let e = self.agent_means.entry(k).or_insert((0.0, 0));
+            let total = e.1 + n;
+            if total > 0 {
+                e.0 = (e.0 * e.1 as f64 + mean * n as f64) / total as f64;
+            }
+            e.1 = total;
+        }
+        self.loads.extend(o.loads);
+    }
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    ensure!(args.containers > 0 && args.rounds > 0, "nothing to measure");
+    tap_e2e::containerd::check_installed()?;
+    let needs_agent = args.setups.iter().any(|s| matches!(s, 'b' | 'c'));
+    let agent_bin = if needs_agent {
+        Some(agent_binary(&args)?)
+    } else {
+        None
+    };
+    let mut setups = Vec::new();
+    let mut skipped = Vec::new();
+    for s in &args.setups {
+        match s {
+            'd' if !args.nri_plugins.exists() => skipped.push((
+                'd',
+                format!(
+                    "{} is absent; hack/e2e/setup-nri-plugins.sh builds it where the Go module \
+                     proxy serves all of it (docs/start-path.md says why it does not today)",
+                    args.nri_plugins.display()
+                ),
+            )),
+            'a' | 'b' | 'c' | 'd' => setups.push(*s),
+            other => bail!("unknown setup {other:?} (a, b, c or d)"),
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    println!(
+        "host: {} CPUs, load {} at start; agent {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        load(),
+        agent_bin
+            .as_ref()
+            .map_or("-".into(), |p| p.display().to_string())
+    );
+    let mut all: BTreeMap<char, Samples> = BTreeMap::new();
+    for round in 0..args.rounds {
+        // Each round starts one setup later (a b c, b c a, c a b, ...): no setup always runs
+        // first, when the containerd image cache and the machine are in a given state.
+        let mut order = setups.clone();
+        if !order.is_empty() {
+            let k = round % order.len();
+            order.rotate_left(k);
+        }
+        for &s in &order {
+            let t = Instant::now();
+            let r = rt.block_on(run_setup(s, &args, agent_bin.as_deref()))?;
+            let both = Summary::of(&r.both);
+            eprintln!(
+                "round {} {}: p50 {} p99 {} ms ({:.0?})",
+                round + 1,
+                setup_name(s),
+                both.map_or("-".into(), |b| ms(b.p50)),
+                both.map_or("-".into(), |b| ms(b.p99)),
+                t.elapsed()
+            );
+            all.entry(s).or_default().extend(r);
+        }
+    }
+    print_report(&args, &all, &skipped);
+    Ok(())
+}
