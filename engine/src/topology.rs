@@ -289,13 +289,26 @@ impl Topology {
     }
 
     /// A multi-line, human-readable rendering of the pool tree.
+    /// The pools depth first from the root, children in order (the tree as printed).
+    pub fn walk(&self) -> Vec<&Pool> {
+        let mut out = Vec::with_capacity(self.pools.len());
+        let mut stack = vec![0];
+        while let Some(id) = stack.pop() {
+            let Some(p) = self.pools.get(id) else {
+                continue;
+            };
+            out.push(p);
+            stack.extend(p.children.iter().rev());
+        }
+        out
+    }
+
     pub fn describe(&self) -> String {
         let mut out = String::new();
-        fn walk(t: &Topology, id: PoolId, out: &mut String) {
-            let p = &t.pools[id];
-            let indent = "  ".repeat(p.depth as usize);
+        for p in self.walk() {
             out.push_str(&format!(
-                "{indent}{} [{}] cpus {} ({}) mems {} mem {} GiB\n",
+                "{}{} [{}] cpus {} ({}) mems {} mem {} GiB\n",
+                "  ".repeat(p.depth as usize),
                 p.name,
                 p.level,
                 p.cpus,
@@ -303,11 +316,7 @@ impl Topology {
                 p.mems,
                 p.memory_bytes >> 30
             ));
-            for c in &p.children {
-                walk(t, *c, out);
-            }
         }
-        walk(self, 0, &mut out);
         out
     }
 }

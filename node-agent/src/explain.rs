@@ -2,6 +2,7 @@
 
 use crate::agent::{Agent, ContainerInfo, PodInfo};
 use std::fmt::Write as _;
+use tap_engine::topology::{Level, Topology};
 
 /// Sample containers: (name, QoS cgroup, request CPUs, limit CPUs).
 const SAMPLES: [(&str, &str, u64, Option<u64>); 5] = [
@@ -11,6 +12,37 @@ const SAMPLES: [(&str, &str, u64, Option<u64>); 5] = [
     ("guaranteed-4", "", 4, Some(4)),
     ("besteffort", "besteffort", 0, None),
 ];
+
+/// The pool tree, one line per pool; cluster pools only when cluster affinity is on (they are
+/// not placed on otherwise).
+fn pool_tree(topo: &Topology, clusters: bool) -> String {
+    let mut out = String::new();
+    let mut hidden = 0usize;
+    for p in topo.walk() {
+        if p.level == Level::Cluster && !clusters {
+            hidden += 1;
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "{}{} [{}] cpus {} ({}) mems {} mem {} GiB",
+            "  ".repeat(p.depth as usize),
+            p.name,
+            p.level,
+            p.cpus,
+            p.cpus.len(),
+            p.mems,
+            p.memory_bytes >> 30
+        );
+    }
+    if hidden > 0 {
+        let _ = writeln!(
+            out,
+            "  ({hidden} cluster pools not shown: --topology-cluster-affinity is off)"
+        );
+    }
+    out
+}
 
 pub fn explain(agent: &Agent) -> String {
     let topo = agent.topology();
@@ -41,12 +73,15 @@ pub fn explain(agent: &Agent) -> String {
     for dev in &topo.devices {
         let _ = writeln!(
             out,
-            "  pci {} class {:#08x} numa node {:?}",
-            dev.address, dev.class, dev.numa_node
+            "  pci {} class {:#08x} numa node {}",
+            dev.address,
+            dev.class,
+            dev.numa_node
+                .map_or_else(|| "unknown".to_string(), |n| n.to_string())
         );
     }
     let _ = writeln!(out, "pool tree:");
-    out.push_str(&topo.describe());
+    out.push_str(&pool_tree(topo, cfg.cluster_affinity));
     let _ = writeln!(
         out,
         "policy: {} (memory topology {}, cluster affinity {}, exclusive CPUs {})",
@@ -54,8 +89,9 @@ pub fn explain(agent: &Agent) -> String {
     );
     let _ = writeln!(
         out,
-        "sample decisions (each placed after the ones above it):"
+        "sample decisions (each placed after the ones above it): cpus (pool), mems: why"
     );
+    let mut notes = agent.notes().attach();
     for (i, (name, qos, req, lim)) in SAMPLES.iter().enumerate() {
         let c = ContainerInfo {
             id: format!("sample-{i}"),
@@ -72,14 +108,66 @@ pub fn explain(agent: &Agent) -> String {
             ..Default::default()
         };
         let adj = agent.create(&c);
-        let _ = writeln!(
-            out,
-            "  {name:<16} -> cpus [{}] mems [{}]",
-            adj.cpus
-                .map(|c| c.to_string())
-                .unwrap_or_else(|| "unchanged".into()),
-            adj.mems.unwrap_or_default()
-        );
+        // The note the agent made for the Pod Event says where and why.
+        let why = notes
+            .as_mut()
+            .and_then(|rx| rx.try_recv().ok())
+            .map(|n| n.message);
+        let line = match (why, adj.cpus) {
+            (Some(w), _) => w,
+            (None, Some(cpus)) => format!("cpus {cpus}"),
+            (None, None) => "unchanged".into(),
+        };
+        let _ = writeln!(out, "  {name:<16} -> {line}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+    use tap_engine::{Engine, EngineConfig};
+
+    fn agent(cluster_affinity: bool) -> Agent {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/sysfs/synthetic-2s-4numa-96c-gpu");
+        let raw = tap_engine::sysfs::discover_dir(&root).expect("fixture");
+        let topo = Arc::new(Topology::build(&raw).expect("topology"));
+        let cfg = EngineConfig {
+            cluster_affinity,
+            ..Default::default()
+        };
+        Agent::new(
+            Engine::new(topo, cfg),
+            Arc::new(Metrics::new()),
+            None,
+            "explain",
+        )
+    }
+
+    #[test]
+    fn samples_say_pool_and_reason_and_the_tree_follows_the_settings() {
+        let out = explain(&agent(false));
+        assert!(
+            out.contains("pci 0000:10:00.0 class 0x030000 numa node 1"),
+            "{out}"
+        );
+        assert!(!out.contains("Some("), "debug formatting: {out}");
+        assert!(
+            !out.contains("[cluster]"),
+            "cluster pools listed with affinity off: {out}"
+        );
+        assert!(out.contains("24 cluster pools not shown"), "{out}");
+        assert!(
+            out.contains("burstable-4-8    -> cpus 0-23 (numa0): fits one numa"),
+            "{out}"
+        );
+        assert!(out.contains("(numa2, exclusive)"), "{out}");
+        let with = explain(&agent(true));
+        assert!(with.contains("cluster0 [cluster] cpus 0-3"), "{with}");
+        assert!(!with.contains("not shown"), "{with}");
+    }
 }
