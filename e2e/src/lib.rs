@@ -8,4 +8,6 @@ pub mod containerd;
 pub mod docker;
 pub mod images;
 pub mod kube;
+pub mod nri_runtime;
+pub mod procmem;
 pub mod util;
