@@ -80,8 +80,16 @@ fn node(i: usize) -> String {
 
 /// Write requests on NodeTopologies so far, from the API server's /metrics.
 fn writes(k: &KubeCluster) -> Result<f64> {
-    let text = k.kubectl_ok(&["get", "--raw", "/metrics"])?;
-    Ok(count_writes(&text))
+    // With 1,000 watchers the exposition is large and a busy API server slow to send it: a
+    // longer timeout than kubectl's usual 10 s (the last flag wins), and retries.
+    let mut last = None;
+    for _ in 0..5 {
+        match k.kubectl_ok(&["get", "--raw", "/metrics", "--request-timeout=120s"]) {
+            Ok(text) => return Ok(count_writes(&text)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no /metrics")))
 }
 
 /// The sum of `apiserver_request_total` samples of resource `nodetopologies` with a write verb
@@ -237,7 +245,14 @@ async fn run(o: &Opts, k: &KubeCluster, topo: Arc<Topology>) -> Result<()> {
         // Every node reported, then one usage interval for the start-up writes to settle.
         let t0 = Instant::now();
         loop {
-            let got = tokio::task::block_in_place(|| reported(k))?;
+            // Listing every object can time out while the links start: not yet.
+            let got = match tokio::task::block_in_place(|| reported(k)) {
+                Ok(got) => got,
+                Err(e) => {
+                    eprintln!("listing NodeTopologies: {e:#}");
+                    0
+                }
+            };
             if got >= n {
                 break;
             }
