@@ -60,7 +60,10 @@ mod tests {
     fn reads_this_process() {
         let m = ProcMemory::read(std::process::id()).unwrap();
         assert!(m.rss_kib > 0 && m.hwm_kib >= m.rss_kib);
-        assert_eq!(m.rss_kib, m.anon_kib + m.file_kib + m.shmem_kib);
+        // The kernel reads the counters one by one while other test threads allocate.
+        let parts = m.anon_kib + m.file_kib + m.shmem_kib;
+        assert!(m.rss_kib.abs_diff(parts) < 4096, "{m:?}");
+        assert!(m.file_kib > 0 && m.smaps_anonymous_kib > 0, "{m:?}");
         assert!(m.threads >= 1);
     }
 
