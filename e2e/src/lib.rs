@@ -9,5 +9,7 @@ pub mod docker;
 pub mod helm;
 pub mod images;
 pub mod kube;
+pub mod nri_runtime;
+pub mod procmem;
 pub mod stats;
 pub mod util;

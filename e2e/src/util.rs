@@ -88,6 +88,32 @@ pub fn agent_binary() -> anyhow::Result<PathBuf> {
     .map_err(anyhow::Error::msg)
 }
 
+/// The release build of the `kunpeng-tap` agent for measurements: `TAP_BIN` if set, else
+/// `<CARGO_TARGET_DIR or ./target>/release/kunpeng-tap`, which must exist (`cargo build
+/// --release -p node-agent --bin kunpeng-tap`): a measurement never builds a debug agent.
+pub fn release_agent_binary() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("TAP_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let p = target.join("release").join("kunpeng-tap");
+    anyhow::ensure!(
+        p.exists(),
+        "{} is missing: run `cargo build --release -p node-agent --bin kunpeng-tap` first (or set TAP_BIN)",
+        p.display()
+    );
+    Ok(p)
+}
+
+/// The 1-, 5- and 15-minute load averages (`/proc/loadavg`), as `uptime` prints them.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(", "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
 /// Drops ANSI colour sequences from a log.
 pub fn strip_ansi(s: &str) -> String {
     let mut out = String::with_capacity(s.len());

@@ -6,7 +6,8 @@
 //! - caches the last policy in `--state-dir` so a restart applies it before (or without) the
 //!   API server;
 //! - writes the NodeTopology status (discovered topology, per-zone usage, containers, agent
-//!   mode and version, conditions) on change, at most once per [`STATUS_MIN_INTERVAL`].
+//!   mode and version, conditions) on change, at most once per [`STATUS_MIN_INTERVAL`], and
+//!   at most once per [`USAGE_MIN_INTERVAL`] when only the usage changed.
 //!
 //! - with `--pod-events` (default on) records an Event on the Pod for each placement
 //!   ([`events`]);
@@ -39,6 +40,10 @@ pub use policy::{CachedPolicy, ConfigSource};
 
 /// The shortest time between two status writes.
 pub const STATUS_MIN_INTERVAL: Duration = Duration::from_secs(5);
+/// The shortest time between two status writes when only the usage changed (zones' allocation,
+/// container count): under container churn a node writes at most once per this interval, so N
+/// nodes send at most N / 15 writes per second (docs/scale.md).
+pub const USAGE_MIN_INTERVAL: Duration = Duration::from_secs(15);
 /// The field manager of the agent's status writes.
 pub const FIELD_MANAGER: &str = "kunpeng-tap-agent";
 /// File in `--state-dir` holding the last policy.
@@ -72,6 +77,9 @@ struct Link {
     cache_path: PathBuf,
     state: Mutex<State>,
     changed: Notify,
+    pod_events: bool,
+    nrt: NrtMode,
+    nrt_advertised: nrt::Advertised,
 }
 
 impl Link {
@@ -116,11 +124,101 @@ impl Link {
     }
 }
 
-async fn client() -> Result<kube::Client, kube::Error> {
+/// A client for the API server from the usual places (in-cluster service account, else
+/// `KUBECONFIG` / `~/.kube/config`).
+pub async fn connect() -> Result<kube::Client, kube::Error> {
     let config = kube::Config::infer()
         .await
         .map_err(kube::Error::InferConfig)?;
     kube::Client::try_from(config)
+}
+
+/// What one link needs besides the agent and a client.
+#[derive(Debug, Clone)]
+pub struct LinkOptions {
+    /// The NodeTopology (node) name.
+    pub node: String,
+    /// The flags' engine configuration (in force when no policy is assigned).
+    pub base: EngineConfig,
+    /// The policy cache file.
+    pub cache_path: PathBuf,
+    /// Record placement Events on Pods (`--pod-events`).
+    pub pod_events: bool,
+    /// Publish the NodeResourceTopology (`--node-resource-topology`).
+    pub nrt: NrtMode,
+    /// What the NodeResourceTopology advertises.
+    pub nrt_advertised: nrt::Advertised,
+}
+
+impl LinkOptions {
+    pub fn from_flags(flags: &Flags) -> LinkOptions {
+        LinkOptions {
+            node: node_name(flags),
+            base: flags.engine_config(),
+            cache_path: flags.state_dir.join(CACHE_FILE),
+            pod_events: flags.pod_events,
+            nrt: flags.node_resource_topology,
+            nrt_advertised: nrt::Advertised {
+                policy: flags.nrt_topology_manager_policy.clone(),
+            },
+        }
+    }
+}
+
+impl Link {
+    /// A link with the cached policy applied, so placement follows the cluster's choice even
+    /// before (or without) the API server.
+    fn new(opts: LinkOptions, agent: Arc<Agent>) -> Link {
+        let LinkOptions {
+            node,
+            base,
+            cache_path,
+            pod_events,
+            nrt,
+            nrt_advertised,
+        } = opts;
+        let link = Link {
+            pod_events,
+            nrt,
+            nrt_advertised,
+            agent: agent.clone(),
+            base: base.clone(),
+            node: node.clone(),
+            cache_path: cache_path.clone(),
+            state: Mutex::new(State {
+                source: ConfigSource::Flags,
+                generation: None,
+                invalid: None,
+            }),
+            changed: Notify::new(),
+        };
+        match policy::load_cache(&cache_path) {
+            Ok(Some(c)) if c.node == node => {
+                match policy::engine_config(&base, c.policy.as_ref()) {
+                    Ok(cfg) => {
+                        tracing::info!(path = %cache_path.display(), policy = %cfg.policy, "policy from the cache");
+                        agent.set_config(cfg);
+                        let mut st = link.state();
+                        st.source = if c.policy.is_some() {
+                            ConfigSource::Cache
+                        } else {
+                            ConfigSource::Flags
+                        };
+                        st.generation = c.generation;
+                    }
+                    Err(e) => tracing::warn!("cached policy ignored: {e}"),
+                }
+            }
+            Ok(Some(c)) => {
+                tracing::info!(cached = %c.node, node = %node, "cached policy is for another node; ignored")
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(path = %cache_path.display(), "cached policy unreadable: {e}")
+            }
+        }
+        link
+    }
 }
 
 /// Runs until `shutdown` is cancelled.
@@ -129,49 +227,10 @@ pub async fn run(
     agent: Arc<Agent>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let node = node_name(flags);
-    let base = flags.engine_config();
-    let cache_path = flags.state_dir.join(CACHE_FILE);
-    let link = Arc::new(Link {
-        agent: agent.clone(),
-        base: base.clone(),
-        node: node.clone(),
-        cache_path: cache_path.clone(),
-        state: Mutex::new(State {
-            source: ConfigSource::Flags,
-            generation: None,
-            invalid: None,
-        }),
-        changed: Notify::new(),
-    });
-
-    // The cached policy first, so placement follows the cluster's choice even before (or
-    // without) the API server.
-    match policy::load_cache(&cache_path) {
-        Ok(Some(c)) if c.node == node => match policy::engine_config(&base, c.policy.as_ref()) {
-            Ok(cfg) => {
-                tracing::info!(path = %cache_path.display(), policy = %cfg.policy, "policy from the cache");
-                agent.set_config(cfg);
-                let mut st = link.state();
-                st.source = if c.policy.is_some() {
-                    ConfigSource::Cache
-                } else {
-                    ConfigSource::Flags
-                };
-                st.generation = c.generation;
-            }
-            Err(e) => tracing::warn!("cached policy ignored: {e}"),
-        },
-        Ok(Some(c)) => {
-            tracing::info!(cached = %c.node, node = %node, "cached policy is for another node; ignored")
-        }
-        Ok(None) => {}
-        Err(e) => tracing::warn!(path = %cache_path.display(), "cached policy unreadable: {e}"),
-    }
-
+    let link = Arc::new(Link::new(LinkOptions::from_flags(flags), agent));
     // Connect (retrying: the agent works without the API server meanwhile).
     let client = loop {
-        match client().await {
+        match connect().await {
             Ok(c) => break c,
             Err(e) => {
                 tracing::warn!("no API server configuration yet: {e}; retrying in 10s");
@@ -182,15 +241,32 @@ pub async fn run(
             }
         }
     };
+    serve(link, client, shutdown).await;
+    Ok(())
+}
+
+/// Runs the link of `opts.node` over `client` until `shutdown` is cancelled. Several links can
+/// share one client: this is how one process simulates many agents (`tap-kube-scale`).
+pub async fn run_with_client(
+    opts: LinkOptions,
+    agent: Arc<Agent>,
+    client: kube::Client,
+    shutdown: CancellationToken,
+) {
+    serve(Arc::new(Link::new(opts, agent)), client, shutdown).await
+}
+
+async fn serve(link: Arc<Link>, client: kube::Client, shutdown: CancellationToken) {
+    let node = link.node.clone();
     tracing::info!(node = %node, "NodeTopology link started");
     let api: Api<NodeTopology> = Api::all(client.clone());
     let event_writer = {
-        let rx = if flags.pod_events {
-            agent.notes().attach()
+        let rx = if link.pod_events {
+            link.agent.notes().attach()
         } else {
             None
         };
-        let (client, node, agent) = (client.clone(), node.clone(), agent.clone());
+        let (client, node, agent) = (client.clone(), node.clone(), link.agent.clone());
         async move {
             match rx {
                 Some(rx) => events::publish(client, &node, rx, agent.metrics().clone()).await,
@@ -200,11 +276,9 @@ pub async fn run(
     };
     let nrt_writer = write_nrt(
         link.clone(),
-        client,
-        flags.node_resource_topology,
-        nrt::Advertised {
-            policy: flags.nrt_topology_manager_policy.clone(),
-        },
+        client.clone(),
+        link.nrt,
+        link.nrt_advertised.clone(),
     );
 
     let watch = {
@@ -237,7 +311,7 @@ pub async fn run(
     let writer = {
         let (link, api) = (link.clone(), api.clone());
         async move {
-            let mut limiter = status::RateLimiter::new(STATUS_MIN_INTERVAL);
+            let mut limiter = status::RateLimiter::new(STATUS_MIN_INTERVAL, USAGE_MIN_INTERVAL);
             let mut previous: Option<tap_api::NodeTopologyStatus> = None;
             loop {
                 tokio::select! {
@@ -299,7 +373,6 @@ pub async fn run(
         _ = event_writer => {}
         _ = shutdown.cancelled() => {}
     }
-    Ok(())
 }
 
 /// How often `auto` looks again for the NodeResourceTopology CRD while it is not served.
@@ -320,7 +393,8 @@ async fn nrt_served(client: &kube::Client) -> bool {
 }
 
 /// Publishes the node's NodeResourceTopology (server-side apply, the agent's field manager)
-/// while the CRD is served, at most once per [`STATUS_MIN_INTERVAL`] and only when it changed.
+/// while the CRD is served, only when it changed and at most once per [`USAGE_MIN_INTERVAL`]
+/// (it is all usage: the same bound as usage-only status changes).
 /// Never returns (pending for ever when `mode` is off).
 async fn write_nrt(link: Arc<Link>, client: kube::Client, mode: NrtMode, adv: nrt::Advertised) {
     if mode == NrtMode::Off {
@@ -334,7 +408,7 @@ async fn write_nrt(link: Arc<Link>, client: kube::Client, mode: NrtMode, adv: nr
         plural: nrt::PLURAL.into(),
     };
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-    let mut pacer = nrt::Pacer::new(STATUS_MIN_INTERVAL);
+    let mut pacer = nrt::Pacer::new(USAGE_MIN_INTERVAL);
     let (mut served, mut checked, mut warned) = (false, None::<Instant>, false);
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;

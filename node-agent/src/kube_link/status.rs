@@ -152,11 +152,14 @@ pub fn node_status(
     }
 }
 
-/// Writes on change only, and at most once per interval (a failed write is retried after the
-/// interval too).
+/// Writes on change only: at most once per `interval` after a change of what the agent is
+/// (topology, configuration, conditions), and at most once per `usage_interval` when only the
+/// usage changed (zones' allocation, container counts), so container churn costs the API server
+/// a bounded number of writes per node. A failed write is retried after the interval too.
 #[derive(Debug)]
 pub struct RateLimiter {
     interval: Duration,
+    usage_interval: Duration,
     last_attempt: Option<Instant>,
     last_sent: Option<NodeTopologyStatus>,
 }
@@ -169,25 +172,57 @@ fn without_times(s: &NodeTopologyStatus) -> NodeTopologyStatus {
     s
 }
 
+/// The status without its usage figures.
+fn without_usage(mut s: NodeTopologyStatus) -> NodeTopologyStatus {
+    s.zones.clear();
+    s.containers = 0;
+    s.allocated = None;
+    s
+}
+
+/// How a status differs from the last one written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    None,
+    /// Only zones' usage, the container count or the allocation.
+    Usage,
+    /// Anything else (topology, agent configuration, conditions).
+    Other,
+}
+
 impl RateLimiter {
-    pub fn new(interval: Duration) -> RateLimiter {
+    pub fn new(interval: Duration, usage_interval: Duration) -> RateLimiter {
         RateLimiter {
             interval,
+            usage_interval: usage_interval.max(interval),
             last_attempt: None,
             last_sent: None,
         }
     }
 
-    pub fn should_send(&self, now: Instant, st: &NodeTopologyStatus) -> bool {
-        if self
-            .last_sent
-            .as_ref()
-            .is_some_and(|l| without_times(l) == without_times(st))
-        {
-            return false;
+    /// How `st` differs from the last status written.
+    pub fn change(&self, st: &NodeTopologyStatus) -> Change {
+        let Some(last) = self.last_sent.as_ref() else {
+            return Change::Other;
+        };
+        let (last, st) = (without_times(last), without_times(st));
+        if last == st {
+            Change::None
+        } else if without_usage(last) == without_usage(st) {
+            Change::Usage
+        } else {
+            Change::Other
         }
+    }
+
+    pub fn should_send(&self, now: Instant, st: &NodeTopologyStatus) -> bool {
+        let wait = match self.change(st) {
+            Change::None => return false,
+            Change::Usage => self.usage_interval,
+            Change::Other => self.interval,
+        };
         self.last_attempt
-            .is_none_or(|t| now.saturating_duration_since(t) >= self.interval)
+            .is_none_or(|t| now.saturating_duration_since(t) >= wait)
     }
 
     pub fn sent(&mut self, now: Instant, st: &NodeTopologyStatus) {
@@ -293,18 +328,70 @@ mod tests {
         let e = engine();
         let a = node_status(&e, &facts(ConfigSource::Flags), None, &t(1));
         let b = node_status(&e, &facts(ConfigSource::NodeTopology), None, &t(1));
-        let mut rl = RateLimiter::new(Duration::from_secs(5));
+        let mut rl = RateLimiter::new(Duration::from_secs(5), Duration::from_secs(15));
         let t0 = Instant::now();
         assert!(rl.should_send(t0, &a));
         rl.sent(t0, &a);
         // Unchanged (even with a new timestamp): never.
         let a_later = node_status(&e, &facts(ConfigSource::Flags), None, &t(99));
+        assert_eq!(rl.change(&a_later), Change::None);
         assert!(!rl.should_send(t0 + Duration::from_secs(60), &a_later));
-        // Changed: only after the interval.
+        // Changed configuration: only after the short interval.
+        assert_eq!(rl.change(&b), Change::Other);
         assert!(!rl.should_send(t0 + Duration::from_secs(2), &b));
         assert!(rl.should_send(t0 + Duration::from_secs(5), &b));
         rl.failed(t0 + Duration::from_secs(5));
         assert!(!rl.should_send(t0 + Duration::from_secs(6), &b));
         assert!(rl.should_send(t0 + Duration::from_secs(10), &b));
+    }
+
+    fn burstable(id: &str, milli: u64) -> ContainerRequest {
+        ContainerRequest {
+            id: id.into(),
+            pod_uid: format!("u-{id}"),
+            pod_name: id.into(),
+            namespace: "default".into(),
+            container_name: "app".into(),
+            qos: Some(Qos::Burstable),
+            cpu_request_milli: milli,
+            cpu_limit_milli: None,
+            memory_limit_bytes: None,
+            device_nodes: vec![],
+            overrides: Default::default(),
+        }
+    }
+
+    /// Container churn changes only the usage: one write per usage interval however fast it
+    /// goes, while a configuration change still goes out after the short interval.
+    #[test]
+    fn churn_is_written_at_most_once_per_usage_interval() {
+        let mut e = engine();
+        let f = facts(ConfigSource::Flags);
+        let mut rl = RateLimiter::new(Duration::from_secs(5), Duration::from_secs(15));
+        let t0 = Instant::now();
+        let first = node_status(&e, &f, None, &t(1));
+        rl.sent(t0, &first);
+        // One create per second for a minute: a write at 15, 30, 45 and 60 s only.
+        let mut writes = Vec::new();
+        for s in 1..=60u64 {
+            e.create(&burstable(&format!("c{s}"), 100));
+            let st = node_status(&e, &f, None, &t(1));
+            assert_eq!(rl.change(&st), Change::Usage);
+            let now = t0 + Duration::from_secs(s);
+            if rl.should_send(now, &st) {
+                rl.sent(now, &st);
+                writes.push(s);
+            }
+        }
+        assert_eq!(writes, vec![15, 30, 45, 60]);
+        // A configuration change (with usage) waits only the short interval.
+        e.create(&burstable("last", 100));
+        let changed = node_status(&e, &facts(ConfigSource::NodeTopology), None, &t(1));
+        assert_eq!(rl.change(&changed), Change::Other);
+        assert!(!rl.should_send(t0 + Duration::from_secs(64), &changed));
+        assert!(rl.should_send(t0 + Duration::from_secs(65), &changed));
+        // The usage interval is never shorter than the configuration one.
+        let odd = RateLimiter::new(Duration::from_secs(5), Duration::from_secs(1));
+        assert_eq!(odd.usage_interval, Duration::from_secs(5));
     }
 }
