@@ -18,6 +18,10 @@
 //! seconds: first with no churn, then with each churn rate (container creates per node per
 //! second, each create also removing the node's oldest container once it has 8), after one
 //! usage interval of warm-up. It prints one Markdown table row per (N, churn) and the load.
+//!
+//! With `--nrt` it also installs the NodeResourceTopology CRD (hack/e2e/setup-nrt-crd.sh; or
+//! `TAP_NRT_CRD`) and runs the links with NodeResourceTopology publishing on, and counts those
+//! writes (`noderesourcetopologies`) in a column of their own.
 
 use anyhow::{bail, Context, Result};
 use node_agent::agent::{Agent, ContainerInfo, PodInfo};
@@ -37,6 +41,7 @@ struct Opts {
     churn: Vec<f64>,
     window: Duration,
     fixture: String,
+    nrt: bool,
 }
 
 fn list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>> {
@@ -55,6 +60,7 @@ fn parse() -> Result<Opts> {
         churn: vec![0.1, 1.0],
         window: Duration::from_secs(60),
         fixture: "synthetic-2s-4numa-96c-gpu".into(),
+        nrt: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -64,8 +70,9 @@ fn parse() -> Result<Opts> {
             "--churn" => o.churn = list(&value("--churn")?)?,
             "--window" => o.window = Duration::from_secs(value("--window")?.parse()?),
             "--fixture" => o.fixture = value("--fixture")?,
+            "--nrt" => o.nrt = true,
             "-h" | "--help" => {
-                println!("tap-kube-scale [--nodes 10,100,1000] [--churn 0.1,1] [--window SECONDS] [--fixture NAME]");
+                println!("tap-kube-scale [--nodes 10,100,1000] [--churn 0.1,1] [--window SECONDS] [--fixture NAME] [--nrt]");
                 std::process::exit(0);
             }
             other => bail!("unknown argument {other:?} (see --help)"),
@@ -79,27 +86,34 @@ fn node(i: usize) -> String {
     format!("scale-node-{i:04}")
 }
 
-/// Write requests on NodeTopologies so far, from the API server's /metrics.
-fn writes(k: &KubeCluster) -> Result<f64> {
+/// Write requests on NodeTopologies and on NodeResourceTopologies so far, from the API
+/// server's /metrics.
+fn writes(k: &KubeCluster) -> Result<(f64, f64)> {
     // With 1,000 watchers the exposition is large and a busy API server slow to send it: a
     // longer timeout than kubectl's usual 10 s (the last flag wins), and retries.
     let mut last = None;
     for _ in 0..5 {
         match k.kubectl_ok(&["get", "--raw", "/metrics", "--request-timeout=120s"]) {
-            Ok(text) => return Ok(count_writes(&text)),
+            Ok(text) => {
+                return Ok((
+                    count_writes(&text, "nodetopologies"),
+                    count_writes(&text, "noderesourcetopologies"),
+                ))
+            }
             Err(e) => last = Some(e),
         }
     }
     Err(last.unwrap_or_else(|| anyhow::anyhow!("no /metrics")))
 }
 
-/// The sum of `apiserver_request_total` samples of resource `nodetopologies` with a write verb
-/// (server-side apply is counted as `APPLY`).
-fn count_writes(metrics: &str) -> f64 {
+/// The sum of `apiserver_request_total` samples of `resource` with a write verb (server-side
+/// apply is counted as `APPLY`).
+fn count_writes(metrics: &str, resource: &str) -> f64 {
+    let label = format!("resource=\"{resource}\"");
     metrics
         .lines()
         .filter(|l| l.starts_with("apiserver_request_total{"))
-        .filter(|l| l.contains("resource=\"nodetopologies\""))
+        .filter(|l| l.contains(&label))
         .filter(|l| {
             [
                 "APPLY", "PATCH", "PUT", "POST", "UPDATE", "CREATE", "DELETE",
@@ -198,6 +212,18 @@ fn main() -> Result<()> {
         "--timeout=60s",
         "crd/nodetopologies.tap.kunpeng.io",
     ])?;
+    if o.nrt {
+        let crd = std::env::var_os("TAP_NRT_CRD")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| "/var/cache/kunpeng-tap/nrt/crd.yaml".into());
+        k.kubectl_ok(&["apply", "-f", &crd.display().to_string()])?;
+        k.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/noderesourcetopologies.topology.node.k8s.io",
+        ])?;
+    }
     // kube_link::connect reads it; nothing else runs in this process yet.
     std::env::set_var("KUBECONFIG", &k.kubeconfig);
     let raw = tap_engine::sysfs::discover_dir(&util::fixture_dir(&o.fixture))?;
@@ -218,10 +244,10 @@ async fn run(o: &Opts, k: &KubeCluster, topo: Arc<Topology>) -> Result<()> {
     let shutdown = CancellationToken::new();
     let mut agents: Vec<Arc<Agent>> = Vec::new();
     println!(
-        "| nodes | churn (creates/s per node) | window (s) | writes | writes/s | writes per node per 10 s | limit N/{}s |",
+        "| nodes | churn (creates/s per node) | window (s) | writes | writes/s | writes per node per 10 s | limit N/{}s | NodeResourceTopology writes per node per minute |",
         USAGE_MIN_INTERVAL.as_secs()
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &o.nodes {
         let from = agents.len();
         if n > from {
@@ -238,10 +264,9 @@ async fn run(o: &Opts, k: &KubeCluster, topo: Arc<Topology>) -> Result<()> {
                 node: node(i),
                 base: EngineConfig::default(),
                 cache_path: state.join(format!("{}.json", node(i))),
-                // NodeTopology status only (the API server here has no NodeResourceTopology
-                // CRD; its writes follow the same usage bound, see docs/scale.md).
+                // No Pods exist here: no Events. NodeResourceTopology only with --nrt.
                 pod_events: false,
-                nrt: NrtMode::Off,
+                nrt: if o.nrt { NrtMode::On } else { NrtMode::Off },
                 nrt_advertised: kube_link::nrt::Advertised {
                     policy: "single-numa-node".into(),
                 },
@@ -284,9 +309,14 @@ async fn run(o: &Opts, k: &KubeCluster, topo: Arc<Topology>) -> Result<()> {
             let w1 = tokio::task::block_in_place(|| writes(k))?;
             let secs = start.elapsed().as_secs_f64();
             stop.cancel();
-            let w = w1 - w0;
+            let (w, r) = (w1.0 - w0.0, w1.1 - w0.1);
+            let nrt = if o.nrt {
+                format!("{:.2}", r / secs / n as f64 * 60.0)
+            } else {
+                "-".into()
+            };
             println!(
-                "| {n} | {rate} | {secs:.0} | {w:.0} | {:.2} | {:.3} | {:.2} |",
+                "| {n} | {rate} | {secs:.0} | {w:.0} | {:.2} | {:.3} | {:.2} | {nrt} |",
                 w / secs,
                 w / secs / n as f64 * 10.0,
                 n as f64 / USAGE_MIN_INTERVAL.as_secs_f64()
@@ -312,7 +342,9 @@ apiserver_request_total{code="200",resource="nodetopologies",subresource="",verb
 apiserver_request_total{code="200",resource="nodetopologies",subresource="",verb="LIST",version="v1alpha1"} 5
 apiserver_request_total{code="201",resource="nodetopologies",subresource="",verb="POST",version="v1alpha1"} 3
 apiserver_request_total{code="200",resource="pods",subresource="",verb="PATCH",version="v1"} 100
+apiserver_request_total{code="200",resource="noderesourcetopologies",subresource="",verb="APPLY",version="v1alpha2"} 4
 "#;
-        assert_eq!(count_writes(m), 12.0);
+        assert_eq!(count_writes(m, "nodetopologies"), 12.0);
+        assert_eq!(count_writes(m, "noderesourcetopologies"), 4.0);
     }
 }
