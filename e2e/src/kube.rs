@@ -347,6 +347,60 @@ impl KubeCluster {
         Ok(cluster)
     }
 
+    /// A kubeconfig authenticating as the ServiceAccount `kunpeng-tap/<name>` (client
+    /// certificate carrying the ServiceAccount's user name and groups, as RBAC sees it).
+    pub fn service_account_kubeconfig(&self, file_stem: &str, name: &str) -> Result<PathBuf> {
+        self.kubeconfig_for(
+            file_stem,
+            &format!("system:serviceaccount:kunpeng-tap:{name}"),
+            &[
+                "system:serviceaccounts",
+                "system:serviceaccounts:kunpeng-tap",
+            ],
+        )
+    }
+
+    /// Applies the repository's CRDs (`crds/`) and waits until they are established.
+    pub fn apply_crds(&self) -> Result<()> {
+        let crds = crate::util::workspace_root().join("crds");
+        self.kubectl_ok(&["apply", "-f", &crds.display().to_string()])?;
+        self.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=30s",
+            "crd/topologypolicies.tap.kunpeng.io",
+            "crd/nodetopologies.tap.kunpeng.io",
+        ])?;
+        Ok(())
+    }
+
+    /// Applies the repository's CRDs ([`Self::apply_crds`]) and RBAC (`deploy/rbac/`).
+    pub fn apply_crds_and_rbac(&self) -> Result<()> {
+        self.apply_crds()?;
+        let rbac = crate::util::workspace_root().join("deploy/rbac");
+        self.kubectl_ok(&["apply", "-f", &rbac.display().to_string()])?;
+        Ok(())
+    }
+
+    /// Installs the NodeResourceTopology CRD that hack/e2e/setup-nrt-crd.sh fetched (or the
+    /// file `TAP_NRT_CRD` names) and waits until it is established.
+    pub fn install_nrt_crd(&self) -> Result<()> {
+        let crd = std::env::var_os("TAP_NRT_CRD")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/var/cache/kunpeng-tap/nrt/crd.yaml"));
+        if !crd.exists() {
+            bail!("{} missing: run hack/e2e/setup-nrt-crd.sh", crd.display());
+        }
+        self.kubectl_ok(&["apply", "-f", &crd.display().to_string()])?;
+        self.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/noderesourcetopologies.topology.node.k8s.io",
+        ])?;
+        Ok(())
+    }
+
     /// A kubeconfig authenticating as `user` (client certificate, CN = user, O = groups).
     pub fn kubeconfig_for(&self, file_stem: &str, user: &str, groups: &[&str]) -> Result<PathBuf> {
         let pki = self.dir.join("pki");

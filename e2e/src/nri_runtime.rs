@@ -397,6 +397,23 @@ pub struct CreateTally {
     pub created: Vec<(PodSandbox, Container)>,
 }
 
+/// Sets the cpuset and memory nodes `cpu` names (empty ones leave `c` as it is).
+fn apply_cpu(c: &mut Container, cpu: &LinuxCPU) {
+    let ours = c
+        .linux
+        .mut_or_insert_default()
+        .resources
+        .mut_or_insert_default()
+        .cpu
+        .mut_or_insert_default();
+    if !cpu.cpus.is_empty() {
+        ours.cpus = cpu.cpus.clone();
+    }
+    if !cpu.mems.is_empty() {
+        ours.mems = cpu.mems.clone();
+    }
+}
+
 /// Applies a create answer's cpuset, memory nodes and annotations to `c`, as the runtime does.
 pub fn apply_adjustment(c: &mut Container, resp: &CreateContainerResponse) {
     let Some(adj) = resp.adjust.as_ref() else {
@@ -413,19 +430,7 @@ pub fn apply_adjustment(c: &mut Container, resp: &CreateContainerResponse) {
     else {
         return;
     };
-    let ours = c
-        .linux
-        .mut_or_insert_default()
-        .resources
-        .mut_or_insert_default()
-        .cpu
-        .mut_or_insert_default();
-    if !cpu.cpus.is_empty() {
-        ours.cpus = cpu.cpus.clone();
-    }
-    if !cpu.mems.is_empty() {
-        ours.mems = cpu.mems.clone();
-    }
+    apply_cpu(c, cpu);
 }
 
 /// Applies a ContainerUpdate's cpuset and memory nodes to `c`.
@@ -438,19 +443,7 @@ pub fn apply_update(c: &mut Container, u: &ContainerUpdate) {
     else {
         return;
     };
-    let ours = c
-        .linux
-        .mut_or_insert_default()
-        .resources
-        .mut_or_insert_default()
-        .cpu
-        .mut_or_insert_default();
-    if !cpu.cpus.is_empty() {
-        ours.cpus = cpu.cpus.clone();
-    }
-    if !cpu.mems.is_empty() {
-        ours.mems = cpu.mems.clone();
-    }
+    apply_cpu(c, cpu);
 }
 
 /// Drops what the kubelet adds besides resources (labels, annotations, environment,

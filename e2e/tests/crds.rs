@@ -48,15 +48,7 @@ fn condition(type_: &str, status: &str) -> String {
 }
 
 fn scenario(k: &KubeCluster) -> Result<()> {
-    let root = util::workspace_root();
-    k.kubectl_ok(&["apply", "-f", &root.join("crds").display().to_string()])?;
-    k.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "crd/topologypolicies.tap.kunpeng.io",
-        "crd/nodetopologies.tap.kunpeng.io",
-    ])?;
+    k.apply_crds()?;
 
     // --- Descriptions, as `kubectl explain` shows them.
     explain(

@@ -18,7 +18,6 @@ use tap_e2e::util;
 
 const LEASE: Duration = Duration::from_secs(3);
 const RETRY: Duration = Duration::from_millis(300);
-const OPERATOR_SA: &str = "system:serviceaccount:kunpeng-tap:kunpeng-tap-operator";
 const HOUR: i64 = 3600;
 
 struct Replica {
@@ -180,22 +179,9 @@ fn takes_over_dead_leader(
 }
 
 fn scenario(k: &KubeCluster, reps: &mut Vec<Replica>) -> Result<()> {
-    let root = util::workspace_root();
     let bin = cargo_bin("tap-operator", "kunpeng-tap-operator")?;
-    k.kubectl_ok(&["apply", "-f", &root.join("crds").display().to_string()])?;
-    k.kubectl_ok(&[
-        "apply",
-        "-f",
-        &root.join("deploy/rbac").display().to_string(),
-    ])?;
-    let kc = k.kubeconfig_for(
-        "operator",
-        OPERATOR_SA,
-        &[
-            "system:serviceaccounts",
-            "system:serviceaccounts:kunpeng-tap",
-        ],
-    )?;
+    k.apply_crds_and_rbac()?;
+    let kc = k.service_account_kubeconfig("operator", "kunpeng-tap-operator")?;
     // (name, wall-clock offset): each one leads after the previous one is killed.
     // Hand-overs: leader ahead -> exact candidate, exact leader -> candidate behind, leader
     // behind -> exact candidate, exact leader -> candidate ahead.

@@ -282,21 +282,7 @@ fn an_agent_writes_only_its_own_node_topology() {
 
     // The same for the NodeResourceTopology the agent publishes for the scheduler, with the
     // real CRD (hack/e2e/setup-nrt-crd.sh): its own node's object only.
-    let crd = std::path::Path::new("/var/cache/kunpeng-tap/nrt/crd.yaml");
-    assert!(
-        crd.exists(),
-        "{} missing: run hack/e2e/setup-nrt-crd.sh",
-        crd.display()
-    );
-    k.kubectl_ok(&["apply", "-f", &crd.to_string_lossy()])
-        .expect("NodeResourceTopology CRD");
-    k.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "crd/noderesourcetopologies.topology.node.k8s.io",
-    ])
-    .expect("CRD established");
+    k.install_nrt_crd().expect("NodeResourceTopology CRD");
     let create_nrt = |kubeconfig: &std::path::Path, n: &str| {
         let path = k.dir.join(format!("nrt-{n}.json"));
         let obj = json!({

@@ -9,25 +9,18 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
     remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
 };
 use tap_e2e::docker::TapAgent;
 use tap_e2e::kube::KubeCluster;
-use tap_e2e::util::{fixtures_dir, skip_unless_enabled, workspace_root};
+use tap_e2e::util::{fixtures_dir, skip_unless_enabled};
 
-const AGENT_SA: &str = "system:serviceaccount:kunpeng-tap:kunpeng-tap-agent";
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
 const NODE: &str = "nrt-node";
-
-fn crd_path() -> PathBuf {
-    std::env::var_os("TAP_NRT_CRD")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/kunpeng-tap/nrt/crd.yaml"))
-}
 
 /// The NUMA nodes of a grant record (`v1;...;n=<nodes>;...`).
 fn record_nodes(record: &str) -> Option<String> {
@@ -80,35 +73,10 @@ async fn node_resource_topology_follows_allocations() -> Result<()> {
     if skip_unless_enabled("node_resource_topology_follows_allocations") {
         return Ok(());
     }
-    let crd = crd_path();
-    ensure!(
-        crd.exists(),
-        "{} missing: run hack/e2e/setup-nrt-crd.sh",
-        crd.display()
-    );
     let k = KubeCluster::start()?;
-    k.kubectl_ok(&["apply", "-f", &crd.display().to_string()])?;
-    k.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "crd/noderesourcetopologies.topology.node.k8s.io",
-    ])?;
-    let root = workspace_root();
-    k.kubectl_ok(&["apply", "-f", &root.join("crds").display().to_string()])?;
-    k.kubectl_ok(&[
-        "apply",
-        "-f",
-        &root.join("deploy/rbac").display().to_string(),
-    ])?;
-    let agent_kc = k.kubeconfig_for(
-        "agent",
-        AGENT_SA,
-        &[
-            "system:serviceaccounts",
-            "system:serviceaccounts:kunpeng-tap",
-        ],
-    )?;
+    k.install_nrt_crd()?;
+    k.apply_crds_and_rbac()?;
+    let agent_kc = k.service_account_kubeconfig("agent", "kunpeng-tap-agent")?;
     std::env::set_var("KUBECONFIG", &agent_kc);
 
     let dir = k.dir.join("agent");

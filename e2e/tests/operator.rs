@@ -188,14 +188,7 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
 
     step(t0, "binaries built; applying CRDs");
     // --- CRDs (from the repository) and their validation.
-    k.kubectl_ok(&["apply", "-f", &root.join("crds").display().to_string()])?;
-    k.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "crd/topologypolicies.tap.kunpeng.io",
-        "crd/nodetopologies.tap.kunpeng.io",
-    ])?;
+    k.apply_crds()?;
     for (bad, why) in [
         (
             "apiVersion: tap.kunpeng.io/v1alpha1\nkind: TopologyPolicy\nmetadata: {name: bad1}\nspec: {policy: numa-aware, reservedCPUs: \"3-1\"}\n",
@@ -262,22 +255,8 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
             bail!("operator can-i {verb} {res}: {got}, expected {want}");
         }
     }
-    let op_kc = k.kubeconfig_for(
-        "operator",
-        OPERATOR_SA,
-        &[
-            "system:serviceaccounts",
-            "system:serviceaccounts:kunpeng-tap",
-        ],
-    )?;
-    let agent_kc = k.kubeconfig_for(
-        "agent",
-        AGENT_SA,
-        &[
-            "system:serviceaccounts",
-            "system:serviceaccounts:kunpeng-tap",
-        ],
-    )?;
+    let op_kc = k.service_account_kubeconfig("operator", "kunpeng-tap-operator")?;
+    let agent_kc = k.service_account_kubeconfig("agent", "kunpeng-tap-agent")?;
 
     step(t0, "RBAC checked");
     // --- Nodes and overlapping policies.

@@ -204,25 +204,9 @@ async fn churn(agents: Vec<Arc<Agent>>, per_node: f64, stop: CancellationToken) 
 fn main() -> Result<()> {
     let o = parse()?;
     let k = KubeCluster::start()?;
-    let root = util::workspace_root();
-    k.kubectl_ok(&["apply", "-f", &root.join("crds").display().to_string()])?;
-    k.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/nodetopologies.tap.kunpeng.io",
-    ])?;
+    k.apply_crds()?;
     if o.nrt {
-        let crd = std::env::var_os("TAP_NRT_CRD")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| "/var/cache/kunpeng-tap/nrt/crd.yaml".into());
-        k.kubectl_ok(&["apply", "-f", &crd.display().to_string()])?;
-        k.kubectl_ok(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/noderesourcetopologies.topology.node.k8s.io",
-        ])?;
+        k.install_nrt_crd()?;
     }
     // kube_link::connect reads it; nothing else runs in this process yet.
     std::env::set_var("KUBECONFIG", &k.kubeconfig);
