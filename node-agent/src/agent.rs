@@ -498,9 +498,15 @@ impl Agent {
         self.lock().config().clone()
     }
 
-    /// A copy of the engine for status reporting and tests.
+    /// A copy of the engine (tests).
     pub fn snapshot(&self) -> Engine {
         self.lock().clone()
+    }
+
+    /// Reads the engine under its lock without copying it (status reporting: copying every
+    /// grant once a second would hold the lock longer than reading the few figures needed).
+    pub fn inspect<T>(&self, f: impl FnOnce(&Engine) -> T) -> T {
+        f(&self.lock())
     }
 
     /// Keeps the engine locked for `d` (tests of the decision deadline).

@@ -328,10 +328,11 @@ async fn serve(link: Arc<Link>, client: kube::Client, shutdown: CancellationToke
                         version: env!("CARGO_PKG_VERSION").to_string(),
                     }
                 };
-                let engine = link.agent.snapshot();
                 let now =
                     k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
-                let st = status::node_status(&engine, &facts, previous.as_ref(), &now);
+                let st = link
+                    .agent
+                    .inspect(|e| status::node_status(e, &facts, previous.as_ref(), &now));
                 if !limiter.should_send(Instant::now(), &st) {
                     continue;
                 }
@@ -433,7 +434,9 @@ async fn write_nrt(link: Arc<Link>, client: kube::Client, mode: NrtMode, adv: nr
             tracing::info!(node = %link.node, "publishing NodeResourceTopology");
             pacer.reset();
         }
-        let obj = nrt::resource_topology(&link.agent.snapshot(), &link.node, &adv);
+        let obj = link
+            .agent
+            .inspect(|e| nrt::resource_topology(e, &link.node, &adv));
         let now = Instant::now();
         if !pacer.should_send(now, &obj) {
             continue;
