@@ -690,7 +690,8 @@ fn resize(t: &Tier) -> Result<()> {
     Ok(())
 }
 
-/// Deletes the agent Pod, waits for the DaemonSet's new one and for its state to be restored.
+/// Deletes the agent Pod, waits for the DaemonSet's new one, for its state to be restored and
+/// for its first NodeTopology status.
 fn restart_agent_pod(t: &mut Tier) -> Result<()> {
     let old = t.agent_pod()?;
     t.kubectl(&[
@@ -706,6 +707,8 @@ fn restart_agent_pod(t: &mut Tier) -> Result<()> {
         Ok(t.agent_pod().map(|p| p != old).unwrap_or(false))
     })?;
     t.wait_agent_log("state restored from the runtime", 1)?;
+    // The NodeTopology status read next is the new agent's, not its predecessor's.
+    t.wait_agent_log("NodeTopology status published", 1)?;
     Ok(())
 }
 
@@ -713,11 +716,14 @@ fn restart_agent_pod(t: &mut Tier) -> Result<()> {
 /// made it: a restored grant charges the resources the runtime reports, not the `r=` its record
 /// was written with at create (NRI cannot rewrite it on update). Before that fix NodeTopology
 /// went from 0.5 to 1 CPU allocated on numa0 (measured 2026-12-03).
+///
+/// The comparison is made once the new agent has published its own status: an agent that
+/// published before its state was restored showed an empty node for up to 15 s (seen in CI on
+/// 2026-12-03).
 fn agent_restart_after_resize(t: &mut Tier) -> Result<()> {
     t.wait_containers(1)?;
     let alloc = t.allocation()?;
     restart_agent_pod(t)?;
-    std::thread::sleep(Duration::from_secs(10));
     let after = t.allocation()?;
     ensure!(
         after == alloc,

@@ -126,6 +126,9 @@ pub struct Agent {
     mode: &'static str,
     /// Placement notes for Pod Events (see [`crate::notes`]).
     notes: crate::notes::Sink,
+    /// Set by the first [`Agent::restore`]: until then the engine does not hold the runtime's
+    /// containers and its usage figures must not be published.
+    restored: std::sync::atomic::AtomicBool,
 }
 
 impl Agent {
@@ -155,7 +158,16 @@ impl Agent {
             fold,
             mode,
             notes: crate::notes::Sink::default(),
+            restored: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether the state has been rebuilt from the runtime at least once (see
+    /// [`Agent::restore`]). Status and NodeResourceTopology writers wait for it: before it, an
+    /// agent that just restarted would publish an empty node over the truth its predecessor
+    /// published.
+    pub fn restored(&self) -> bool {
+        self.restored.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Where placement notes go (attach a consumer to get them).
@@ -473,6 +485,8 @@ impl Agent {
                     updates = r.updates.len(),
                     "state restored from the runtime"
                 );
+                self.restored
+                    .store(true, std::sync::atomic::Ordering::Release);
                 // With a host fold the runtime's cpusets are folded: comparing them with the
                 // engine's would flag every container, so only record-less ones are corrected.
                 if self.fold.is_some() {
@@ -630,7 +644,10 @@ mod tests {
         }
         let before = a.snapshot();
         let b = agent("synthetic-2s-4numa-96c-gpu");
+        // A new agent has published nothing yet: it is not restored until the runtime's list.
+        assert!(!b.restored());
         assert!(b.restore(&infos).is_empty());
+        assert!(b.restored());
         assert_eq!(b.snapshot(), before);
     }
 }

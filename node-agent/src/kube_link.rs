@@ -318,6 +318,10 @@ async fn serve(link: Arc<Link>, client: kube::Client, shutdown: CancellationToke
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                     _ = link.changed.notified() => {}
                 }
+                if !link.agent.restored() {
+                    // The previous agent's status stays until this one knows the containers.
+                    continue;
+                }
                 let facts = {
                     let st = link.state();
                     status::Facts {
@@ -350,7 +354,16 @@ async fn serve(link: Arc<Link>, client: kube::Client, shutdown: CancellationToke
                     .await
                 {
                     Ok(_) => {
-                        tracing::debug!(node = %link.node, "NodeTopology status written");
+                        if previous.is_none() {
+                            tracing::info!(
+                                node = %link.node,
+                                containers = st.containers,
+                                allocated = st.allocated.as_deref().unwrap_or(""),
+                                "NodeTopology status published"
+                            );
+                        } else {
+                            tracing::debug!(node = %link.node, "NodeTopology status written");
+                        }
                         limiter.sent(Instant::now(), &st);
                         previous = Some(st);
                     }
@@ -433,6 +446,9 @@ async fn write_nrt(link: Arc<Link>, client: kube::Client, mode: NrtMode, adv: nr
             }
             tracing::info!(node = %link.node, "publishing NodeResourceTopology");
             pacer.reset();
+        }
+        if !link.agent.restored() {
+            continue;
         }
         let obj = link
             .agent

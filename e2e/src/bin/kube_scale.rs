@@ -244,6 +244,8 @@ async fn run(o: &Opts, k: &KubeCluster, topo: Arc<Topology>) -> Result<()> {
                 None,
                 "kube-scale",
             ));
+            // No runtime: the empty state is the truth (the link publishes once restored).
+            agent.restore(&[]);
             let opts = LinkOptions {
                 node: node(i),
                 base: EngineConfig::default(),

@@ -35,6 +35,8 @@ fn run(flags: Flags) -> anyhow::Result<()> {
         None,
         "kube-link",
     ));
+    // No runtime: the empty state is the whole truth (no containers to restore).
+    agent.restore(&[]);
     let rt = tap_bin_support::runtime().context("starting the async runtime")?;
     rt.block_on(async move {
         let shutdown = tap_bin_support::shutdown_on_signal();
