@@ -899,3 +899,19 @@ fn cgroup_file(pid: u32, file: &str) -> Result<String> {
 pub fn remove_cgroup_tree() {
     crate::util::remove_cgroup_dirs(CGROUP_ROOT);
 }
+
+/// Runs one test's scenario against a private containerd: starts it with `opts`, runs
+/// `scenario`, and on failure prints the agent's log (`<dir>/agent.log`) and containerd's last
+/// lines; then stops containerd and removes the e2e cgroup tree, whatever the outcome.
+pub async fn with_containerd(
+    opts: ContainerdOptions,
+    dir: &Path,
+    scenario: impl AsyncFnOnce(&mut Containerd) -> Result<()>,
+) -> Result<()> {
+    let mut ctd = Containerd::start(opts)?;
+    let res = scenario(&mut ctd).await;
+    crate::util::print_logs_on_failure(&res, dir, "containerd", || ctd.log_tail(40));
+    drop(ctd);
+    remove_cgroup_tree();
+    res
+}

@@ -425,6 +425,11 @@ impl TapAgent {
         tail(&self.log, n)
     }
 
+    /// The whole log so far (every run that appended to the same file).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// The agent's process id while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
@@ -453,6 +458,17 @@ impl TapAgent {
         let (s, body) = tcp_get(&self.metrics_addr, "/metrics")?;
         anyhow::ensure!(s == 200, "/metrics answered {s}");
         Ok(body)
+    }
+
+    /// `tap_runtime_reconciles_total{result="ok"}`: periodic reconciles that listed the
+    /// runtime (proxy modes).
+    pub fn reconciles_ok(&self) -> Result<u64> {
+        Ok(self
+            .metrics()?
+            .lines()
+            .find_map(|l| l.strip_prefix("tap_runtime_reconciles_total{result=\"ok\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64))
     }
 
     /// The agent's placement state as its metrics show it: every `tap_topology_node_usage` and

@@ -507,6 +507,42 @@ pub async fn create_mix(
     Ok(t)
 }
 
+/// `kunpeng-tap` in NRI mode, registered with a test runtime.
+pub struct AgentOnRuntime {
+    pub agent: crate::docker::TapAgent,
+    pub runtime: NriRuntime,
+    pub session: PluginSession,
+}
+
+/// Starts `kunpeng-tap` in NRI mode on the sysfs fixture `sysfs`, with BestEffort containers
+/// confined (every create is answered with a cpuset), its state in `<dir>/state` and its log in
+/// `<dir>/agent.log`, against a test runtime listening in `dir`. Returns once the agent is
+/// registered and configured.
+pub async fn start_agent(dir: &Path, sysfs: &Path) -> Result<AgentOnRuntime> {
+    let runtime = NriRuntime::bind(&dir.join("nri.sock"))?;
+    let args: Vec<String> = vec![
+        "--container-runtime-mode=NRI".into(),
+        format!("--nri-socket-path={}", runtime.path().display()),
+        format!("--sysfs-root={}", sysfs.display()),
+        "--confine-best-effort".into(),
+        format!("--state-dir={}", dir.join("state").display()),
+    ];
+    let accept = tokio::spawn(async move {
+        let s = runtime.accept(Duration::from_secs(60)).await?;
+        s.handshake().await?;
+        anyhow::Ok((runtime, s))
+    });
+    let log = dir.join("agent.log");
+    let agent =
+        tokio::task::spawn_blocking(move || crate::docker::TapAgent::start(&args, &log)).await??;
+    let (runtime, session) = accept.await??;
+    Ok(AgentOnRuntime {
+        agent,
+        runtime,
+        session,
+    })
+}
+
 /// The sum of every sample of metric `name` (any labels) in a Prometheus text exposition.
 pub fn metric_sum(text: &str, name: &str) -> f64 {
     text.lines()

@@ -1,6 +1,6 @@
 //! Small helpers shared by the e2e tests.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Whether the e2e tier is enabled (`TAP_E2E=1`).
@@ -136,7 +136,6 @@ pub fn strip_ansi(s: &str) -> String {
 /// hierarchy (`/sys/fs/cgroup/<rel>` for v2, `/sys/fs/cgroup/<controller>/<rel>` for v1),
 /// children first. Errors are ignored: this is cleanup.
 pub fn remove_cgroup_dirs(rel: &str) {
-    use std::path::Path;
     let rel = rel.trim_start_matches('/');
     let mut roots = vec![PathBuf::from("/sys/fs/cgroup").join(rel)];
     if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
@@ -176,6 +175,23 @@ pub fn temp_dir(prefix: &str) -> anyhow::Result<PathBuf> {
     }
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+/// On a failed scenario, prints the agent's log (`<dir>/agent.log`) and the last lines of the
+/// daemon it ran against (`daemon` names it, `tail` reads them).
+pub fn print_logs_on_failure<T>(
+    res: &anyhow::Result<T>,
+    dir: &Path,
+    daemon: &str,
+    tail: impl FnOnce() -> String,
+) {
+    if res.is_err() {
+        eprintln!(
+            "--- agent log\n{}\n--- {daemon} log\n{}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
+            tail()
+        );
+    }
 }
 
 /// Removes a folder (and all in it) when dropped: a test's scratch space.

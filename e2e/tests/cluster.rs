@@ -262,6 +262,67 @@ impl Tier {
         Ok(id.trim_start_matches("containerd://").to_string())
     }
 
+    /// The ids and states of the default-namespace Pod's containers as containerd holds them
+    /// (CRI ListContainers by the kubelet's labels), not as the API server last heard.
+    fn runtime_containers(&self, pod: &str) -> Result<Vec<(String, i32)>> {
+        let mut cri = self.cri()?;
+        let labels = [
+            ("io.kubernetes.pod.name", pod),
+            ("io.kubernetes.pod.namespace", "default"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let list = self.rt.block_on(cri.raw().list_containers(
+            k8s_cri::v1::ListContainersRequest {
+                filter: Some(k8s_cri::v1::ContainerFilter {
+                    label_selector: labels,
+                    ..Default::default()
+                }),
+            },
+        ))?;
+        Ok(list
+            .into_inner()
+            .containers
+            .into_iter()
+            .map(|c| (c.id, c.state))
+            .collect())
+    }
+
+    /// The Pod still has exactly its container `before`, running: the kubelet (restarted, or
+    /// pointed at another runtime endpoint) did not recreate it. Read from containerd, since
+    /// the API server may still show the old kubelet's report.
+    fn assert_not_recreated(&self, pod: &str, before: &Placed) -> Result<()> {
+        let running = k8s_cri::v1::ContainerState::ContainerRunning as i32;
+        let now = self.runtime_containers(pod)?;
+        ensure!(
+            now == vec![(before.id.clone(), running)],
+            "Pod {pod}: containerd holds {now:?}, expected only {} running",
+            before.id
+        );
+        Ok(())
+    }
+
+    /// Waits for the running kubelet to have taken the Pod from the API server (its `SyncLoop
+    /// ADD` log line; each kubelet run logs one), `runs_before` = such lines before the restart.
+    fn wait_kubelet_sync(&self, pod: &str, runs_before: usize) -> Result<()> {
+        wait(
+            &format!("the restarted kubelet's SyncLoop ADD of default/{pod}"),
+            Duration::from_secs(60),
+            || Ok(self.kubelet_adds(pod) > runs_before),
+        )
+    }
+
+    /// How many `SyncLoop ADD` lines of the kubelet's logs (every run) name the Pod.
+    fn kubelet_adds(&self, pod: &str) -> usize {
+        let needle = format!("\"default/{pod}\"");
+        self.cl
+            .kubelet_log()
+            .lines()
+            .filter(|l| l.contains("\"SyncLoop ADD\"") && l.contains(&needle))
+            .count()
+    }
+
     fn placed(&self, pod: &str) -> Result<Placed> {
         let id = self.container_id("default", pod)?;
         let mut cri = self.cri()?;
@@ -750,14 +811,18 @@ fn agent_pod_and_kubelet_restarts(t: &mut Tier) -> Result<()> {
         "the guide Pod changed after the agent's restart"
     );
 
+    let adds = t.kubelet_adds("guide");
     let t0 = Instant::now();
     t.cl.restart_kubelet()?;
     eprintln!(
         "kubelet restarted, node Ready in {:.1}s",
         t0.elapsed().as_secs_f64()
     );
-    // Let the kubelet resync its Pods (it must not recreate the containers).
+    // The new kubelet took the Pod and synced it: give the sync time to act (it must not
+    // recreate the container), then ask containerd, not the API server's old report.
+    t.wait_kubelet_sync("guide", adds)?;
     std::thread::sleep(Duration::from_secs(10));
+    t.assert_not_recreated("guide", &guide)?;
     t.wait_running("guide")?;
     ensure!(
         t.placed("guide")? == guide,
@@ -824,7 +889,9 @@ fn cri_proxy_mode(t: &mut Tier) -> Result<()> {
     ];
     let agent = TapAgent::start(&args, &t.cl.dir.join("proxy-agent.log"))?;
     let r = (|| -> Result<()> {
+        let adds = t.kubelet_adds("guide");
         t.cl.set_runtime_endpoint(RuntimeEndpoint::Proxy(proxy.clone()))?;
+        t.wait_kubelet_sync("guide", adds)?;
         t.wait_running("guide")?;
         let a = t.run_pod(&PodDef::new("proxied-a", "250m", "500m"))?;
         let ka = t.assert_on_one_node("proxied Pod a", &a, "numa-aware")?;
@@ -839,7 +906,8 @@ fn cri_proxy_mode(t: &mut Tier) -> Result<()> {
             "CRI proxy: Pods on NUMA nodes {ka} and {kb}, cgroup cpusets {:?} and {:?}",
             a.cgroup_cpus, b.cgroup_cpus
         ));
-        // The Pod made before the switch kept its cpuset.
+        // The Pod made before the switch kept its container and its cpuset.
+        t.assert_not_recreated("guide", &guide)?;
         ensure!(
             t.placed("guide")?.cgroup_cpus == guide.cgroup_cpus,
             "the guide Pod moved"

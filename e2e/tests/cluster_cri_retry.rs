@@ -103,6 +103,7 @@ fn scenario(cl: &mut Cluster, rt: &tokio::runtime::Runtime) -> Result<()> {
             .args(["-STOP", &slow.id().to_string()])
             .status();
 
+        let log_before = cl.kubelet_log().len();
         let t0 = Instant::now();
         cl.kube().apply(
             &serde_json::json!({
@@ -120,11 +121,19 @@ fn scenario(cl: &mut Cluster, rt: &tokio::runtime::Runtime) -> Result<()> {
             })
             .to_string(),
         )?;
-        // The kubelet's first CreateContainer times out (8 s) while containerd waits.
+        // The kubelet's first CreateContainer times out (8 s) while containerd waits: a line
+        // logged after the Pod was applied, naming both (an earlier timeout of another call
+        // must not end the wait before this one).
         wait(
             "the kubelet's CreateContainer timing out",
             Duration::from_secs(60),
-            || Ok(cl.kubelet_log().contains("DeadlineExceeded")),
+            || {
+                let log = cl.kubelet_log();
+                Ok(log.get(log_before..).is_some_and(|new| {
+                    new.lines()
+                        .any(|l| l.contains("CreateContainer") && l.contains("DeadlineExceeded"))
+                }))
+            },
         )?;
         eprintln!(
             "kubelet CreateContainer timed out after {:.1}s",

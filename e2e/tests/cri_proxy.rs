@@ -10,8 +10,8 @@ use k8s_cri::v1 as cri;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
-    cgroup_cpuset, remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd, ContainerdOptions,
-    Cri, PodSpec, BUSYBOX_IMAGE,
+    cgroup_cpuset, with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri,
+    PodSpec, BUSYBOX_IMAGE,
 };
 use tap_e2e::docker::{temp_dir, TapAgent};
 use tap_e2e::util::{fixtures_dir, skip_unless_enabled, RmDir};
@@ -42,20 +42,11 @@ async fn cri_proxy_places_passes_through_and_survives_restart() -> Result<()> {
     let t0 = Instant::now();
     let dir = temp_dir("tap-crip")?;
     let _rm = RmDir(dir.clone());
-    let mut ctd = Containerd::start(ContainerdOptions {
+    let opts = ContainerdOptions {
         nri: false,
         ..Default::default()
-    })?;
-    let res = scenario(&mut ctd, &dir).await;
-    if res.is_err() {
-        eprintln!(
-            "--- agent log\n{}\n--- containerd log\n{}",
-            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
-            ctd.log_tail(40)
-        );
-    }
-    drop(ctd);
-    remove_cgroup_tree();
+    };
+    let res = with_containerd(opts, &dir, async |ctd| scenario(ctd, &dir).await).await;
     eprintln!("CRI proxy e2e took {:.1?}", t0.elapsed());
     res
 }
@@ -145,13 +136,6 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
         "grant annotation missing: {:?}",
         st.annotations
     );
-    let ev = tokio::time::timeout(Duration::from_secs(10), events)
-        .await
-        .context("no container event through the proxy")?
-        .context("event task")?
-        .context("GetContainerEvents through the proxy")?;
-    let ev = ev.context("event stream ended")?;
-    assert!(!ev.container_id.is_empty(), "{ev:?}");
 
     // Guaranteed 1 CPU: one exclusive CPU (a single host CPU after the fold).
     let db = PodSpec::new("db", CgroupQos::Guaranteed);
@@ -181,6 +165,15 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
         .annotations
         .contains_key(GRANT_KEY));
     assert_eq!(agent.accounted_on("numa")?, 2);
+    // The event stream saw at least one of the three Pods' events (read now, so a stream that
+    // opened late still had two more Pods to report).
+    let ev = tokio::time::timeout(Duration::from_secs(10), events)
+        .await
+        .context("no container event through the proxy")?
+        .context("event task")?
+        .context("GetContainerEvents through the proxy")?;
+    let ev = ev.context("event stream ended")?;
+    assert!(!ev.container_id.is_empty(), "{ev:?}");
 
     // The proxy mode's metrics: the proxy gauge says it serves, the build info the mode.
     let m = agent.metrics()?;
@@ -272,6 +265,17 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
         "calls go through the proxy again {:?} after the restart began",
         restarting.elapsed()
     );
+    // Compare after a periodic reconcile (every 5 s) that listed the restarted containerd: it
+    // would release grants of containers the runtime lost.
+    let seen = agent.reconciles_ok()?;
+    let until = Instant::now() + Duration::from_secs(20);
+    while agent.reconciles_ok()? <= seen {
+        ensure!(
+            Instant::now() < until,
+            "no reconcile with the restarted containerd"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert_eq!(
         before,
         agent.state()?,

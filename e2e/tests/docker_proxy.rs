@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tap_e2e::docker::{
     docker_output, temp_dir, unix_get, Dockerd, ProxyEnv as Env, TapAgent, IMAGE,
 };
-use tap_e2e::util::{skip_unless_enabled, RmDir};
+use tap_e2e::util::{print_logs_on_failure, skip_unless_enabled, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 
@@ -62,13 +62,7 @@ fn docker_proxy_places_passes_through_and_survives_restart() -> Result<()> {
         dir: dir.clone(),
     };
     let res = scenario(&env);
-    if res.is_err() {
-        eprintln!(
-            "--- agent log\n{}\n--- dockerd log\n{}",
-            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
-            env.dockerd.log_tail(40)
-        );
-    }
+    print_logs_on_failure(&res, &dir, "dockerd", || env.dockerd.log_tail(40));
     drop(env);
     eprintln!("docker proxy e2e took {:.1?}", t0.elapsed());
     res
@@ -208,19 +202,22 @@ fn scenario(env: &Env) -> Result<()> {
     let logs = env.docker(&["logs", "-f", &talker])?;
     assert_eq!(logs, "line1\nline2\nline3\nline4\nline5");
     assert!(t.elapsed() < Duration::from_secs(20));
-    // `docker attach` to a running container: its later output arrives over the hijacked
-    // connection, and attach returns when it exits.
+    // `docker attach` to a running container, both ways over the hijacked connection: the
+    // container writes only after reading the line attach sends, and attach returns when it
+    // exits (no race with how soon attach connects).
     let later = env.docker(&[
         "run",
         "-d",
+        "-i",
         "--network=none",
         IMAGE,
         "/bin/sh",
         "-c",
-        "sleep 1.5; echo attached-ok",
+        "read x; echo attached-$x",
     ])?;
-    let attached = env.docker(&["attach", "--no-stdin", &later])?;
-    assert_eq!(attached, "attached-ok");
+    let out = docker_output(&env.proxy, &["attach", &later], Some(b"ok\n"))?;
+    assert!(out.status.success(), "docker attach: {out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "attached-ok");
 
     // Update through the proxy: the grant follows the new request (8/16 CPUs).
     env.docker(&[

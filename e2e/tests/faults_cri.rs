@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
-    remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
+    with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
 };
 use tap_e2e::docker::{temp_dir, TapAgent};
 use tap_e2e::util::{fixtures_dir, skip_unless_enabled, RmDir};
@@ -75,20 +75,11 @@ async fn cri_proxy_fault_matrix() -> Result<()> {
     let t0 = Instant::now();
     let dir = temp_dir("tap-crif")?;
     let _rm = RmDir(dir.clone());
-    let mut ctd = Containerd::start(ContainerdOptions {
+    let opts = ContainerdOptions {
         nri: false,
         ..Default::default()
-    })?;
-    let res = scenario(&mut ctd, &dir).await;
-    if res.is_err() {
-        eprintln!(
-            "--- agent log\n{}\n--- containerd log\n{}",
-            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
-            ctd.log_tail(40)
-        );
-    }
-    drop(ctd);
-    remove_cgroup_tree();
+    };
+    let res = with_containerd(opts, &dir, async |ctd| scenario(ctd, &dir).await).await;
     eprintln!("CRI fault matrix took {:.1?}", t0.elapsed());
     res
 }

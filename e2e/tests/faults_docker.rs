@@ -6,7 +6,7 @@ use anyhow::{ensure, Result};
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 use tap_e2e::docker::{docker, temp_dir, unix_get, unix_post, Dockerd, ProxyEnv, TapAgent};
-use tap_e2e::util::{skip_unless_enabled, RmDir};
+use tap_e2e::util::{print_logs_on_failure, skip_unless_enabled, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 
@@ -79,13 +79,7 @@ fn docker_proxy_fault_matrix() -> Result<()> {
         dir: dir.clone(),
     };
     let res = scenario(&mut env);
-    if res.is_err() {
-        eprintln!(
-            "--- agent log\n{}\n--- dockerd log\n{}",
-            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
-            env.dockerd.log_tail(40)
-        );
-    }
+    print_logs_on_failure(&res, &dir, "dockerd", || env.dockerd.log_tail(40));
     drop(env);
     eprintln!("Docker fault matrix took {:.1?}", t0.elapsed());
     res

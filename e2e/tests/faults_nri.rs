@@ -8,7 +8,7 @@ use k8s_cri::v1 as cri;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
-    remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
+    with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
 };
 use tap_e2e::docker::{temp_dir, TapAgent};
 use tap_e2e::util::{fixtures_dir, skip_unless_enabled, RmDir};
@@ -89,17 +89,8 @@ async fn nri_fault_matrix() -> Result<()> {
         ),
     )?;
     std::env::set_var("KUBECONFIG", &kubeconfig);
-    let mut ctd = Containerd::start(ContainerdOptions::default())?;
-    let res = scenario(&mut ctd, &dir).await;
-    if res.is_err() {
-        eprintln!(
-            "--- agent log\n{}\n--- containerd log\n{}",
-            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
-            ctd.log_tail(40)
-        );
-    }
-    drop(ctd);
-    remove_cgroup_tree();
+    let opts = ContainerdOptions::default();
+    let res = with_containerd(opts, &dir, async |ctd| scenario(ctd, &dir).await).await;
     eprintln!("NRI fault matrix took {:.1?}", t0.elapsed());
     res
 }
@@ -143,6 +134,10 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     check_truth(&agent, &mut cri, "after kill -9 in a create loop").await?;
 
     // containerd killed with SIGKILL and started again: the plugin reconnects and resyncs.
+    let restored = agent
+        .log_text()
+        .matches("state restored from the runtime")
+        .count();
     ctd.kill_daemon();
     ctd.restart()?;
     // containerd answers again (the client reconnects), then creates go on.
@@ -154,6 +149,21 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
         .is_err()
     {
         ensure!(Instant::now() < until, "containerd did not come back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The plugin reconnected and resynced before the next create (else that create would go
+    // unplaced and the books would agree without the reconnection having been tested).
+    while agent
+        .log_text()
+        .matches("state restored from the runtime")
+        .count()
+        <= restored
+    {
+        ensure!(
+            Instant::now() < until,
+            "the agent did not resync with the restarted containerd:\n{}",
+            agent.log_tail(20)
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let after = cri
@@ -178,16 +188,22 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     let fake_args = agent_args(&fake, &dir.join("fake"));
     let fake_log = dir.join("agent-fake.log");
     let bin = tap_e2e::util::agent_binary()?;
+    // stderr too: a panic message goes there (tokio would keep the process alive).
+    let out = std::fs::File::create(&fake_log)?;
     let mut child = std::process::Command::new(bin)
         .args(&fake_args)
-        .stdout(std::fs::File::create(&fake_log)?)
-        .stderr(std::process::Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
         .spawn()?;
-    for round in 0..3 {
+    // Three rounds of garbage, then a fourth connection: the proof the agent survived them.
+    for round in 0..4 {
         use tokio::io::AsyncWriteExt;
         let (mut s, _) = tokio::time::timeout(Duration::from_secs(20), listener.accept())
             .await
             .with_context(|| format!("the agent did not reconnect (round {round})"))??;
+        if round == 3 {
+            break;
+        }
         // A frame header claiming a 4 GiB payload, then random bytes.
         s.write_all(&[0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff]).await?;
         s.write_all(&[0x5a; 64]).await?;

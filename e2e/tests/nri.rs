@@ -563,7 +563,9 @@ async fn nri_hung_plugin_fails_open_and_recovers() {
     };
     let mut agent = Agent::start(&ctd, "a", &[]).expect("agent");
     let mut cri = ctd.cri().await.expect("cri");
+    let t = Instant::now();
     let (sb_a, id_a) = run_burstable(&mut cri, "placed").await.unwrap();
+    let baseline = t.elapsed();
     assert_placed_on_node(&placement(&mut cri, &id_a).await.unwrap(), "placed");
 
     agent.signal("STOP");
@@ -572,9 +574,12 @@ async fn nri_hung_plugin_fails_open_and_recovers() {
     let waited = t.elapsed();
     let p = placement(&mut cri, &id_b).await.unwrap();
     assert!(p.record.is_none() && p.spec_cpus.is_empty(), "{p:?}");
+    // The same Pod start as with a live plugin, plus containerd's 2 s plugin timeout (for the
+    // sandbox and the container) and slack for a loaded machine: not blocked.
+    let bound = baseline + Duration::from_secs(4) + Duration::from_secs(6);
     assert!(
-        waited < Duration::from_secs(10),
-        "creation waited {waited:?}"
+        waited < bound,
+        "creation waited {waited:?} (a Pod start took {baseline:?} with the plugin awake)"
     );
     // Removed while the plugin is gone: it hears nothing of it.
     cri.remove_pod(&sb_a).await.unwrap();

@@ -9,7 +9,7 @@
 use anyhow::{ensure, Context, Result};
 use std::time::Duration;
 use tap_e2e::docker::{tcp_get, TapAgent};
-use tap_e2e::nri_runtime::{create_mix, metric_sum, MixOptions, NriRuntime};
+use tap_e2e::nri_runtime::{create_mix, metric_sum, start_agent, AgentOnRuntime, MixOptions};
 use tap_e2e::util::{self, RmDir};
 
 const N: usize = 1000;
@@ -27,27 +27,12 @@ async fn a_thousand_creates_are_answered_with_a_cpuset_and_accounted() -> Result
     }
     let dir = util::temp_dir("tap-nri-scale")?;
     let _rm = RmDir(dir.clone());
-    let runtime = NriRuntime::bind(&dir.join("nri.sock"))?;
-    let args: Vec<String> = vec![
-        "--container-runtime-mode=NRI".into(),
-        format!("--nri-socket-path={}", runtime.path().display()),
-        format!(
-            "--sysfs-root={}",
-            util::fixtures_dir()
-                .join("synthetic-2s-4numa-96c-gpu")
-                .display()
-        ),
-        "--confine-best-effort".into(),
-        format!("--state-dir={}", dir.join("state").display()),
-    ];
-    let accept = tokio::spawn(async move {
-        let s = runtime.accept(Duration::from_secs(60)).await?;
-        s.handshake().await?;
-        anyhow::Ok((runtime, s))
-    });
-    let log = dir.join("agent.log");
-    let agent = tokio::task::spawn_blocking(move || TapAgent::start(&args, &log)).await??;
-    let (runtime, session) = accept.await??;
+    let fixture = util::fixtures_dir().join("synthetic-2s-4numa-96c-gpu");
+    let AgentOnRuntime {
+        agent,
+        runtime,
+        session,
+    } = start_agent(&dir, &fixture).await?;
     assert_eq!(
         session.registered,
         ("kunpeng-tap".to_string(), "10".to_string())

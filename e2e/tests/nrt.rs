@@ -12,7 +12,7 @@ use serde_json::Value;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
-    remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
+    with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
 };
 use tap_e2e::docker::TapAgent;
 use tap_e2e::kube::KubeCluster;
@@ -51,7 +51,8 @@ fn milli(q: &Value) -> Option<u64> {
 
 /// Waits until the node's object satisfies `check`; returns it.
 fn wait_nrt(k: &KubeCluster, what: &str, check: impl Fn(&Value) -> bool) -> Result<Value> {
-    let until = Instant::now() + Duration::from_secs(30);
+    // Two usage intervals (15 s each) and slack: one slow or failed write must not fail it.
+    let until = Instant::now() + Duration::from_secs(60);
     loop {
         let got = k.get_json(&["get", "noderesourcetopologies.topology.node.k8s.io", NODE])?;
         if let Some(v) = got {
@@ -81,18 +82,8 @@ async fn node_resource_topology_follows_allocations() -> Result<()> {
 
     let dir = k.dir.join("agent");
     std::fs::create_dir_all(&dir)?;
-    let mut ctd = Containerd::start(ContainerdOptions::default())?;
-    let res = scenario(&k, &mut ctd, &dir).await;
-    if res.is_err() {
-        eprintln!(
-            "--- agent log\n{}\n--- containerd log\n{}",
-            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
-            ctd.log_tail(30)
-        );
-    }
-    drop(ctd);
-    remove_cgroup_tree();
-    res
+    let opts = ContainerdOptions::default();
+    with_containerd(opts, &dir, async |ctd| scenario(&k, ctd, &dir).await).await
 }
 
 async fn scenario(k: &KubeCluster, ctd: &mut Containerd, dir: &Path) -> Result<()> {

@@ -97,9 +97,11 @@ fn start_operator(k: &KubeCluster, bin: &Path, kubeconfig: &Path, name: &str) ->
         .env_remove("POD_NAME")
         .arg("--leader-elect")
         .arg("--lease-namespace=kunpeng-tap")
-        .arg("--lease-duration=4s")
-        .arg("--renew-deadline=3s")
-        .arg("--retry-period=500ms")
+        // Long enough that a loaded machine's slow API calls do not move the leadership
+        // before the failover step does (the checks before it read the leader's counters).
+        .arg("--lease-duration=10s")
+        .arg("--renew-deadline=8s")
+        .arg("--retry-period=1s")
         .arg(format!("--identity={name}"))
         .arg(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"))
         .arg(format!(
@@ -338,28 +340,29 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
     {
         bail!("the standby wrote or reconciled:\n{sm}");
     }
-    // Events come from the leader only.
-    let events = k
-        .get_json(&["get", "events.events.k8s.io", "-A"])?
-        .context("events")?;
-    let mut assigned_events = 0;
-    for e in events["items"].as_array().into_iter().flatten() {
-        if e["reportingController"] == "kunpeng-tap-operator" {
-            if !e["reportingInstance"]
-                .as_str()
-                .unwrap_or("")
-                .starts_with(&format!("{}_", ops[leader_idx].name))
-            {
-                bail!("event from a non-leader: {e}");
-            }
-            if e["reason"] == "PolicyAssigned" {
-                assigned_events += 1;
+    // Events come from the leader only (the last one is recorded after its node's write).
+    let leader_prefix = format!("{}_", ops[leader_idx].name);
+    k.wait_for(T, "PolicyAssigned events for n1..n3", |k| {
+        let events = k
+            .get_json(&["get", "events.events.k8s.io", "-A"])?
+            .context("events")?;
+        let mut assigned_events = 0;
+        for e in events["items"].as_array().into_iter().flatten() {
+            if e["reportingController"] == "kunpeng-tap-operator" {
+                if !e["reportingInstance"]
+                    .as_str()
+                    .unwrap_or("")
+                    .starts_with(&leader_prefix)
+                {
+                    bail!("event from a non-leader: {e}");
+                }
+                if e["reason"] == "PolicyAssigned" {
+                    assigned_events += 1;
+                }
             }
         }
-    }
-    if assigned_events < 3 {
-        bail!("expected PolicyAssigned events for n1..n3, got {assigned_events}");
-    }
+        Ok(assigned_events >= 3)
+    })?;
     // Health and readiness endpoints answer on both.
     for o in ops.iter() {
         for path in ["/healthz", "/readyz"] {
@@ -534,7 +537,7 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
     // --- Failover: kill the leader without releasing; the standby takes over and writes.
     ops[leader_idx].proc.kill();
     let standby_name = ops[standby_idx].name.clone();
-    k.wait_for(Duration::from_secs(20), "standby becomes leader", |k| {
+    k.wait_for(Duration::from_secs(40), "standby becomes leader", |k| {
         Ok(lease_holder(k)?.is_some_and(|h| h.starts_with(&format!("{standby_name}_"))))
     })?;
     k.kubectl_ok(&["label", "node", "n2", "rack=1"])?;

@@ -20,6 +20,7 @@
 
 pub mod events;
 pub mod nrt;
+pub mod pace;
 pub mod policy;
 pub mod status;
 
@@ -393,15 +394,22 @@ async fn serve(link: Arc<Link>, client: kube::Client, shutdown: CancellationToke
 const NRT_CHECK_EVERY: Duration = Duration::from_secs(60);
 
 /// Whether the API server serves NodeResourceTopology in the version written.
-async fn nrt_served(client: &kube::Client) -> bool {
+/// How soon the agent asks again when the API server could not say whether it serves
+/// NodeResourceTopology (unreachable, overloaded).
+const NRT_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// Whether the API server serves NodeResourceTopology: `Some(false)` when the group version is
+/// not there, `None` when the question got no answer.
+async fn nrt_served(client: &kube::Client) -> Option<bool> {
     match client
         .list_api_group_resources(&format!("{}/{}", nrt::GROUP, nrt::VERSION))
         .await
     {
-        Ok(list) => list.resources.iter().any(|r| r.name == nrt::PLURAL),
+        Ok(list) => Some(list.resources.iter().any(|r| r.name == nrt::PLURAL)),
+        Err(kube::Error::Api(e)) if e.code == 404 => Some(false),
         Err(e) => {
-            tracing::debug!("NodeResourceTopology API not found: {e}");
-            false
+            tracing::debug!("asking for the NodeResourceTopology API: {e}");
+            None
         }
     }
 }
@@ -422,18 +430,23 @@ async fn write_nrt(link: Arc<Link>, client: kube::Client, mode: NrtMode, adv: nr
         plural: nrt::PLURAL.into(),
     };
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-    let mut pacer = nrt::Pacer::new(USAGE_MIN_INTERVAL);
-    let (mut served, mut checked, mut warned) = (false, None::<Instant>, false);
+    let mut pacer = pace::Pacer::default();
+    let (mut served, mut next_check, mut warned) = (false, Instant::now(), false);
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         if !served {
-            if checked.is_some_and(|t| t.elapsed() < NRT_CHECK_EVERY) {
+            if Instant::now() < next_check {
                 continue;
             }
-            checked = Some(Instant::now());
-            served = nrt_served(&client).await;
+            let answer = nrt_served(&client).await;
+            served = answer == Some(true);
+            next_check = Instant::now()
+                + match answer {
+                    None => NRT_RETRY_AFTER,
+                    Some(_) => NRT_CHECK_EVERY,
+                };
             if !served {
-                if !warned {
+                if answer == Some(false) && !warned {
                     let msg = "the API server does not serve NodeResourceTopology (topology.node.k8s.io/v1alpha2); not published, looking again every minute";
                     if mode == NrtMode::On {
                         tracing::warn!(node = %link.node, "{msg}");
@@ -454,7 +467,7 @@ async fn write_nrt(link: Arc<Link>, client: kube::Client, mode: NrtMode, adv: nr
             .agent
             .inspect(|e| nrt::resource_topology(e, &link.node, &adv));
         let now = Instant::now();
-        if !pacer.should_send(now, &obj) {
+        if !pacer.should_send(now, &obj, USAGE_MIN_INTERVAL) {
             continue;
         }
         match api

@@ -46,6 +46,11 @@ pub struct ErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
     mode: String,
@@ -72,6 +77,8 @@ pub struct Metrics {
     pub errors: Family<ErrorLabels, Counter>,
     pub placements: Family<PlacementLabels, Counter>,
     pub runtime_connected: Gauge,
+    /// Periodic comparisons of the ledger with the runtime (proxy modes), by result.
+    pub reconciles: Family<ResultLabels, Counter>,
     /// Where the per-pool figures come from at scrape time.
     usage: UsageSource,
     ready: AtomicBool,
@@ -208,6 +215,7 @@ impl Metrics {
         let errors = Family::<ErrorLabels, Counter>::default();
         let placements = Family::<PlacementLabels, Counter>::default();
         let runtime_connected = Gauge::default();
+        let reconciles = Family::<ResultLabels, Counter>::default();
         if is_proxy_mode(mode) {
             registry.register(
                 "tap_proxy_up",
@@ -245,6 +253,11 @@ impl Metrics {
             "Whether the agent is connected to its runtime (NRI) or can reach it (proxies)",
             runtime_connected.clone(),
         );
+        registry.register(
+            "tap_runtime_reconciles",
+            "Periodic comparisons of the agent's state with the runtime's containers (proxy modes), by result (ok, error)",
+            reconciles.clone(),
+        );
         Metrics {
             registry,
             proxy_up,
@@ -253,6 +266,7 @@ impl Metrics {
             errors,
             placements,
             runtime_connected,
+            reconciles,
             usage,
             ready: AtomicBool::new(false),
         }
@@ -280,6 +294,15 @@ impl Metrics {
             .get_or_create(&ErrorLabels {
                 hook: hook.to_string(),
                 kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// One periodic reconcile with the runtime ended (`ok`, or `error` when it could not list).
+    pub fn count_reconcile(&self, ok: bool) {
+        self.reconciles
+            .get_or_create(&ResultLabels {
+                result: if ok { "ok" } else { "error" }.to_string(),
             })
             .inc();
     }
@@ -393,6 +416,7 @@ mod tests {
         let m = Metrics::for_mode("Docker");
         m.count_error("create", "annotation");
         m.count_placement("numa", false);
+        m.count_reconcile(true);
         m.observe_hook("create", "Docker", Duration::from_micros(5));
         m.observe_proxy("/v1.41/containers/create", Duration::from_micros(5));
         m.set_usage_source(Box::new(|| EngineFigures {

@@ -20,8 +20,10 @@
 
 use anyhow::{bail, Context, Result};
 use std::time::Duration;
-use tap_e2e::docker::{tcp_get, TapAgent};
-use tap_e2e::nri_runtime::{create_mix, metric_sum, CreateTally, MixOptions, NriRuntime};
+use tap_e2e::docker::tcp_get;
+use tap_e2e::nri_runtime::{
+    create_mix, metric_sum, start_agent, AgentOnRuntime, CreateTally, MixOptions,
+};
 use tap_e2e::procmem::ProcMemory;
 use tap_e2e::util::{self, RmDir};
 
@@ -81,23 +83,12 @@ async fn run(o: Opts, bin: std::path::PathBuf) -> Result<()> {
     let _rm = RmDir(dir.clone());
     let fixture = util::fixture_dir(&o.fixture);
     anyhow::ensure!(fixture.is_dir(), "no fixture {}", fixture.display());
-    let runtime = NriRuntime::bind(&dir.join("nri.sock"))?;
-    let args: Vec<String> = vec![
-        "--container-runtime-mode=NRI".into(),
-        format!("--nri-socket-path={}", runtime.path().display()),
-        format!("--sysfs-root={}", fixture.display()),
-        // BestEffort containers get a cpuset too: every create is answered with one.
-        "--confine-best-effort".into(),
-        format!("--state-dir={}", dir.join("state").display()),
-    ];
-    let accept = tokio::spawn(async move {
-        let s = runtime.accept(Duration::from_secs(60)).await?;
-        s.handshake().await?;
-        anyhow::Ok((runtime, s))
-    });
-    let log = dir.join("agent.log");
-    let agent = tokio::task::spawn_blocking(move || TapAgent::start(&args, &log)).await??;
-    let (_runtime, session) = accept.await??;
+    // BestEffort containers get a cpuset too: every create is answered with one.
+    let AgentOnRuntime {
+        agent,
+        runtime: _runtime,
+        session,
+    } = start_agent(&dir, &fixture).await?;
     let pid = agent.pid().context("agent not running")?;
 
     let mut rows: Vec<(usize, ProcMemory)> = Vec::new();

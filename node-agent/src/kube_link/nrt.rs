@@ -11,7 +11,6 @@
 //! Pure: built from an engine snapshot; [`super`] writes it (server-side apply).
 
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
 use tap_engine::topology::Level;
 use tap_engine::Engine;
 
@@ -101,45 +100,6 @@ pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised) -> Value
         ],
         "zones": zones,
     })
-}
-
-/// When to write: only a changed object, at most once per interval (failed attempts count).
-#[derive(Debug)]
-pub struct Pacer {
-    interval: Duration,
-    last_attempt: Option<Instant>,
-    last_sent: Option<Value>,
-}
-
-impl Pacer {
-    pub fn new(interval: Duration) -> Pacer {
-        Pacer {
-            interval,
-            last_attempt: None,
-            last_sent: None,
-        }
-    }
-
-    pub fn should_send(&self, now: Instant, obj: &Value) -> bool {
-        self.last_sent.as_ref() != Some(obj)
-            && self
-                .last_attempt
-                .is_none_or(|t| now.saturating_duration_since(t) >= self.interval)
-    }
-
-    pub fn sent(&mut self, now: Instant, obj: Value) {
-        self.last_attempt = Some(now);
-        self.last_sent = Some(obj);
-    }
-
-    pub fn failed(&mut self, now: Instant) {
-        self.last_attempt = Some(now);
-    }
-
-    /// Forget what was sent (the object may be gone: write it again when possible).
-    pub fn reset(&mut self) {
-        self.last_sent = None;
-    }
 }
 
 #[cfg(test)]
@@ -237,26 +197,5 @@ mod tests {
         assert_eq!(cpu_quantity(0), "0");
         assert_eq!(cpu_quantity(48_000), "48");
         assert_eq!(cpu_quantity(45_500), "45500m");
-    }
-
-    #[test]
-    fn pacer_sends_changes_only_and_not_too_often() {
-        let t0 = Instant::now();
-        let mut p = Pacer::new(Duration::from_secs(5));
-        let a = json!({"a": 1});
-        let b = json!({"a": 2});
-        assert!(p.should_send(t0, &a));
-        p.sent(t0, a.clone());
-        assert!(
-            !p.should_send(t0 + Duration::from_secs(60), &a),
-            "unchanged"
-        );
-        assert!(!p.should_send(t0 + Duration::from_secs(1), &b), "too soon");
-        assert!(p.should_send(t0 + Duration::from_secs(5), &b));
-        p.reset();
-        assert!(
-            p.should_send(t0 + Duration::from_secs(5), &a),
-            "after a reset"
-        );
     }
 }

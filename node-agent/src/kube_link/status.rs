@@ -1,5 +1,6 @@
 //! The NodeTopology status from the engine's state, and when to write it.
 
+use super::pace::Pacer;
 use super::policy::ConfigSource;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use std::time::{Duration, Instant};
@@ -160,8 +161,7 @@ pub fn node_status(
 pub struct RateLimiter {
     interval: Duration,
     usage_interval: Duration,
-    last_attempt: Option<Instant>,
-    last_sent: Option<NodeTopologyStatus>,
+    pacer: Pacer<NodeTopologyStatus>,
 }
 
 fn without_times(s: &NodeTopologyStatus) -> NodeTopologyStatus {
@@ -195,14 +195,13 @@ impl RateLimiter {
         RateLimiter {
             interval,
             usage_interval: usage_interval.max(interval),
-            last_attempt: None,
-            last_sent: None,
+            pacer: Pacer::default(),
         }
     }
 
     /// How `st` differs from the last status written.
     pub fn change(&self, st: &NodeTopologyStatus) -> Change {
-        let Some(last) = self.last_sent.as_ref() else {
+        let Some(last) = self.pacer.last_sent() else {
             return Change::Other;
         };
         let (last, st) = (without_times(last), without_times(st));
@@ -221,17 +220,15 @@ impl RateLimiter {
             Change::Usage => self.usage_interval,
             Change::Other => self.interval,
         };
-        self.last_attempt
-            .is_none_or(|t| now.saturating_duration_since(t) >= wait)
+        self.pacer.due(now, wait)
     }
 
     pub fn sent(&mut self, now: Instant, st: &NodeTopologyStatus) {
-        self.last_attempt = Some(now);
-        self.last_sent = Some(st.clone());
+        self.pacer.sent(now, st.clone());
     }
 
     pub fn failed(&mut self, now: Instant) {
-        self.last_attempt = Some(now);
+        self.pacer.failed(now);
     }
 }
 

@@ -131,7 +131,9 @@ impl Ledger {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
             }
-            match self.reconcile_with(rt.as_ref()).await {
+            let result = self.reconcile_with(rt.as_ref()).await;
+            self.agent().metrics().count_reconcile(result.is_ok());
+            match result {
                 Ok(_) => {
                     if !reachable {
                         tracing::info!("the runtime is reachable again; ledger reconciled");
