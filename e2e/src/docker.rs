@@ -80,8 +80,24 @@ pub fn docker(socket: &Path, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Runs the `docker` CLI against `socket`, optionally feeding `stdin`, with a 60 s limit.
+/// Runs the `docker` CLI against `socket`, optionally feeding `stdin` (then closed), with a
+/// 60 s limit.
 pub fn docker_output(socket: &Path, args: &[&str], stdin: Option<&[u8]>) -> Result<Output> {
+    run_docker(socket, args, stdin, false)
+}
+
+/// As [`docker_output`], but stdin stays open after `input` until the CLI exits: for `docker
+/// attach`, which dockerd ends at stdin's EOF (unless the container was created stdin-once).
+pub fn docker_attached(socket: &Path, args: &[&str], input: &[u8]) -> Result<Output> {
+    run_docker(socket, args, Some(input), true)
+}
+
+fn run_docker(
+    socket: &Path,
+    args: &[&str],
+    stdin: Option<&[u8]>,
+    keep_stdin_open: bool,
+) -> Result<Output> {
     let mut child = Command::new("docker")
         .args(args)
         .env("DOCKER_HOST", format!("unix://{}", socket.display()))
@@ -95,17 +111,22 @@ pub fn docker_output(socket: &Path, args: &[&str], stdin: Option<&[u8]>) -> Resu
         .stderr(Stdio::piped())
         .spawn()
         .context("running docker")?;
+    let mut held = None;
     if let Some(data) = stdin {
         let mut si = child.stdin.take().context("docker stdin")?;
         si.write_all(data)?;
-        drop(si); // EOF: the CLI half-closes the hijacked connection
+        if keep_stdin_open {
+            held = Some(si);
+        } // else dropped: EOF, the CLI half-closes the hijacked connection
     }
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
-    match rx.recv_timeout(Duration::from_secs(60)) {
+    let out = rx.recv_timeout(Duration::from_secs(60));
+    drop(held);
+    match out {
         Ok(out) => Ok(out?),
         Err(_) => {
             signal(pid, "KILL");

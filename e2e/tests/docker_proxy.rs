@@ -7,7 +7,7 @@
 use anyhow::{ensure, Context, Result};
 use std::time::{Duration, Instant};
 use tap_e2e::docker::{
-    docker_output, temp_dir, unix_get, Dockerd, ProxyEnv as Env, TapAgent, IMAGE,
+    docker_attached, docker_output, temp_dir, unix_get, Dockerd, ProxyEnv as Env, TapAgent, IMAGE,
 };
 use tap_e2e::util::{print_logs_on_failure, skip_unless_enabled, RmDir};
 
@@ -215,7 +215,7 @@ fn scenario(env: &Env) -> Result<()> {
         "-c",
         "read x; echo attached-$x",
     ])?;
-    let out = docker_output(&env.proxy, &["attach", &later], Some(b"ok\n"))?;
+    let out = docker_attached(&env.proxy, &["attach", &later], b"ok\n")?;
     assert!(out.status.success(), "docker attach: {out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "attached-ok");
 
