@@ -202,3 +202,29 @@ impl Drop for RmDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Polls `f` every `every` until it answers `true`; an error counts as "not yet" (the thing
+/// polled may be restarting) and the last one is named if `timeout` passes first.
+pub fn wait_until(
+    what: &str,
+    timeout: std::time::Duration,
+    every: std::time::Duration,
+    mut f: impl FnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let start = std::time::Instant::now();
+    loop {
+        let last_err = match f() {
+            Ok(true) => return Ok(()),
+            Ok(false) => None,
+            Err(e) => Some(e),
+        };
+        if start.elapsed() > timeout {
+            let msg = format!("timed out after {timeout:?} waiting for {what}");
+            return Err(match last_err {
+                Some(e) => e.context(msg),
+                None => anyhow::anyhow!(msg),
+            });
+        }
+        std::thread::sleep(every);
+    }
+}

@@ -13,503 +13,16 @@
 //! stage packs them (`scratch`, the binary in /usr/local/bin, user 65532) and imported with
 //! `ctr images import`; the agent's image has a second layer with the fixture.
 
-use anyhow::{bail, ensure, Context, Result};
-use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+#[path = "cluster/tier.rs"]
+mod tier;
+
+use anyhow::{ensure, Context, Result};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use tap_e2e::cluster::{Cluster, RuntimeEndpoint, NODE};
-use tap_e2e::containerd::{cgroup_cpuset, Cri};
 use tap_e2e::docker::TapAgent;
-use tap_e2e::images::{build_static, scratch_image_archive, ImageFile};
 use tap_e2e::util::{self, skip_unless_enabled, workspace_root};
-
-const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
-const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
-const NS: &str = "kunpeng-tap";
-const AGENT_IMAGE: &str = "tap.local/kunpeng-tap-agent";
-const OPERATOR_IMAGE: &str = "tap.local/kunpeng-tap-operator";
-const TAG: &str = "e2e";
-/// Where the agent's image carries the fixture.
-const IMAGE_FIXTURE: &str = "/tap-fixtures/synthetic-2s-4numa-96c-gpu";
-
-// ---- helpers ---------------------------------------------------------------------------------
-
-fn parse_list(s: &str) -> BTreeSet<usize> {
-    let mut out = BTreeSet::new();
-    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => out.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
-            None => {
-                out.insert(part.parse().unwrap());
-            }
-        }
-    }
-    out
-}
-
-fn host_cpus() -> Vec<usize> {
-    parse_list(&std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap())
-        .into_iter()
-        .collect()
-}
-
-/// The fixture's CPUs of NUMA node `n`.
-fn node_cpus(n: usize) -> BTreeSet<usize> {
-    let p = util::fixtures_dir()
-        .join(FIXTURE)
-        .join(format!("devices/system/node/node{n}/cpulist"));
-    parse_list(&std::fs::read_to_string(p).unwrap())
-}
-
-/// What `--fold-cpus-to-host` makes of NUMA node `n`: host CPU `host[n mod count]`.
-fn folded_node(n: usize) -> BTreeSet<usize> {
-    let host = host_cpus();
-    BTreeSet::from([host[n % host.len()]])
-}
-
-fn record_fields(rec: &str) -> BTreeMap<String, String> {
-    rec.split(';')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-fn helm_bin() -> PathBuf {
-    std::env::var_os("TAP_HELM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/kunpeng-tap/bin/helm"))
-}
-
-/// helm with a private home and the cluster's admin kubeconfig.
-fn helm(cl: &Cluster, args: &[&str]) -> Result<String> {
-    let home = cl.dir.join("helm-home");
-    let out = Command::new(helm_bin())
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .env("KUBECONFIG", &cl.kube().kubeconfig)
-        .args(args)
-        .output()
-        .context("running helm")?;
-    if !out.status.success() {
-        bail!(
-            "helm {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
-    let start = Instant::now();
-    let mut last = None;
-    loop {
-        match f() {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(e) => last = Some(e),
-        }
-        if start.elapsed() > timeout {
-            match last {
-                Some(e) => bail!("timed out after {timeout:?} waiting for {what}: {e:#}"),
-                None => bail!("timed out after {timeout:?} waiting for {what}"),
-            }
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-/// A Pod running busybox `sleep` with one container `app`.
-struct PodDef<'a> {
-    name: &'a str,
-    cpu_request: &'a str,
-    cpu_limit: &'a str,
-    memory: &'a str,
-    labels: &'a [(&'a str, &'a str)],
-    annotations: &'a [(&'a str, &'a str)],
-}
-
-impl<'a> PodDef<'a> {
-    fn new(name: &'a str, cpu_request: &'a str, cpu_limit: &'a str) -> Self {
-        PodDef {
-            name,
-            cpu_request,
-            cpu_limit,
-            memory: "64Mi",
-            labels: &[],
-            annotations: &[],
-        }
-    }
-
-    fn manifest(&self) -> String {
-        let map = |kv: &[(&str, &str)]| -> Value {
-            Value::Object(
-                kv.iter()
-                    .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
-                    .collect(),
-            )
-        };
-        serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": self.name,
-                "namespace": "default",
-                "labels": map(self.labels),
-                "annotations": map(self.annotations),
-            },
-            "spec": {
-                "terminationGracePeriodSeconds": 0,
-                "containers": [{
-                    "name": "app",
-                    "image": tap_e2e::containerd::BUSYBOX_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["/bin/sleep", "36000"],
-                    "resources": {
-                        "requests": {"cpu": self.cpu_request, "memory": self.memory},
-                        "limits": {"cpu": self.cpu_limit, "memory": self.memory},
-                    },
-                }],
-            },
-        })
-        .to_string()
-    }
-}
-
-/// What is known about a running container of a Pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Placed {
-    id: String,
-    /// The OCI spec's `linux.resources.cpu.cpus` through CRI ContainerStatus (what
-    /// `crictl inspect … | grep cpuset_cpus` shows).
-    spec_cpus: String,
-    /// The running container's cgroup `cpuset.cpus`.
-    cgroup_cpus: String,
-    /// The grant record the agent stored with the container ("" when none): an OCI spec
-    /// annotation in NRI mode, a CRI annotation in CRI proxy mode.
-    grant: String,
-}
-
-impl Placed {
-    fn field(&self, k: &str) -> String {
-        record_fields(&self.grant)
-            .get(k)
-            .cloned()
-            .unwrap_or_default()
-    }
-}
-
-struct Tier {
-    cl: Cluster,
-    rt: tokio::runtime::Runtime,
-    /// The cpusets the guide's Pod got (for the report).
-    notes: Vec<String>,
-}
-
-impl Tier {
-    fn kubectl(&self, args: &[&str]) -> Result<String> {
-        self.cl.kube().kubectl_ok(args)
-    }
-
-    fn cri(&self) -> Result<Cri> {
-        let sock = self.cl.containerd().cri_socket();
-        self.rt.block_on(Cri::connect(&sock))
-    }
-
-    fn run_pod(&self, def: &PodDef) -> Result<Placed> {
-        self.cl.kube().apply(&def.manifest())?;
-        self.wait_running(def.name)?;
-        self.placed(def.name)
-    }
-
-    fn wait_running(&self, pod: &str) -> Result<()> {
-        wait(
-            &format!("Pod {pod} Running"),
-            Duration::from_secs(90),
-            || {
-                let p = self
-                    .cl
-                    .kube()
-                    .get_json(&["-n", "default", "get", "pod", pod])?
-                    .context("no pod")?;
-                Ok(p["status"]["phase"] == "Running"
-                    && p["status"]["containerStatuses"][0]["ready"] == true)
-            },
-        )
-        .with_context(|| self.describe(pod))
-    }
-
-    fn describe(&self, pod: &str) -> String {
-        self.cl
-            .kube()
-            .kubectl(&["-n", "default", "describe", "pod", pod])
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
-    }
-
-    fn container_id(&self, ns: &str, pod: &str) -> Result<String> {
-        let p = self
-            .cl
-            .kube()
-            .get_json(&["-n", ns, "get", "pod", pod])?
-            .context("no pod")?;
-        let id = p["status"]["containerStatuses"][0]["containerID"]
-            .as_str()
-            .context("no containerID yet")?;
-        Ok(id.trim_start_matches("containerd://").to_string())
-    }
-
-    /// The ids and states of the default-namespace Pod's containers as containerd holds them
-    /// (CRI ListContainers by the kubelet's labels), not as the API server last heard.
-    fn runtime_containers(&self, pod: &str) -> Result<Vec<(String, i32)>> {
-        let mut cri = self.cri()?;
-        let labels = [
-            ("io.kubernetes.pod.name", pod),
-            ("io.kubernetes.pod.namespace", "default"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let list = self.rt.block_on(cri.raw().list_containers(
-            k8s_cri::v1::ListContainersRequest {
-                filter: Some(k8s_cri::v1::ContainerFilter {
-                    label_selector: labels,
-                    ..Default::default()
-                }),
-            },
-        ))?;
-        Ok(list
-            .into_inner()
-            .containers
-            .into_iter()
-            .map(|c| (c.id, c.state))
-            .collect())
-    }
-
-    /// The Pod still has exactly its container `before`, running: the kubelet (restarted, or
-    /// pointed at another runtime endpoint) did not recreate it. Read from containerd, since
-    /// the API server may still show the old kubelet's report.
-    fn assert_not_recreated(&self, pod: &str, before: &Placed) -> Result<()> {
-        let running = k8s_cri::v1::ContainerState::ContainerRunning as i32;
-        let now = self.runtime_containers(pod)?;
-        ensure!(
-            now == vec![(before.id.clone(), running)],
-            "Pod {pod}: containerd holds {now:?}, expected only {} running",
-            before.id
-        );
-        Ok(())
-    }
-
-    /// Waits for the running kubelet to have taken the Pod from the API server (its `SyncLoop
-    /// ADD` log line; each kubelet run logs one), `runs_before` = such lines before the restart.
-    fn wait_kubelet_sync(&self, pod: &str, runs_before: usize) -> Result<()> {
-        wait(
-            &format!("the restarted kubelet's SyncLoop ADD of default/{pod}"),
-            Duration::from_secs(60),
-            || Ok(self.kubelet_adds(pod) > runs_before),
-        )
-    }
-
-    /// How many `SyncLoop ADD` lines of the kubelet's logs (every run) name the Pod.
-    fn kubelet_adds(&self, pod: &str) -> usize {
-        let needle = format!("\"default/{pod}\"");
-        self.cl
-            .kubelet_log()
-            .lines()
-            .filter(|l| l.contains("\"SyncLoop ADD\"") && l.contains(&needle))
-            .count()
-    }
-
-    fn placed(&self, pod: &str) -> Result<Placed> {
-        let id = self.container_id("default", pod)?;
-        let mut cri = self.cri()?;
-        let (spec_cpus, ann, cri_ann, pid) = self.rt.block_on(async {
-            let spec = cri.spec_cpuset(&id).await?;
-            let ann = cri.spec_annotations(&id).await?;
-            let (st, _) = cri.container_status(&id).await?;
-            let pid = cri.pid(&id).await?;
-            anyhow::Ok((spec, ann, st.annotations, pid))
-        })?;
-        Ok(Placed {
-            id,
-            spec_cpus,
-            cgroup_cpus: cgroup_cpuset(pid)?,
-            grant: ann
-                .get(GRANT_KEY)
-                .or_else(|| cri_ann.get(GRANT_KEY))
-                .cloned()
-                .unwrap_or_default(),
-        })
-    }
-
-    /// Checks a placed container: its grant names one NUMA node k of `policy`, and CRI and
-    /// the cgroup both show node k folded onto this host. Returns k.
-    fn assert_on_one_node(&self, what: &str, p: &Placed, policy: &str) -> Result<usize> {
-        ensure!(!p.grant.is_empty(), "{what}: no grant record: {p:?}");
-        ensure!(
-            p.field("p") == policy,
-            "{what}: policy {} != {policy}: {p:?}",
-            p.field("p")
-        );
-        let k: usize = p
-            .field("n")
-            .parse()
-            .with_context(|| format!("{what}: not one NUMA node: {p:?}"))?;
-        let want = folded_node(k);
-        ensure!(
-            parse_list(&p.spec_cpus) == want,
-            "{what}: CRI cpuset {} != NUMA node {k} folded {want:?}: {p:?}",
-            p.spec_cpus
-        );
-        ensure!(
-            parse_list(&p.cgroup_cpus) == want,
-            "{what}: cgroup cpuset {} != NUMA node {k} folded {want:?}: {p:?}",
-            p.cgroup_cpus
-        );
-        Ok(k)
-    }
-
-    fn delete_pod(&self, pod: &str) -> Result<()> {
-        self.kubectl(&[
-            "-n",
-            "default",
-            "delete",
-            "pod",
-            pod,
-            "--wait=true",
-            "--timeout=60s",
-        ])?;
-        Ok(())
-    }
-
-    fn agent_pod(&self) -> Result<String> {
-        let v = self
-            .cl
-            .kube()
-            .get_json(&[
-                "-n",
-                NS,
-                "get",
-                "pods",
-                "-l",
-                "app.kubernetes.io/component=agent",
-            ])?
-            .context("no pods")?;
-        let items = v["items"].as_array().context("items")?;
-        let running: Vec<&Value> = items
-            .iter()
-            .filter(|p| {
-                p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null()
-            })
-            .collect();
-        ensure!(running.len() == 1, "{} running agent Pods", running.len());
-        Ok(running[0]["metadata"]["name"].as_str().unwrap().to_string())
-    }
-
-    /// `kubectl logs` of the agent Pod (through the API server and the kubelet).
-    fn agent_log(&self) -> Result<String> {
-        let pod = self.agent_pod()?;
-        self.kubectl(&["-n", NS, "logs", &pod])
-    }
-
-    fn wait_agent_log(&self, needle: &str, count: usize) -> Result<()> {
-        wait(
-            &format!("{count} × {needle:?} in the agent log"),
-            Duration::from_secs(60),
-            || Ok(self.agent_log()?.matches(needle).count() >= count),
-        )
-    }
-
-    fn node_topology(&self) -> Result<Value> {
-        self.cl
-            .kube()
-            .get_json(&["get", "nodetopology", NODE])?
-            .context("no NodeTopology for the node")
-    }
-
-    /// The allocation the agent reports: per zone (name -> allocated milli, containers).
-    fn allocation(&self) -> Result<BTreeMap<String, (i64, i64)>> {
-        let nt = self.node_topology()?;
-        let mut out = BTreeMap::new();
-        for z in nt["status"]["zones"].as_array().context("no zones")? {
-            out.insert(
-                z["name"].as_str().unwrap_or("?").to_string(),
-                (
-                    z["allocatedMilli"].as_i64().unwrap_or(0),
-                    z["containers"].as_i64().unwrap_or(0),
-                ),
-            );
-        }
-        Ok(out)
-    }
-
-    fn wait_containers(&self, n: i64) -> Result<()> {
-        wait(
-            &format!("NodeTopology status.containers == {n}"),
-            Duration::from_secs(60),
-            || Ok(self.node_topology()?["status"]["containers"].as_i64() == Some(n)),
-        )
-    }
-
-    fn set_policy(&self, policy: &str) -> Result<()> {
-        self.cl.kube().apply(&format!(
-            r#"apiVersion: tap.kunpeng.io/v1alpha1
-kind: TopologyPolicy
-metadata:
-  name: e2e-node
-spec:
-  nodeSelector:
-    matchLabels:
-      kubernetes.io/hostname: {NODE}
-  policy: {policy}
-  priority: 10
-"#
-        ))?;
-        wait(
-            &format!("NodeTopology {NODE} with policy {policy}"),
-            Duration::from_secs(60),
-            || Ok(self.node_topology()?["spec"]["policy"]["policy"] == policy),
-        )
-    }
-}
-
-fn scratch_images(dir: &Path) -> Result<(PathBuf, PathBuf)> {
-    let agent_bin = build_static("node-agent", "kunpeng-tap");
-    let operator_bin = build_static("tap-operator", "kunpeng-tap-operator");
-    let agent = scratch_image_archive(
-        &dir.join("agent-image.tar"),
-        &format!("{AGENT_IMAGE}:{TAG}"),
-        &[
-            vec![ImageFile {
-                source: agent_bin,
-                dest: "/usr/local/bin/kunpeng-tap".into(),
-                mode: 0o755,
-            }],
-            vec![ImageFile {
-                source: util::fixtures_dir().join(FIXTURE),
-                dest: IMAGE_FIXTURE.into(),
-                mode: 0o755,
-            }],
-        ],
-        &["/usr/local/bin/kunpeng-tap"],
-        "65532:65532",
-    )?;
-    let operator = scratch_image_archive(
-        &dir.join("operator-image.tar"),
-        &format!("{OPERATOR_IMAGE}:{TAG}"),
-        &[vec![ImageFile {
-            source: operator_bin,
-            dest: "/usr/local/bin/kunpeng-tap-operator".into(),
-            mode: 0o755,
-        }]],
-        &["/usr/local/bin/kunpeng-tap-operator"],
-        "65532:65532",
-    )?;
-    Ok((agent, operator))
-}
+use tier::*;
 
 // ---- scenarios -------------------------------------------------------------------------------
 
@@ -561,9 +74,10 @@ fn helm_install(t: &Tier) -> Result<()> {
     )?;
     eprintln!("helm install --wait: {:.1}s", t0.elapsed().as_secs_f64());
     // helm's --wait accepts a DaemonSet with maxUnavailable Pods not ready: wait for both.
-    wait(
+    util::wait_until(
         "the agent DaemonSet's Pod Ready",
         Duration::from_secs(120),
+        POLL,
         || {
             let ds =
                 t.cl.kube()
@@ -572,9 +86,10 @@ fn helm_install(t: &Tier) -> Result<()> {
             Ok(ds["status"]["numberReady"] == 1)
         },
     )?;
-    wait(
+    util::wait_until(
         "the operator Deployment available",
         Duration::from_secs(120),
+        POLL,
         || {
             let d =
                 t.cl.kube()
@@ -727,9 +242,10 @@ fn resize(t: &Tier) -> Result<()> {
         "-p",
         r#"{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"500m","memory":"1Gi"},"limits":{"cpu":"2","memory":"1Gi"}}}]}}"#,
     ])?;
-    wait(
+    util::wait_until(
         "the agent's update hook for the resized container",
         Duration::from_secs(60),
+        POLL,
         || {
             Ok(t.agent_log()?
                 .lines()
@@ -738,9 +254,10 @@ fn resize(t: &Tier) -> Result<()> {
                 > before)
         },
     )?;
-    wait(
+    util::wait_until(
         "NodeTopology shows the resized request",
         Duration::from_secs(60),
+        POLL,
         || {
             Ok(t.node_topology()?["status"]["allocated"]
                 .as_str()
@@ -764,7 +281,7 @@ fn restart_agent_pod(t: &mut Tier) -> Result<()> {
         "--wait=true",
         "--timeout=60s",
     ])?;
-    wait("a new agent Pod", Duration::from_secs(120), || {
+    util::wait_until("a new agent Pod", Duration::from_secs(120), POLL, || {
         Ok(t.agent_pod().map(|p| p != old).unwrap_or(false))
     })?;
     t.wait_agent_log("state restored from the runtime", 1)?;
@@ -800,9 +317,10 @@ fn agent_pod_and_kubelet_restarts(t: &mut Tier) -> Result<()> {
     let alloc = t.allocation()?;
     let guide = t.placed("guide")?;
     restart_agent_pod(t)?;
-    wait(
+    util::wait_until(
         "the same allocation after the agent's restart",
         Duration::from_secs(60),
+        POLL,
         || Ok(t.allocation()? == alloc),
     )
     .with_context(|| format!("before {alloc:?} after {:?}", t.allocation()))?;
@@ -828,9 +346,10 @@ fn agent_pod_and_kubelet_restarts(t: &mut Tier) -> Result<()> {
         t.placed("guide")? == guide,
         "the guide Pod changed after the kubelet's restart"
     );
-    wait(
+    util::wait_until(
         "the same allocation after the kubelet's restart",
         Duration::from_secs(60),
+        POLL,
         || Ok(t.allocation()? == alloc),
     )?;
     Ok(())
@@ -843,7 +362,7 @@ fn helm_uninstall(t: &Tier) -> Result<()> {
         &t.cl,
         &["uninstall", "tap", "-n", NS, "--wait", "--timeout", "120s"],
     )?;
-    wait("the agent Pod gone", Duration::from_secs(90), || {
+    util::wait_until("the agent Pod gone", Duration::from_secs(90), POLL, || {
         let v = t.cl.kube().get_json(&[
             "-n",
             NS,

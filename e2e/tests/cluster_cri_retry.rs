@@ -15,7 +15,7 @@
 //! stays created and never starts; the proxy sees that the kubelet went away before the answer
 //! and releases attempt 0's grant, so the books hold exactly the running container.
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tap_e2e::cluster::{Cluster, ClusterOptions, RuntimeEndpoint};
@@ -24,20 +24,9 @@ use tap_e2e::docker::TapAgent;
 use tap_e2e::util::{self, skip_unless_enabled};
 
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
+/// How often the tier polls what it waits for.
+const POLL: Duration = Duration::from_millis(500);
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
-
-fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        if f().unwrap_or(false) {
-            return Ok(());
-        }
-        if start.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
 
 /// Containers the proxy agent has placed (its NUMA-level container counts).
 fn placed_count(agent: &TapAgent) -> Result<i64> {
@@ -94,9 +83,10 @@ fn scenario(cl: &mut Cluster, rt: &tokio::runtime::Runtime) -> Result<()> {
             .stderr(log)
             .spawn()?;
         let slow_log = cl.dir.join("slow-plugin.log");
-        wait(
+        util::wait_until(
             "the slow plugin registered",
             Duration::from_secs(30),
+            POLL,
             || Ok(std::fs::read_to_string(&slow_log)?.contains("state restored from the runtime")),
         )?;
         let _ = Command::new("kill")
@@ -124,9 +114,10 @@ fn scenario(cl: &mut Cluster, rt: &tokio::runtime::Runtime) -> Result<()> {
         // The kubelet's first CreateContainer times out (8 s) while containerd waits: a line
         // logged after the Pod was applied, naming both (an earlier timeout of another call
         // must not end the wait before this one).
-        wait(
+        util::wait_until(
             "the kubelet's CreateContainer timing out",
             Duration::from_secs(60),
+            POLL,
             || {
                 let log = cl.kubelet_log();
                 Ok(log.get(log_before..).is_some_and(|new| {
@@ -144,7 +135,7 @@ fn scenario(cl: &mut Cluster, rt: &tokio::runtime::Runtime) -> Result<()> {
             .status();
         let _ = slow.wait();
 
-        wait("Pod retry Running", Duration::from_secs(180), || {
+        util::wait_until("Pod retry Running", Duration::from_secs(180), POLL, || {
             let p = cl
                 .kube()
                 .get_json(&["-n", "default", "get", "pod", "retry"])?
@@ -180,9 +171,10 @@ fn scenario(cl: &mut Cluster, rt: &tokio::runtime::Runtime) -> Result<()> {
         ensure!(!spec.is_empty(), "the running container has no cpuset");
         ensure!(cgroup_cpuset(pid)? == spec, "cgroup and CRI cpusets differ");
         // Exactly one container is placed: the one that runs.
-        wait(
+        util::wait_until(
             "the agent's books hold exactly the running container",
             Duration::from_secs(30),
+            POLL,
             || Ok(placed_count(&agent)? == 1),
         )
         .with_context(|| format!("agent state: {:?}", agent.state()))?;

@@ -4,12 +4,12 @@
 //! (`--fold-cpus-to-host`); exclusive single-CPU grants make the fold visible (one CPU instead
 //! of all of them).
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{Context, Result};
 use std::time::{Duration, Instant};
 use tap_e2e::docker::{
     docker_attached, docker_output, temp_dir, unix_get, Dockerd, ProxyEnv as Env, TapAgent, IMAGE,
 };
-use tap_e2e::util::{print_logs_on_failure, skip_unless_enabled, RmDir};
+use tap_e2e::util::{self, print_logs_on_failure, skip_unless_enabled, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 
@@ -27,17 +27,6 @@ fn host_cpus() -> Result<String> {
     Ok(std::fs::read_to_string("/sys/devices/system/cpu/online")?
         .trim()
         .to_string())
-}
-
-fn wait_for(what: &str, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
-    let until = Instant::now() + Duration::from_secs(20);
-    loop {
-        if f()? {
-            return Ok(());
-        }
-        ensure!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 fn metric(agent: &TapAgent, prefix: &str) -> Result<Vec<String>> {
@@ -255,7 +244,12 @@ fn scenario(env: &Env) -> Result<()> {
 
     // Stop releases (idempotently again at delete); the other grant is untouched.
     env.docker(&["stop", "-t", "1", &c1])?;
-    wait_for("release at stop", || Ok(agent.accounted_on("numa")? == 1))?;
+    util::wait_until(
+        "release at stop",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || Ok(agent.accounted_on("numa")? == 1),
+    )?;
     env.docker(&["rm", &c1])?;
     assert_eq!(
         agent.accounted_on("numa")?,

@@ -6,7 +6,7 @@ use anyhow::{ensure, Result};
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 use tap_e2e::docker::{docker, temp_dir, unix_get, unix_post, Dockerd, ProxyEnv, TapAgent};
-use tap_e2e::util::{print_logs_on_failure, skip_unless_enabled, RmDir};
+use tap_e2e::util::{self, print_logs_on_failure, skip_unless_enabled, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 
@@ -27,15 +27,6 @@ fn check_truth(agent: &TapAgent, env: &ProxyEnv, when: &str) -> Result<()> {
         "{when}: the agent accounts {ours} containers, dockerd runs {theirs} placed"
     );
     ensure!(!agent.panicked(), "{when}: the agent log shows a panic");
-    Ok(())
-}
-
-fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
-    let until = Instant::now() + Duration::from_secs(secs);
-    while !f()? {
-        ensure!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
     Ok(())
 }
 
@@ -193,9 +184,10 @@ fn scenario(env: &mut ProxyEnv) -> Result<()> {
     ensure!(agent.accounted()? == 1);
     env.dockerd.restart()?;
     let t = Instant::now();
-    wait_until(
+    util::wait_until(
         "the grants of stopped containers to be released",
-        20,
+        Duration::from_secs(20),
+        Duration::from_millis(100),
         || Ok(agent.accounted()? == 0),
     )?;
     eprintln!("released {:?} after dockerd came back", t.elapsed());
@@ -203,9 +195,12 @@ fn scenario(env: &mut ProxyEnv) -> Result<()> {
 
     // Started again (outside the proxy): adopted again from its grant label.
     docker(&env.dockerd.socket(), &["start", &c1])?;
-    wait_until("a restarted container to be adopted again", 20, || {
-        Ok(agent.accounted()? == 1)
-    })?;
+    util::wait_until(
+        "a restarted container to be adopted again",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || Ok(agent.accounted()? == 1),
+    )?;
     check_truth(&agent, env, "after the container was started again")?;
 
     agent.stop();
