@@ -98,6 +98,8 @@ impl fmt::Display for PolicyKind {
     }
 }
 
+/// The prefix of every label and annotation key kunpeng-tap reads or writes (the keys below).
+pub const KEY_PREFIX: &str = "tap.kunpeng.huawei.com/";
 /// Label (or annotation) that opts a whole Pod out, any value; the reference's key.
 pub const SKIP_KEY: &str = "tap.kunpeng.huawei.com/skip";
 /// Annotation: `numa-aware`, `topology-aware`, or `none` (same as skip).
@@ -270,6 +272,21 @@ impl ContainerRequest {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_key_has_the_prefix() {
+        for k in [
+            super::SKIP_KEY,
+            super::POLICY_KEY,
+            super::LEVEL_KEY,
+            super::MEMORY_BINDING_KEY,
+            super::EXCLUSIVE_KEY,
+            super::CONFINE_BEST_EFFORT_KEY,
+            super::GRANT_KEY,
+        ] {
+            assert!(k.starts_with(super::KEY_PREFIX), "{k}");
+        }
+    }
+
     use super::*;
 
     fn map(kv: &[(&str, &str)]) -> HashMap<String, String> {

@@ -12,7 +12,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use tap_engine::grant::Grant;
-use tap_engine::request::{milli_cpu_from_quota, milli_cpu_from_shares, GRANT_KEY};
+use tap_engine::request::{milli_cpu_from_quota, milli_cpu_from_shares, GRANT_KEY, KEY_PREFIX};
 use tap_engine::{
     ContainerRequest, CpuSet, CpusetUpdate, Engine, EngineConfig, Existing, NodeSet, Outcome,
     Overrides, Qos, Topology,
@@ -51,6 +51,50 @@ pub struct ContainerInfo {
     /// from its list syntax at the edge with [`runtime_cpus`] / [`runtime_nodes`]).
     pub cpus: Option<CpuSet>,
     pub mems: Option<NodeSet>,
+}
+
+impl ContainerInfo {
+    /// A copy holding only what placement, updates and restore read again: every field but the
+    /// maps and the environment whole, of those only the kunpeng-tap keys ([`KEY_PREFIX`]) and
+    /// the device entries ([`DEVICE_ENV_VARS`]). What the ledger keeps per container: the
+    /// kubelet's other labels, annotations and environment (~3.6 KiB a container) are not needed.
+    pub fn placement_inputs(&self) -> ContainerInfo {
+        fn ours(m: &HashMap<String, String>) -> HashMap<String, String> {
+            m.iter()
+                .filter(|(k, _)| k.starts_with(KEY_PREFIX))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        }
+        ContainerInfo {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            pod: PodInfo {
+                uid: self.pod.uid.clone(),
+                name: self.pod.name.clone(),
+                namespace: self.pod.namespace.clone(),
+                labels: ours(&self.pod.labels),
+                annotations: ours(&self.pod.annotations),
+                cgroup_parent: self.pod.cgroup_parent.clone(),
+            },
+            qos: self.qos,
+            cpu_shares: self.cpu_shares,
+            cpu_quota: self.cpu_quota,
+            cpu_period: self.cpu_period,
+            memory_limit: self.memory_limit,
+            env: self
+                .env
+                .iter()
+                .filter(|e| {
+                    e.split_once('=')
+                        .is_some_and(|(k, _)| DEVICE_ENV_VARS.contains(&k))
+                })
+                .cloned()
+                .collect(),
+            annotations: ours(&self.annotations),
+            cpus: self.cpus,
+            mems: self.mems,
+        }
+    }
 }
 
 /// A cpuset change for another container, in runtime terms.

@@ -272,7 +272,7 @@ impl Ledger {
             b.entries.insert(
                 key.clone(),
                 Entry {
-                    info: info.clone(),
+                    info: info.placement_inputs(),
                     runtime_id: None,
                     state: State::PendingCreate,
                     applied: None,
@@ -623,7 +623,7 @@ impl Ledger {
                     info.id.clone(),
                     Entry {
                         runtime_id: Some(l.runtime_id.clone()).filter(|s| !s.is_empty()),
-                        info,
+                        info: info.placement_inputs(),
                         state: State::Committed,
                         applied,
                         seq,

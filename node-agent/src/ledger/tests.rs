@@ -4,6 +4,7 @@ use super::*;
 use crate::agent::test_sets::*;
 use crate::agent::PodInfo;
 use crate::metrics::Metrics;
+use tap_engine::request::SKIP_KEY;
 use tap_engine::sysfs::discover_dir;
 use tap_engine::{Engine, EngineConfig, Topology};
 
@@ -403,4 +404,43 @@ async fn a_full_reconcile_clears_a_create_whose_call_was_dropped() {
     assert_eq!(report.released, 1);
     assert!(l.agent().snapshot().grant("dropped").is_none());
     assert_eq!(l.keys(), vec!["dropped"], "known again, unmanaged");
+}
+
+#[tokio::test]
+async fn the_book_keeps_only_what_placement_reads_again() {
+    let l = Ledger::new(agent(), None);
+    let mut c = container("k", "burstable", 4, 8);
+    c.pod.labels.insert(SKIP_KEY.into(), "".into());
+    c.pod
+        .labels
+        .insert("io.kubernetes.pod.name".into(), "pod-k".into());
+    c.pod.annotations.insert(
+        "kubectl.kubernetes.io/last-applied-configuration".into(),
+        "x".repeat(2048),
+    );
+    c.annotations
+        .insert("io.kubernetes.cri.sandbox-id".into(), "f".repeat(64));
+    c.env = vec![
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin".into(),
+        "VA_VISIBLE_DEVICES=0".into(),
+        "KUBERNETES_SERVICE_HOST=10.0.0.1".into(),
+    ];
+    let adj = created(&l, c, "id").await;
+    assert!(adj.cpus.is_none(), "the skip label holds at create");
+    let kept = l.info("id").expect("in the book");
+    assert_eq!(kept.pod.labels.keys().collect::<Vec<_>>(), vec![SKIP_KEY]);
+    assert!(kept.pod.annotations.is_empty());
+    assert!(kept.annotations.is_empty());
+    assert_eq!(kept.env, vec!["VA_VISIBLE_DEVICES=0".to_string()]);
+    assert_eq!(kept.pod.name, "pod-k");
+    assert_eq!(kept.cpu_shares, Some(4 * 1024));
+    // An update is decided from what was kept: the skip label still holds.
+    let t = l
+        .begin_update("id", |i| i.cpu_shares = Some(2 * 1024))
+        .await;
+    assert!(
+        t.adjustment.cpus.is_none(),
+        "the skip label holds at update"
+    );
+    let _ = l.commit_update(t);
 }
