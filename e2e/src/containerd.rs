@@ -141,6 +141,27 @@ impl Containerd {
         self.dir.join("containerd.sock")
     }
 
+    /// The agent's flags for CRI proxy mode in front of this containerd: its proxy socket at
+    /// `proxy`, the fixture `fixture` folded onto the host, state under `dir/state`, a 2 s
+    /// graceful stop. Callers add their own flags (a policy, say).
+    pub fn cri_proxy_agent_args(&self, proxy: &Path, fixture: &str, dir: &Path) -> Vec<String> {
+        vec![
+            "--container-runtime-mode=Containerd".into(),
+            format!("--runtime-proxy-endpoint={}", proxy.display()),
+            format!(
+                "--container-runtime-service-endpoint={}",
+                self.cri_socket().display()
+            ),
+            format!(
+                "--sysfs-root={}",
+                crate::util::fixture_dir(fixture).display()
+            ),
+            "--fold-cpus-to-host".into(),
+            format!("--state-dir={}", dir.join("state").display()),
+            "--graceful-timeout=2s".into(),
+        ]
+    }
+
     /// The NRI socket plugins connect to (alone in its folder, which a plugin's Pod mounts).
     pub fn nri_socket(&self) -> PathBuf {
         self.dir.join("nri/nri.sock")

@@ -14,25 +14,10 @@ use tap_e2e::containerd::{
     PodSpec, BUSYBOX_IMAGE,
 };
 use tap_e2e::docker::{temp_dir, TapAgent};
-use tap_e2e::util::{fixtures_dir, skip_unless_enabled, RmDir};
+use tap_e2e::util::{skip_unless_enabled, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
-
-fn agent_args(proxy: &Path, ctd: &Containerd, dir: &Path) -> Vec<String> {
-    vec![
-        "--container-runtime-mode=Containerd".into(),
-        format!("--runtime-proxy-endpoint={}", proxy.display()),
-        format!(
-            "--container-runtime-service-endpoint={}",
-            ctd.cri_socket().display()
-        ),
-        format!("--sysfs-root={}", fixtures_dir().join(FIXTURE).display()),
-        "--fold-cpus-to-host".into(),
-        format!("--state-dir={}", dir.join("state").display()),
-        "--graceful-timeout=2s".into(),
-    ]
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cri_proxy_places_passes_through_and_survives_restart() -> Result<()> {
@@ -53,7 +38,7 @@ async fn cri_proxy_places_passes_through_and_survives_restart() -> Result<()> {
 
 async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     let proxy = dir.join("cri-proxy.sock");
-    let args = agent_args(&proxy, ctd, dir);
+    let args = ctd.cri_proxy_agent_args(&proxy, FIXTURE, dir);
     let log = dir.join("agent.log");
     let mut agent = TapAgent::start(&args, &log)?;
     let mut cri = Cri::connect(&proxy).await?;

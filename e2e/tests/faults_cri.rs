@@ -11,25 +11,10 @@ use tap_e2e::containerd::{
     with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
 };
 use tap_e2e::docker::{temp_dir, TapAgent};
-use tap_e2e::util::{fixtures_dir, skip_unless_enabled, RmDir};
+use tap_e2e::util::{skip_unless_enabled, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
-
-fn agent_args(proxy: &Path, ctd: &Containerd, dir: &Path) -> Vec<String> {
-    vec![
-        "--container-runtime-mode=Containerd".into(),
-        format!("--runtime-proxy-endpoint={}", proxy.display()),
-        format!(
-            "--container-runtime-service-endpoint={}",
-            ctd.cri_socket().display()
-        ),
-        format!("--sysfs-root={}", fixtures_dir().join(FIXTURE).display()),
-        "--fold-cpus-to-host".into(),
-        format!("--state-dir={}", dir.join("state").display()),
-        "--graceful-timeout=2s".into(),
-    ]
-}
 
 /// Live containers that carry a grant record: what the runtime holds placed.
 async fn placed_in_runtime(cri: &mut Cri) -> Result<i64> {
@@ -86,7 +71,7 @@ async fn cri_proxy_fault_matrix() -> Result<()> {
 
 async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     let proxy = dir.join("cri-proxy.sock");
-    let args = agent_args(&proxy, ctd, dir);
+    let args = ctd.cri_proxy_agent_args(&proxy, FIXTURE, dir);
     let log = dir.join("agent.log");
 
     // A non-socket file at the endpoint: a clear error, and the file is kept.

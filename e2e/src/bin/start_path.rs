@@ -259,7 +259,9 @@ async fn run_setup(setup: char, args: &Args, agent_bin: Option<&Path>) -> Result
         'c' => {
             let bin = agent_bin.context("no agent binary")?;
             let proxy = dir.join("cri.sock");
-            agent = Some(start_agent(bin, &proxy_args(&ctd, &proxy, &dir), &dir)?);
+            let mut args = ctd.cri_proxy_agent_args(&proxy, FIXTURE, &dir);
+            args.push("--resource-policy=topology-aware".into());
+            agent = Some(start_agent(bin, &args, &dir)?);
             proxy
         }
         'd' => {
@@ -297,22 +299,6 @@ fn nri_args(ctd: &Containerd, dir: &Path) -> Vec<String> {
         format!("--sysfs-root={}", fixtures_dir().join(FIXTURE).display()),
         "--fold-cpus-to-host".into(),
         format!("--state-dir={}", dir.join("state").display()),
-    ]
-}
-
-fn proxy_args(ctd: &Containerd, proxy: &Path, dir: &Path) -> Vec<String> {
-    vec![
-        "--container-runtime-mode=Containerd".into(),
-        format!("--runtime-proxy-endpoint={}", proxy.display()),
-        format!(
-            "--container-runtime-service-endpoint={}",
-            ctd.cri_socket().display()
-        ),
-        "--resource-policy=topology-aware".into(),
-        format!("--sysfs-root={}", fixtures_dir().join(FIXTURE).display()),
-        "--fold-cpus-to-host".into(),
-        format!("--state-dir={}", dir.join("state").display()),
-        "--graceful-timeout=2s".into(),
     ]
 }
 
