@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README): `bash hack/test.sh [unit|e2e|all]` (default all).
-#   unit: cargo fmt --check, cargo clippy -D warnings, cargo test --workspace
+#   unit: cargo fmt --check, cargo clippy -D warnings (the product's own code also without
+#         unwrap/expect/panic/todo/unimplemented), cargo test --workspace
 #   e2e:  installs and starts real components (hack/e2e/*.sh) and runs the e2e tier (TAP_E2E=1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,11 @@ bash hack/ensure-protoc.sh
 unit() {
   cargo fmt --all --check
   cargo clippy --workspace --all-targets -- -D warnings
+  # The product never panics on its own (docs/reliability.md): its libraries and binaries,
+  # tests excluded, may not unwrap, expect, panic, todo or unimplemented.
+  cargo clippy -p tap-engine -p tap-api -p tap-bin-support -p node-agent -p tap-operator \
+    --lib --bins -- -D warnings -D clippy::unwrap_used -D clippy::expect_used \
+    -D clippy::panic -D clippy::todo -D clippy::unimplemented
   cargo test --workspace
 }
 

@@ -1,9 +1,9 @@
 //! Generates the NRI messages and ttrpc services from `proto/nri.proto` with a pure-Rust
 //! parser (no `protoc` needed).
 
-fn main() {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto/nri.proto");
-    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     ttrpc_codegen::Codegen::new()
         .out_dir(&out)
         .inputs(["proto/nri.proto"])
@@ -15,7 +15,7 @@ fn main() {
         })
         .rust_protobuf_customize(ttrpc_codegen::ProtobufCustomize::default().gen_mod_rs(false))
         .run()
-        .expect("generating NRI code from proto/nri.proto");
+        .map_err(|e| format!("generating NRI code from proto/nri.proto: {e}"))?;
     // The generated files carry inner attributes, so they are mounted as modules by path
     // rather than `include!`d.
     let module = |name: &str| {
@@ -28,5 +28,6 @@ fn main() {
         out.join("nri_modules.rs"),
         module("nri") + &module("nri_ttrpc"),
     )
-    .expect("writing nri_modules.rs");
+    .map_err(|e| format!("writing nri_modules.rs: {e}"))?;
+    Ok(())
 }

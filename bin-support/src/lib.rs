@@ -2,18 +2,6 @@
 //! set-up behind their `-v`/`--log-format` flags, and the shutdown token SIGTERM or Ctrl-C
 //! cancels.
 
-// The product never panics on its own: no unwrap, expect or panic outside tests (CI denies them).
-#![cfg_attr(
-    not(test),
-    deny(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::todo,
-        clippy::unimplemented
-    )
-)]
-
 use tokio_util::sync::CancellationToken;
 
 /// `--log-format`.

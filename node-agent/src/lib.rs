@@ -1,18 +1,6 @@
 //! kunpeng-tap node agent: the runtime edges (NRI plugin, CRI proxy, Docker proxy), the link to
 //! the API server, metrics, and the shared hook layer over the placement engine.
 
-// The product never panics on its own: no unwrap, expect or panic outside tests (CI denies them).
-#![cfg_attr(
-    not(test),
-    deny(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::todo,
-        clippy::unimplemented
-    )
-)]
-
 pub mod agent;
 pub mod cri_proxy;
 pub mod docker_proxy;
