@@ -142,9 +142,14 @@ impl Containerd {
     }
 
     /// The agent's flags for CRI proxy mode in front of this containerd: its proxy socket at
-    /// `proxy`, the fixture `fixture` folded onto the host, state under `dir/state`, a 2 s
+    /// `proxy`, the fixture `fixture` folded onto the host, its state in `state_dir`, a 2 s
     /// graceful stop. Callers add their own flags (a policy, say).
-    pub fn cri_proxy_agent_args(&self, proxy: &Path, fixture: &str, dir: &Path) -> Vec<String> {
+    pub fn cri_proxy_agent_args(
+        &self,
+        proxy: &Path,
+        fixture: &str,
+        state_dir: &Path,
+    ) -> Vec<String> {
         vec![
             "--container-runtime-mode=Containerd".into(),
             format!("--runtime-proxy-endpoint={}", proxy.display()),
@@ -157,7 +162,7 @@ impl Containerd {
                 crate::util::fixture_dir(fixture).display()
             ),
             "--fold-cpus-to-host".into(),
-            format!("--state-dir={}", dir.join("state").display()),
+            format!("--state-dir={}", state_dir.display()),
             "--graceful-timeout=2s".into(),
         ]
     }

@@ -389,23 +389,13 @@ fn helm_uninstall(t: &Tier) -> Result<()> {
 fn cri_proxy_mode(t: &mut Tier) -> Result<()> {
     let guide = t.placed("guide")?;
     let proxy = t.cl.dir.join("tap-proxy.sock");
-    let args = vec![
-        "--container-runtime-mode=Containerd".to_string(),
-        format!("--runtime-proxy-endpoint={}", proxy.display()),
-        format!(
-            "--container-runtime-service-endpoint={}",
-            t.cl.containerd().cri_socket().display()
-        ),
-        format!(
-            "--sysfs-root={}",
-            util::fixtures_dir().join(FIXTURE).display()
-        ),
-        "--fold-cpus-to-host".to_string(),
+    let mut args =
+        t.cl.containerd()
+            .cri_proxy_agent_args(&proxy, FIXTURE, &t.cl.dir.join("proxy-state"));
+    args.extend([
         "--resource-policy=numa-aware".to_string(),
-        format!("--state-dir={}", t.cl.dir.join("proxy-state").display()),
         "--enable-node-topology=false".to_string(),
-        "--graceful-timeout=2s".to_string(),
-    ];
+    ]);
     let agent = TapAgent::start(&args, &t.cl.dir.join("proxy-agent.log"))?;
     let r = (|| -> Result<()> {
         let adds = t.kubelet_adds("guide");

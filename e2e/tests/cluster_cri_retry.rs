@@ -41,25 +41,14 @@ fn placed_count(agent: &TapAgent) -> Result<i64> {
 
 fn scenario(cl: &mut Cluster, rt: &tokio::runtime::Runtime) -> Result<()> {
     let proxy = cl.dir.join("tap-proxy.sock");
-    let agent = TapAgent::start(
-        &[
-            "--container-runtime-mode=Containerd".to_string(),
-            format!("--runtime-proxy-endpoint={}", proxy.display()),
-            format!(
-                "--container-runtime-service-endpoint={}",
-                cl.containerd().cri_socket().display()
-            ),
-            format!(
-                "--sysfs-root={}",
-                util::fixtures_dir().join(FIXTURE).display()
-            ),
-            "--fold-cpus-to-host".to_string(),
-            "--resource-policy=numa-aware".to_string(),
-            format!("--state-dir={}", cl.dir.join("proxy-state").display()),
-            "--enable-node-topology=false".to_string(),
-        ],
-        &cl.dir.join("proxy-agent.log"),
-    )?;
+    let mut args =
+        cl.containerd()
+            .cri_proxy_agent_args(&proxy, FIXTURE, &cl.dir.join("proxy-state"));
+    args.extend([
+        "--resource-policy=numa-aware".to_string(),
+        "--enable-node-topology=false".to_string(),
+    ]);
+    let agent = TapAgent::start(&args, &cl.dir.join("proxy-agent.log"))?;
     let result = (|| -> Result<()> {
         cl.set_runtime_endpoint(RuntimeEndpoint::Proxy(proxy.clone()))?;
 

@@ -259,7 +259,7 @@ async fn run_setup(setup: char, args: &Args, agent_bin: Option<&Path>) -> Result
         'c' => {
             let bin = agent_bin.context("no agent binary")?;
             let proxy = dir.join("cri.sock");
-            let mut args = ctd.cri_proxy_agent_args(&proxy, FIXTURE, &dir);
+            let mut args = ctd.cri_proxy_agent_args(&proxy, FIXTURE, &dir.join("state"));
             args.push("--resource-policy=topology-aware".into());
             agent = Some(start_agent(bin, &args, &dir)?);
             proxy
