@@ -79,6 +79,10 @@ pub struct Metrics {
     pub runtime_connected: Gauge,
     /// Periodic comparisons of the ledger with the runtime (proxy modes), by result.
     pub reconciles: Family<ResultLabels, Counter>,
+    /// Cpuset writes of the convergence loop, by result.
+    pub cpuset_writes: Family<ResultLabels, Counter>,
+    /// Containers whose runtime cpuset differs from the engine's (as far as the agent knows).
+    pub unconverged: Gauge,
     /// Where the per-pool figures come from at scrape time.
     usage: UsageSource,
     ready: AtomicBool,
@@ -216,6 +220,8 @@ impl Metrics {
         let placements = Family::<PlacementLabels, Counter>::default();
         let runtime_connected = Gauge::default();
         let reconciles = Family::<ResultLabels, Counter>::default();
+        let cpuset_writes = Family::<ResultLabels, Counter>::default();
+        let unconverged = Gauge::default();
         if is_proxy_mode(mode) {
             registry.register(
                 "tap_proxy_up",
@@ -258,6 +264,16 @@ impl Metrics {
             "Periodic comparisons of the agent's state with the runtime's containers (proxy modes), by result (ok, error)",
             reconciles.clone(),
         );
+        registry.register(
+            "tap_cpuset_writes",
+            "Cpuset updates the agent sent to its runtime to converge a container, by result (ok, refused, not_found, runtime, timeout)",
+            cpuset_writes.clone(),
+        );
+        registry.register(
+            "tap_unconverged_containers",
+            "Containers whose cpuset at the runtime differs from the agent's decision, as far as the agent knows (0 at rest)",
+            unconverged.clone(),
+        );
         Metrics {
             registry,
             proxy_up,
@@ -267,6 +283,8 @@ impl Metrics {
             placements,
             runtime_connected,
             reconciles,
+            cpuset_writes,
+            unconverged,
             usage,
             ready: AtomicBool::new(false),
         }
@@ -294,6 +312,15 @@ impl Metrics {
             .get_or_create(&ErrorLabels {
                 hook: hook.to_string(),
                 kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// One cpuset write of the convergence loop ended (`ok` or an error kind).
+    pub fn count_cpuset_write(&self, result: &str) {
+        self.cpuset_writes
+            .get_or_create(&ResultLabels {
+                result: result.to_string(),
             })
             .inc();
     }

@@ -6,6 +6,7 @@ use anyhow::Context;
 use std::future::Future;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
@@ -102,6 +103,71 @@ where
                 }
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
+        }
+    }
+}
+
+/// How long start-up waits for the first restore before binding the socket anyway.
+pub const RESTORE_BOUND: Duration = Duration::from_secs(15);
+
+/// Rebuilds the state with `restore` on a task of its own ([`restore_until_done`]) and waits
+/// for it up to [`RESTORE_BOUND`]: the caller binds its socket then, restored or not, so a
+/// wedged runtime never keeps the socket away from the kubelet. Until the restore is done the
+/// agent is not ready and the proxies forward every call unadjusted (fail open): deciding on an
+/// engine that does not know the runtime's containers could hand out CPUs already taken.
+pub async fn restore_or_serve_open<F, Fut>(
+    metrics: &Arc<Metrics>,
+    runtime: String,
+    shutdown: &CancellationToken,
+    restore: F,
+) -> Startup
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = anyhow::Result<usize>> + Send,
+{
+    let (m, stop) = (metrics.clone(), shutdown.clone());
+    let mut task = tokio::spawn(async move {
+        let done = restore_until_done(&m, &runtime, &stop, restore).await;
+        if done {
+            m.runtime_connected.set(1);
+            m.set_ready(true);
+        }
+        done
+    });
+    tokio::select! {
+        _ = shutdown.cancelled() => {
+            let _ = task.await;
+            Startup::Stopped
+        }
+        done = &mut task => match done {
+            Ok(true) => Startup::Restored,
+            _ => Startup::Stopped,
+        },
+        _ = tokio::time::sleep(RESTORE_BOUND) => {
+            tracing::warn!(
+                bound_s = RESTORE_BOUND.as_secs(),
+                "the runtime has not answered the restore yet; serving, and forwarding every call unadjusted until it does"
+            );
+            metrics.count_error("sync", "not_ready");
+            Startup::Restoring(task)
+        }
+    }
+}
+
+/// How start-up ended.
+pub enum Startup {
+    /// Shut down before anything was served.
+    Stopped,
+    Restored,
+    /// Serving open while the restore goes on.
+    Restoring(tokio::task::JoinHandle<bool>),
+}
+
+impl Startup {
+    /// Waits for a restore still going on (it ends with the shutdown).
+    pub async fn finish(self) {
+        if let Startup::Restoring(t) = self {
+            let _ = t.await;
         }
     }
 }

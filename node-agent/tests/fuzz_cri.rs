@@ -10,7 +10,7 @@ use common::{
 use k8s_cri::v1 as cri;
 use node_agent::cri_proxy::convert::{
     apply_linux_resources, cgroup_parent_from_verbose, container_key, create_overlay,
-    info_from_create, pod_from_config, resources_from_verbose, update_overlay, update_resources,
+    info_from_create, pod_from_config, resources_from_verbose, update_overlay, cpuset_update,
 };
 use node_agent::cri_proxy::grpc::{frame, unary_message, with_overlay, FrameError};
 use node_agent::{Adjustment, ContainerInfo, PodInfo, Update};
@@ -329,49 +329,30 @@ proptest! {
         prop_assert_eq!(info.memory_limit, Some(r.memory_limit_in_bytes).filter(|m| *m > 0));
     }
 
-    /// Resources sent for another container's update: u64 values beyond i64 saturate, never
-    /// wrap negative; what fits comes back unchanged through apply_linux_resources.
+    /// A cpuset update carries the cpuset and memory nodes, as the runtime reads them back,
+    /// and no other resource (containerd leaves zero fields as they are).
     #[test]
-    fn update_resources_saturate_and_round_trip(
-        shares in proptest::option::of(edge_u64()),
-        period in proptest::option::of(edge_u64()),
-        quota in proptest::option::of(edge_i64()),
-        memory in proptest::option::of(edge_i64()),
+    fn cpuset_updates_round_trip_and_carry_nothing_else(
         cpus in cpu_set(),
         mems in proptest::option::of(node_set()),
     ) {
-        let info = ContainerInfo {
-            cpu_shares: shares,
-            cpu_period: period,
-            cpu_quota: quota,
-            memory_limit: memory,
-            ..Default::default()
-        };
         let u = Update { container_id: "c".into(), cpus, mems };
-        let r = update_resources(&info, &u);
-        let sat = |v: Option<u64>| i64::try_from(v.unwrap_or(0)).unwrap_or(i64::MAX);
-        prop_assert_eq!(r.cpu_shares, sat(shares));
-        prop_assert_eq!(r.cpu_period, sat(period));
-        prop_assert!(r.cpu_shares >= 0 && r.cpu_period >= 0);
-        prop_assert_eq!(r.cpu_quota, quota.unwrap_or(0));
-        prop_assert_eq!(r.memory_limit_in_bytes, memory.unwrap_or(0));
+        let r = cpuset_update(&u);
         prop_assert_eq!(&r.cpuset_cpus, &cpus.to_string());
         prop_assert_eq!(&r.cpuset_mems, &shown(mems).unwrap_or_default());
-
         let mut back = ContainerInfo::default();
         apply_linux_resources(&mut back, &r);
-        let fits = |v: Option<u64>| v.filter(|v| *v > 0 && i64::try_from(*v).is_ok());
-        if shares.is_none_or(|s| i64::try_from(s).is_ok()) {
-            prop_assert_eq!(back.cpu_shares, fits(shares));
-        } else {
-            prop_assert_eq!(back.cpu_shares, Some(i64::MAX as u64));
-        }
-        if period.is_none_or(|p| i64::try_from(p).is_ok()) {
-            prop_assert_eq!(back.cpu_period, fits(period));
-        }
-        prop_assert_eq!(back.cpu_quota, quota.filter(|q| *q != 0));
-        prop_assert_eq!(back.memory_limit, memory.filter(|m| *m > 0));
+        prop_assert_eq!(back.cpu_shares, None);
+        prop_assert_eq!(back.cpu_quota, None);
+        prop_assert_eq!(back.cpu_period, None);
+        prop_assert_eq!(back.memory_limit, None);
+        let empty = cri::LinuxContainerResources::default();
+        prop_assert_eq!(
+            cri::LinuxContainerResources { cpuset_cpus: String::new(), cpuset_mems: String::new(), ..r },
+            empty
+        );
     }
+
 
     /// Any string as the verbose `info`: never a panic, and nothing read from what is not JSON.
     #[test]

@@ -118,16 +118,12 @@ fn record_annotation(adj: &Adjustment) -> HashMap<String, String> {
         .collect()
 }
 
-/// The resources to send for an [`Update`] of another container: what it has, new cpuset.
-/// CRI fields are `i64`: a share or period beyond `i64::MAX` (the runtime may report one as a
-/// JSON `u64`) is sent as `i64::MAX`, never wrapped to a negative value.
-pub fn update_resources(info: &ContainerInfo, u: &Update) -> cri::LinuxContainerResources {
-    let saturate = |v: Option<u64>| i64::try_from(v.unwrap_or(0)).unwrap_or(i64::MAX);
+/// The resources to send for an [`Update`]: the cpuset and memory nodes only. containerd merges
+/// an update into the container's spec field by field (a zero or empty field is left as it is),
+/// so the CPU and memory values the kubelet set, possibly resized a moment ago, are never sent
+/// back stale, and a memory limit is never re-sent (which would reset swap).
+pub fn cpuset_update(u: &Update) -> cri::LinuxContainerResources {
     cri::LinuxContainerResources {
-        cpu_shares: saturate(info.cpu_shares),
-        cpu_quota: info.cpu_quota.unwrap_or(0),
-        cpu_period: saturate(info.cpu_period),
-        memory_limit_in_bytes: info.memory_limit.unwrap_or(0),
         cpuset_cpus: u.cpus.to_string(),
         cpuset_mems: u.mems.map(|m| m.to_string()).unwrap_or_default(),
         ..Default::default()
@@ -409,51 +405,19 @@ mod tests {
     }
 
     #[test]
-    fn updates_keep_the_other_resources() {
-        let info = ContainerInfo {
-            cpu_shares: Some(1024),
-            cpu_quota: Some(100_000),
-            cpu_period: Some(100_000),
-            memory_limit: Some(1 << 20),
-            ..Default::default()
-        };
-        let r = update_resources(
-            &info,
-            &Update {
-                container_id: "k".into(),
-                cpus: cpu_set("4-7"),
-                mems: None,
-            },
-        );
-        assert_eq!(r.cpu_shares, 1024);
-        assert_eq!(r.cpu_quota, 100_000);
-        assert_eq!(r.memory_limit_in_bytes, 1 << 20);
-        assert_eq!(r.cpuset_cpus, "4-7");
-        assert_eq!(r.cpuset_mems, "");
-    }
-
-    /// Caught by the update_resources property in tests/fuzz_cri.rs: a share or period above
-    /// `i64::MAX` (read from a verbose status as a JSON `u64`) was cast with `as` and sent
-    /// negative.
-    #[test]
-    fn update_resources_saturate_instead_of_wrapping() {
-        let info = ContainerInfo {
-            cpu_shares: Some(u64::MAX),
-            cpu_period: Some(1 << 63),
-            ..Default::default()
-        };
-        let u = Update {
+    fn updates_carry_the_cpuset_and_nothing_else() {
+        let r = cpuset_update(&Update {
             container_id: "k".into(),
-            cpus: cpu_set("0"),
-            mems: None,
-        };
-        let r = update_resources(&info, &u);
-        assert_eq!(r.cpu_shares, i64::MAX);
-        assert_eq!(r.cpu_period, i64::MAX);
-        let ok = ContainerInfo {
-            cpu_shares: Some(i64::MAX as u64),
-            ..Default::default()
-        };
-        assert_eq!(update_resources(&ok, &u).cpu_shares, i64::MAX);
+            cpus: cpu_set("4-7"),
+            mems: Some(node_set("1")),
+        });
+        assert_eq!(
+            r,
+            cri::LinuxContainerResources {
+                cpuset_cpus: "4-7".into(),
+                cpuset_mems: "1".into(),
+                ..Default::default()
+            }
+        );
     }
 }

@@ -25,8 +25,8 @@ use crate::agent::{runtime_cpus, runtime_nodes, Agent, ContainerInfo, PodInfo, U
 use crate::flags::Flags;
 use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime, RECONCILE_EVERY};
 use crate::ledger::state_file::StateFile;
-use crate::ledger::{hook_span, Ledger, Listed};
-use crate::proxy_server::{bind_unix, resolve_group, restore_until_done};
+use crate::ledger::{hook_span, Ledger, Listed, Release, WriteError, Writer};
+use crate::proxy_server::{bind_unix, resolve_group, restore_or_serve_open, Startup};
 use anyhow::Context;
 use grpc::{error_response, read_unary, with_overlay, ProxyBody, Unary, Upstream};
 use hyper::body::Incoming;
@@ -45,6 +45,9 @@ use tracing::Instrument;
 
 /// Message size limit both ways (the kubelet's).
 pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+/// The longest any call the proxy makes on its own behalf may take (sandbox lookups, listing,
+/// cpuset writes): a hung shim never holds a create, a restore or the loop for longer.
+pub const OWN_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 // ---------------------------------------------------------------------------------------------
 // The proxy.
@@ -67,6 +70,7 @@ pub fn unix_channel(path: &Path) -> anyhow::Result<Channel> {
     let path = path.to_path_buf();
     Ok(Endpoint::try_from("http://[::]:50051")?
         .connect_timeout(Duration::from_secs(10))
+        .timeout(OWN_CALL_TIMEOUT)
         .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
             let p = path.clone();
             async move { tokio::net::UnixStream::connect(p).await.map(TokioIo::new) }
@@ -160,20 +164,32 @@ impl CriProxy {
 }
 
 #[async_trait::async_trait]
-impl LedgerRuntime for CriProxy {
-    async fn update_cpuset(&self, u: &Update) -> Result<(), String> {
-        let info = self.inner.ledger.info(&u.container_id).unwrap_or_default();
+impl Writer for CriProxy {
+    async fn write_cpuset(&self, u: &Update) -> Result<(), WriteError> {
         let req = cri::UpdateContainerResourcesRequest {
             container_id: u.container_id.clone(),
-            linux: Some(update_resources(&info, u)),
+            linux: Some(cpuset_update(u)),
             ..Default::default()
         };
-        self.rt()
-            .update_container_resources(req)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        match self.rt().update_container_resources(req).await {
+            Ok(_) => Ok(()),
+            Err(s) => Err(write_error(&s)),
+        }
     }
+}
+
+/// A CRI error as a cpuset write's outcome.
+fn write_error(s: &Status) -> WriteError {
+    match s.code() {
+        Code::NotFound => WriteError::NotFound,
+        Code::Unavailable => WriteError::Unreachable(s.message().to_string()),
+        Code::DeadlineExceeded | Code::Cancelled => WriteError::Timeout(OWN_CALL_TIMEOUT),
+        _ => WriteError::Refused(format!("{:?}: {}", s.code(), s.message())),
+    }
+}
+
+#[async_trait::async_trait]
+impl LedgerRuntime for CriProxy {
 
     async fn live(&self) -> anyhow::Result<Vec<LiveId>> {
         Ok(self
@@ -195,17 +211,20 @@ impl LedgerRuntime for CriProxy {
         let pods = self.pods().await?;
         let mut out = Vec::new();
         for c in self.live_containers().await? {
-            let Ok(st) = self
+            let status = self
                 .rt()
                 .container_status(cri::ContainerStatusRequest {
                     container_id: c.id.clone(),
                     verbose: true,
                 })
-                .await
-            else {
-                continue; // gone meanwhile
+                .await;
+            let st = match status {
+                Ok(st) => st.into_inner(),
+                // Removed between the list and its status.
+                Err(s) if s.code() == Code::NotFound => continue,
+                // Anything else says nothing about whether it still runs: no list this time.
+                Err(s) => anyhow::bail!("ContainerStatus {}: {}", c.id, s.message()),
             };
-            let st = st.into_inner();
             let md = c.metadata.clone().unwrap_or_default();
             let mut info = ContainerInfo {
                 id: container_key(&c.pod_sandbox_id, &md.name, md.attempt),
@@ -369,8 +388,8 @@ impl CriProxy {
             match kind {
                 Intercept::Create => self.create_container(call, gone).await,
                 Intercept::Update => self.update_container_resources(call).await,
-                Intercept::Stop => self.stop_or_remove(call, false).await,
-                Intercept::Remove => self.stop_or_remove(call, true).await,
+                Intercept::Stop => self.stop_or_remove(call, Release::Stopped).await,
+                Intercept::Remove => self.stop_or_remove(call, Release::Removed).await,
             }
         }
         .instrument(hook_span(hook, "Containerd"))
@@ -453,6 +472,9 @@ impl CriProxy {
             return reply(self.send(call, original).await);
         };
         let ledger = &self.inner.ledger;
+        if !ledger.agent().restored() {
+            return reply(self.send(call, original).await);
+        }
         let ticket = ledger.begin_create(info).await;
         let body = match create_overlay(&ticket.adjustment) {
             Some(overlay) => with_overlay(&original, &overlay).unwrap_or(original),
@@ -464,7 +486,7 @@ impl CriProxy {
             .ok()
             .filter(|r| r.code() == Code::Ok)
             .map(|r| r.decode::<cri::CreateContainerResponse>());
-        let ups = match created {
+        match created {
             Some(resp) => {
                 let id = resp.map(|r| r.container_id).filter(|id| !id.is_empty());
                 if id.is_none() {
@@ -475,7 +497,7 @@ impl CriProxy {
                     );
                 }
                 let key = ticket.key().to_string();
-                let mut ups = ledger.commit_create(ticket, id);
+                ledger.commit_create(ticket, id);
                 if gone.is_cancelled() {
                     // The kubelet gave up before the answer (its deadline): it never learns
                     // this container's id and creates another attempt; this one stays created
@@ -487,14 +509,12 @@ impl CriProxy {
                          its grant is released (the container is never started)"
                     );
                     ledger.agent().metrics().count_error("create", "abandoned");
-                    ups.extend(ledger.release(&key, false));
+                    ledger.release(&key, Release::Stopped);
                 }
-                ups
             }
             // The runtime refused (or could not be reached): give the CPUs back.
             None => ledger.abort(ticket),
-        };
-        ledger.apply(self, ups).await;
+        }
         reply(res)
     }
 
@@ -511,6 +531,9 @@ impl CriProxy {
             return reply(self.send(call, original).await);
         };
         let ledger = &self.inner.ledger;
+        if !ledger.agent().restored() {
+            return reply(self.send(call, original).await);
+        }
         let ticket = ledger
             .begin_update(&req.container_id, |info| apply_linux_resources(info, linux))
             .await;
@@ -518,19 +541,18 @@ impl CriProxy {
             .and_then(|o| with_overlay(&original, &o).ok())
             .unwrap_or(original);
         let res = self.send(call, body).await;
-        let ups = if matches!(&res, Ok(r) if r.code() == Code::Ok) {
+        if matches!(&res, Ok(r) if r.code() == Code::Ok) {
             ledger.commit_update(ticket)
         } else {
             ledger.abort(ticket)
-        };
-        ledger.apply(self, ups).await;
+        }
         reply(res)
     }
 
     async fn stop_or_remove(
         &self,
         call: Unary<hyper::http::request::Parts>,
-        remove: bool,
+        why: Release,
     ) -> hyper::Response<ProxyBody> {
         let original = call.body.clone();
         // StopContainerRequest and RemoveContainerRequest both carry the id as field 1.
@@ -539,12 +561,11 @@ impl CriProxy {
             .map(|r| r.container_id);
         let res = self.send(call, original).await;
         if let Some(id) = id {
-            let ups = match res.as_ref().map(|r| r.code()) {
-                Ok(Code::Ok) => self.inner.ledger.release(&id, remove),
-                Ok(Code::NotFound) => self.inner.ledger.release(&id, true),
-                _ => Vec::new(),
-            };
-            self.inner.ledger.apply(self, ups).await;
+            match res.as_ref().map(|r| r.code()) {
+                Ok(Code::Ok) => self.inner.ledger.release(&id, why),
+                Ok(Code::NotFound) => self.inner.ledger.release(&id, Release::Removed),
+                _ => {}
+            }
         }
         reply(res)
     }
@@ -602,21 +623,29 @@ pub async fn run(
     let proxy = CriProxy::new(agent.clone(), &backend, Some(&flags.state_dir))?;
     let runtime = format!("the CRI runtime at {}", backend.display());
     let group = resolve_group(&flags.socket_group)?;
-    if !restore_until_done(agent.metrics(), &runtime, &shutdown, || proxy.restore()).await {
+    let restorer = {
+        let p = proxy.clone();
+        restore_or_serve_open(agent.metrics(), runtime.clone(), &shutdown, move || {
+            let p = p.clone();
+            async move { p.restore().await }
+        })
+        .await
+    };
+    if matches!(restorer, Startup::Stopped) {
         return Ok(());
     }
     let listener = bind_unix(&flags.runtime_proxy_endpoint, group)?;
     agent.metrics().proxy_up.set(1);
-    agent.metrics().runtime_connected.set(1);
-    agent.metrics().set_ready(true);
     tracing::info!(socket = %flags.runtime_proxy_endpoint.display(), backend = %backend.display(), "CRI proxy serving");
+    let shared: Arc<CriProxy> = Arc::new(proxy.clone());
+    let converger = tokio::spawn(proxy.ledger().clone().converge(shared.clone(), shutdown.clone()));
     let reconciler = tokio::spawn(proxy.ledger().clone().keep_reconciled(
-        Arc::new(proxy.clone()),
+        shared,
         RECONCILE_EVERY,
         shutdown.clone(),
     ));
     serve(proxy, listener, shutdown, flags.graceful_timeout).await;
-    let _ = reconciler.await;
+    let _ = tokio::join!(reconciler, converger, restorer.finish());
     agent.metrics().proxy_up.set(0);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
     Ok(())

@@ -18,7 +18,6 @@ pub const ANNOTATION_PREFIX: &str = "annotation.";
 /// What the proxy does with a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
-    Healthz,
     Create,
     Update(String),
     Stop(String),
@@ -42,9 +41,6 @@ pub fn strip_version(path: &str) -> &str {
 /// Routes a request by method and path (query excluded).
 pub fn route(method: &Method, path: &str) -> Route {
     let p = strip_version(path);
-    if p == "/healthz" && (method == Method::GET || method == Method::HEAD) {
-        return Route::Healthz;
-    }
     let Some(rest) = p.strip_prefix("/containers/") else {
         return Route::Other;
     };
@@ -337,7 +333,9 @@ mod tests {
             route(&Method::DELETE, "/v1.41/containers/abc"),
             Route::Delete("abc".into())
         );
-        assert_eq!(route(&Method::GET, "/healthz"), Route::Healthz);
+        // dockerd's own paths, /healthz and /_ping included, are dockerd's to answer.
+        assert_eq!(route(&Method::GET, "/healthz"), Route::Other);
+        assert_eq!(route(&Method::GET, "/_ping"), Route::Other);
         assert_eq!(route(&Method::GET, "/v1.41/containers/json"), Route::Other);
         assert_eq!(route(&Method::GET, "/containers/abc/json"), Route::Other);
         assert_eq!(route(&Method::POST, "/containers/abc/attach"), Route::Other);

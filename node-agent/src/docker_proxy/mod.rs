@@ -19,8 +19,8 @@ use crate::agent::{Agent, Update};
 use crate::flags::Flags;
 use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime, RECONCILE_EVERY};
 use crate::ledger::state_file::StateFile;
-use crate::ledger::{hook_span, Ledger, Listed};
-use crate::proxy_server::{bind_unix, resolve_group, restore_until_done, serve_connections};
+use crate::ledger::{hook_span, Ledger, Listed, Release, WriteError, Writer};
+use crate::proxy_server::{bind_unix, resolve_group, restore_or_serve_open, serve_connections, Startup};
 use anyhow::Context;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -37,6 +37,15 @@ use std::time::Instant;
 use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+
+/// The longest any call the proxy makes on its own behalf may take (sandbox labels, listing,
+/// inspecting, cpuset writes).
+pub const OWN_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `GET /containers/json` of Kubernetes containers and sandboxes only (both carry
+/// `io.kubernetes.docker.type`), created or exited included.
+const LIST_K8S: &str =
+    "/containers/json?all=1&filters=%7B%22label%22%3A%5B%22io.kubernetes.docker.type%22%5D%7D";
 
 /// The largest create or update body the proxy reads to rewrite (as for NRI frames and CRI
 /// messages); a larger one is streamed through unmodified.
@@ -124,8 +133,22 @@ impl DockerProxy {
         Ok(sender.send_request(req).await?)
     }
 
-    /// A JSON call of the proxy's own (restore, updates of other containers).
+    /// A JSON call of the proxy's own (restore, updates of other containers), under
+    /// [`OWN_CALL_TIMEOUT`].
     async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<(StatusCode, Value)> {
+        match tokio::time::timeout(OWN_CALL_TIMEOUT, self.call_untimed(method, path, body)).await
+        {
+            Ok(r) => r,
+            Err(_) => anyhow::bail!("{path}: no answer from dockerd within {OWN_CALL_TIMEOUT:?}"),
+        }
+    }
+
+    async fn call_untimed(
         &self,
         method: Method,
         path: &str,
@@ -162,11 +185,9 @@ impl DockerProxy {
             .then(|| str_map(v.get("Config").and_then(|c| c.get("Labels"))))
     }
 
-    /// Every container dockerd has, created or exited (`GET /containers/json?all=1`).
+    /// Every Kubernetes container and sandbox dockerd has, created or exited.
     async fn all_containers(&self) -> anyhow::Result<Vec<Value>> {
-        let (s, list) = self
-            .call(Method::GET, "/containers/json?all=1", None)
-            .await?;
+        let (s, list) = self.call(Method::GET, LIST_K8S, None).await?;
         anyhow::ensure!(s.is_success(), "listing containers: {s} {list}");
         Ok(list.as_array().cloned().unwrap_or_default())
     }
@@ -199,15 +220,20 @@ fn live_k8s(c: &Value) -> Option<(String, String, HashMap<String, String>)> {
 }
 
 #[async_trait::async_trait]
-impl LedgerRuntime for DockerProxy {
-    async fn update_cpuset(&self, u: &Update) -> Result<(), String> {
+impl Writer for DockerProxy {
+    async fn write_cpuset(&self, u: &Update) -> Result<(), WriteError> {
         let path = format!("/containers/{}/update", u.container_id);
         match self.call(Method::POST, &path, Some(update_body(u))).await {
             Ok((s, _)) if s.is_success() => Ok(()),
-            Ok((s, v)) => Err(format!("refused: {s} {v}")),
-            Err(e) => Err(format!("{e:#}")),
+            Ok((StatusCode::NOT_FOUND, _)) => Err(WriteError::NotFound),
+            Ok((s, v)) => Err(WriteError::Refused(format!("{s} {v}"))),
+            Err(e) => Err(WriteError::Unreachable(format!("{e:#}"))),
         }
     }
+}
+
+#[async_trait::async_trait]
+impl LedgerRuntime for DockerProxy {
 
     async fn live(&self) -> anyhow::Result<Vec<LiveId>> {
         Ok(self
@@ -241,8 +267,12 @@ impl LedgerRuntime for DockerProxy {
             let (s, inspect) = self
                 .call(Method::GET, &format!("/containers/{id}/json"), None)
                 .await?;
-            if !s.is_success() {
-                continue; // gone meanwhile
+            match s {
+                s if s.is_success() => {}
+                // Removed between the list and its inspection.
+                StatusCode::NOT_FOUND => continue,
+                // Anything else says nothing about whether it still runs: no list this time.
+                s => anyhow::bail!("inspecting {id}: {s} {inspect}"),
             }
             let sandbox = labels
                 .get(LABEL_SANDBOX_ID)
@@ -263,7 +293,6 @@ impl DockerProxy {
         let start = Instant::now();
         let r = route(req.method(), req.uri().path());
         let label = match &r {
-            Route::Healthz => return text(StatusCode::OK, "ok"),
             Route::Create => Some("create"),
             Route::Update(_) => Some("update"),
             Route::Stop(_) => Some("stop"),
@@ -397,6 +426,12 @@ impl DockerProxy {
                 Err(e) => bad_gateway(&e),
             };
         };
+        if !self.agent().restored() {
+            return match self.send_body(parts, bytes).await {
+                Ok(r) => r.map(|b| b.boxed()),
+                Err(e) => bad_gateway(&e),
+            };
+        }
         let ticket = self.ledger.begin_create(info).await;
         let mut out = bytes;
         if let Some(v) = value.as_mut() {
@@ -410,8 +445,7 @@ impl DockerProxy {
         let resp = match self.send_body(parts, out).await {
             Ok(r) => r,
             Err(e) => {
-                let ups = self.ledger.abort(ticket);
-                self.ledger.apply(self, ups).await;
+                self.ledger.abort(ticket);
                 return bad_gateway(&e);
             }
         };
@@ -421,25 +455,23 @@ impl DockerProxy {
             Err(e) => {
                 // dockerd answered, then the connection broke: whether it created the container
                 // is unknown; the next reconcile finds out.
-                let ups = self.ledger.commit_create(ticket, None);
-                self.ledger.apply(self, ups).await;
+                self.ledger.commit_create(ticket, None);
                 return bad_gateway(&anyhow::anyhow!("reading the runtime's answer: {e}"));
             }
         };
-        let ups = if rparts.status.is_success() {
+        if rparts.status.is_success() {
             let id = serde_json::from_slice::<Value>(&rbytes)
                 .ok()
                 .and_then(|v| v.get("Id").and_then(Value::as_str).map(str::to_string));
             self.ledger.commit_create(ticket, id)
         } else {
             self.ledger.abort(ticket)
-        };
-        self.ledger.apply(self, ups).await;
+        }
         Response::from_parts(rparts, full(rbytes))
     }
 
     async fn update(&self, req: Request<Incoming>, id: &str) -> Response<Body> {
-        if self.ledger.resolve(id).is_none() {
+        if self.ledger.resolve(id).is_none() || !self.agent().restored() {
             return self.pass(req).await;
         }
         let (parts, body) = req.into_parts();
@@ -463,41 +495,52 @@ impl DockerProxy {
                 out = Bytes::from(b);
             }
         }
-        let (resp, ups) = match self.send_body(parts, out).await {
+        match self.send_body(parts, out).await {
             Ok(r) if r.status().is_success() => {
-                let ups = self.ledger.commit_update(ticket);
-                (r.map(|b| b.boxed()), ups)
+                self.ledger.commit_update(ticket);
+                r.map(|b| b.boxed())
             }
             Ok(r) => {
-                let ups = self.ledger.abort(ticket);
-                (r.map(|b| b.boxed()), ups)
+                self.ledger.abort(ticket);
+                r.map(|b| b.boxed())
             }
             Err(e) => {
-                let ups = self.ledger.abort(ticket);
-                (bad_gateway(&e), ups)
+                self.ledger.abort(ticket);
+                bad_gateway(&e)
             }
+        }
+    }
+
+    /// Stop and delete: forward, then release on success (or when already stopped or gone).
+    async fn release(&self, req: Request<Incoming>, id: &str) -> Response<Body> {
+        let why = if req.method() == Method::DELETE {
+            Release::Removed
+        } else {
+            Release::Stopped
         };
-        self.ledger.apply(self, ups).await;
+        let key = self.ledger.resolve(id);
+        let resp = self.pass(req).await;
+        let Some(key) = key else {
+            return resp;
+        };
+        match resp.status() {
+            s if s.is_success() || s == StatusCode::NOT_MODIFIED => self.ledger.release(&key, why),
+            // A 404 can mean other things (an API path this dockerd does not serve): released
+            // only when dockerd says the container is gone.
+            StatusCode::NOT_FOUND if self.is_gone(id).await => {
+                self.ledger.release(&key, Release::Removed)
+            }
+            _ => {}
+        }
         resp
     }
 
-    /// Stop and delete: forward, then release on success (or when already stopped/gone).
-    async fn release(&self, req: Request<Incoming>, id: &str) -> Response<Body> {
-        let is_delete = req.method() == Method::DELETE;
-        let key = self.ledger.resolve(id);
-        let resp = self.pass(req).await;
-        if let Some(key) = key {
-            let s = resp.status();
-            let released = s.is_success()
-                || s == StatusCode::NOT_MODIFIED
-                || (is_delete && s == StatusCode::NOT_FOUND);
-            if released {
-                let forget = is_delete || s == StatusCode::NOT_FOUND;
-                let ups = self.ledger.release(&key, forget);
-                self.ledger.apply(self, ups).await;
-            }
-        }
-        resp
+    /// Whether dockerd says it has no container `id` (an error or timeout says nothing).
+    async fn is_gone(&self, id: &str) -> bool {
+        matches!(
+            self.call(Method::GET, &format!("/containers/{id}/json"), None).await,
+            Ok((StatusCode::NOT_FOUND, _))
+        )
     }
 }
 
@@ -531,14 +574,26 @@ pub async fn run(
         Some(&flags.state_dir),
     ));
     let group = resolve_group(&flags.socket_group)?;
-    if !restore_until_done(agent.metrics(), "dockerd", &shutdown, || proxy.restore()).await {
+    let restorer = {
+        let p = proxy.clone();
+        restore_or_serve_open(agent.metrics(), "dockerd".into(), &shutdown, move || {
+            let p = p.clone();
+            async move { p.restore().await }
+        })
+        .await
+    };
+    if matches!(restorer, Startup::Stopped) {
         return Ok(());
     }
     let listener = bind_unix(&flags.runtime_proxy_endpoint, group)?;
     agent.metrics().proxy_up.set(1);
-    agent.metrics().runtime_connected.set(1);
-    agent.metrics().set_ready(true);
     tracing::info!(socket = %flags.runtime_proxy_endpoint.display(), backend = %flags.runtime_endpoint_path().display(), "Docker proxy serving");
+    let converger = tokio::spawn(
+        proxy
+            .ledger()
+            .clone()
+            .converge(proxy.clone(), shutdown.clone()),
+    );
     let reconciler = tokio::spawn(proxy.ledger().clone().keep_reconciled(
         proxy.clone(),
         RECONCILE_EVERY,
@@ -570,7 +625,7 @@ pub async fn run(
         },
     )
     .await;
-    let _ = reconciler.await;
+    let _ = tokio::join!(reconciler, converger, restorer.finish());
     agent.metrics().proxy_up.set(0);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
     Ok(())

@@ -10,21 +10,28 @@
 //!   grant back). A create whose key is already in the book (a kubelet retrying after a timeout)
 //!   is a duplicate: it never touches the first one's grant.
 //! - Decisions run under the fail-open [`deadline`] and the agent's panic guard.
-//! - What the runtime has applied is tracked per container; the updates a mode must send are
-//!   always "what the engine wants now" for the containers whose applied cpuset differs, so a
-//!   rollback, a stale update or a reordered one never leaves a container wrong.
+//! - What the runtime holds is tracked per container (`applied`, from what the runtime confirmed
+//!   or listed). Every change that moves CPUs marks the containers it affects dirty; one worker
+//!   per mode ([`converge`]) drives applied towards what the engine wants now, with retries and
+//!   generation checks, so a refused, lost, stale or reordered update never leaves a container
+//!   wrong. No hook sends updates of other containers itself, so no create waits on them.
 //! - Grant records changed after create are kept in the [`state_file`].
-//! - [`Ledger::reconcile`] brings the book in line with the runtime's list after a restart of
-//!   either side.
+//! - [`Ledger::reconcile`] ([`reconcile`]) brings the book in line with the runtime's list after
+//!   a restart of either side.
 
+pub mod converge;
 pub mod deadline;
+mod reconcile;
 pub mod runtime;
 pub mod state_file;
 
-use crate::agent::{Adjustment, Agent, ContainerInfo, Update};
+pub use converge::{DirtyQueue, WriteError, Writer};
+pub use reconcile::Listing;
+
+use crate::agent::{Adjustment, Agent, ContainerInfo};
 use deadline::Deadline;
 use state_file::{Records, StateFile};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -85,6 +92,9 @@ enum State {
     /// Decided (or being decided); the runtime has not answered the create yet.
     PendingCreate,
     Committed,
+    /// Stopped: its grant is released; the runtime still has the container (Docker can start
+    /// it again, and the reconcile then adopts it anew).
+    Stopped,
     /// A resize is forwarded; `before` is what to go back to if the runtime refuses it.
     PendingUpdate {
         before: Option<Box<Grant>>,
@@ -98,9 +108,34 @@ struct Entry {
     info: ContainerInfo,
     runtime_id: Option<String>,
     state: State,
+    /// What the runtime holds, as far as the ledger knows (`None`: unknown).
     applied: Option<Applied>,
-    /// Ledger clock at the last change (a reconcile leaves entries newer than its list alone).
+    /// Ledger clock at the last change (a reconcile leaves entries newer than its list alone;
+    /// the convergence worker's result counts only if no change came in between).
     seq: u64,
+    flight: converge::Flight,
+}
+
+impl Entry {
+    fn new(info: ContainerInfo, runtime_id: Option<String>, state: State, seq: u64) -> Entry {
+        Entry {
+            info,
+            runtime_id,
+            state,
+            applied: None,
+            seq,
+            flight: converge::Flight::default(),
+        }
+    }
+}
+
+/// Why a container's grant is released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// Stopped: the runtime keeps the container (its entry stays, without a grant).
+    Stopped,
+    /// Removed (or gone): the entry is forgotten.
+    Removed,
 }
 
 #[derive(Default)]
@@ -188,6 +223,10 @@ pub struct Ledger {
     file: Option<StateFile>,
     deadline: Deadline,
     clock: AtomicU64,
+    /// Containers whose runtime cpuset may differ from the engine's (see [`converge`]).
+    dirty: Arc<DirtyQueue>,
+    /// The state file is read once, at the first restore (an NRI reconnect restores again).
+    records_loaded: std::sync::atomic::AtomicBool,
 }
 
 impl Ledger {
@@ -199,6 +238,8 @@ impl Ledger {
             file,
             deadline: Deadline::default(),
             clock: AtomicU64::new(1),
+            dirty: Arc::new(DirtyQueue::default()),
+            records_loaded: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -260,8 +301,8 @@ impl Ledger {
         {
             let mut b = self.book();
             if b.entries.contains_key(&key) {
+                // A kubelet retrying after its timeout: harmless, not an error.
                 tracing::info!(container = %key, "a create repeats one in flight or done; its grant is left as it is");
-                self.agent.metrics().count_error("create", "duplicate");
                 return Ticket {
                     adjustment: self.existing_adjustment(&key),
                     key,
@@ -269,18 +310,11 @@ impl Ledger {
                 };
             }
             let seq = self.now();
-            b.entries.insert(
-                key.clone(),
-                Entry {
-                    info: info.placement_inputs(),
-                    runtime_id: None,
-                    state: State::PendingCreate,
-                    applied: None,
-                    seq,
-                },
-            );
+            let entry = Entry::new(info.placement_inputs(), None, State::PendingCreate, seq);
+            b.entries.insert(key.clone(), entry);
         }
         let late_key = key.clone();
+        let dirty = self.dirty.clone();
         let adjustment = self
             .decide(
                 "create",
@@ -288,7 +322,9 @@ impl Ledger {
                 move |a, late: Adjustment| {
                     if !late.is_empty() {
                         tracing::warn!(container = %late_key, "releasing a grant that came too late");
-                        let _ = a.remove(&late_key);
+                        // Exclusive CPUs it took go back to the shared containers (the loop).
+                        let late_ups = a.remove(&late_key).into_iter().chain(late.updates);
+                        dirty.mark(late_ups.map(|u| u.container_id));
                     }
                 },
             )
@@ -315,13 +351,15 @@ impl Ledger {
         }
     }
 
-    /// The runtime created the container (`runtime_id` when its answer names it). Returns the
-    /// cpuset updates other containers need now.
-    pub fn commit_create(&self, t: Ticket, runtime_id: Option<String>) -> Vec<Update> {
+    /// The runtime created the container (`runtime_id` when its answer names it) with the
+    /// ticket's cpuset. The container itself and the neighbours the decision changed are marked
+    /// for the convergence loop: the engine may have moved this one since its create was sent
+    /// (an exclusive grant committed meanwhile).
+    pub fn commit_create(&self, t: Ticket, runtime_id: Option<String>) {
         let mut b = self.book();
         let seq = self.now();
         let Some(e) = b.entries.get_mut(&t.key) else {
-            return Vec::new();
+            return;
         };
         let old_id = match t.phase {
             Phase::Create => {
@@ -345,7 +383,7 @@ impl Ledger {
                 e.seq = seq;
                 std::mem::replace(&mut e.runtime_id, runtime_id.clone())
             }
-            _ => return Vec::new(),
+            _ => return,
         };
         if let Some(old) = old_id {
             b.ids.remove(&old);
@@ -353,13 +391,12 @@ impl Ledger {
         if let Some(id) = runtime_id {
             b.ids.insert(id, t.key.clone());
         }
-        let keys = t.adjustment.updates.iter().map(|u| u.container_id.clone());
-        self.wanted(&b, keys)
+        let neighbours = t.adjustment.updates.into_iter().map(|u| u.container_id);
+        self.dirty.mark(neighbours.chain(std::iter::once(t.key)));
     }
 
     /// The runtime refused the call (or could not be reached): undo the reservation exactly.
-    /// Returns the cpuset updates other containers need now (normally none).
-    pub fn abort(&self, t: Ticket) -> Vec<Update> {
+    pub fn abort(&self, t: Ticket) {
         let mut b = self.book();
         match t.phase {
             Phase::Create => {
@@ -370,11 +407,12 @@ impl Ledger {
                     b.forget(&t.key);
                 }
                 let ups = self.agent.remove(&t.key);
-                self.wanted(&b, ups.into_iter().map(|u| u.container_id))
+                self.dirty.mark(ups.into_iter().map(|u| u.container_id));
             }
             Phase::Update => {
+                let seq = self.now();
                 let Some(e) = b.entries.get_mut(&t.key) else {
-                    return Vec::new();
+                    return;
                 };
                 let State::PendingUpdate {
                     before,
@@ -382,18 +420,19 @@ impl Ledger {
                     ..
                 } = std::mem::replace(&mut e.state, State::Committed)
                 else {
-                    return Vec::new();
+                    return;
                 };
                 e.info = *before_info;
-                e.seq = self.now();
+                e.seq = seq;
+                e.flight.settle_hook_write(None);
                 let ups = self.agent.reinstate(&t.key, before.map(|g| *g));
                 let keys = ups
                     .into_iter()
                     .map(|u| u.container_id)
-                    .chain(t.adjustment.updates.iter().map(|u| u.container_id.clone()));
-                self.wanted(&b, keys.chain(std::iter::once(t.key.clone())))
+                    .chain(t.adjustment.updates.into_iter().map(|u| u.container_id));
+                self.dirty.mark(keys.chain(std::iter::once(t.key)));
             }
-            Phase::Duplicate | Phase::Pass => Vec::new(),
+            Phase::Duplicate | Phase::Pass => {}
         }
     }
 
@@ -412,6 +451,7 @@ impl Ledger {
                 return pass(id.to_string());
             };
             let before = self.agent.grant_of(&key);
+            let seq = self.now();
             let Some(e) = b.entries.get_mut(&key) else {
                 return pass(key);
             };
@@ -428,10 +468,24 @@ impl Ledger {
                 before_info: Box::new(e.info.clone()),
                 after_info: Box::new(info.clone()),
             };
+            // The call carries this container's cpuset: a loop write still in flight may land
+            // before or after it, so what the runtime holds is unknown until both are done.
+            e.seq = seq;
+            e.flight.hook_write_begins();
             (key, info)
         };
+        // A decision that comes too late has changed the engine anyway: the loop compares.
+        let dirty = self.dirty.clone();
+        let late_key = key.clone();
         let adjustment = self
-            .decide("update", move |a| a.update(&info), |_, _| {})
+            .decide(
+                "update",
+                move |a| a.update(&info),
+                move |_, late: Adjustment| {
+                    let neighbours = late.updates.into_iter().map(|u| u.container_id);
+                    dirty.mark(neighbours.chain(std::iter::once(late_key)));
+                },
+            )
             .await
             .unwrap_or_default();
         Ticket {
@@ -441,29 +495,29 @@ impl Ledger {
         }
     }
 
-    /// The runtime applied the update. Returns the cpuset updates still needed (other
-    /// containers, and this one if its decision came too late to ride along).
-    pub fn commit_update(&self, t: Ticket) -> Vec<Update> {
+    /// The runtime applied the update (with the ticket's cpuset, if it carried one).
+    pub fn commit_update(&self, t: Ticket) {
         let mut b = self.book();
         if t.phase != Phase::Update {
-            return Vec::new();
+            return;
         }
         let seq = self.now();
         let Some(e) = b.entries.get_mut(&t.key) else {
-            return Vec::new();
+            return;
         };
         let State::PendingUpdate { after_info, .. } =
             std::mem::replace(&mut e.state, State::Committed)
         else {
-            return Vec::new();
+            return;
         };
         e.info = *after_info;
         e.seq = seq;
         let adj = &t.adjustment;
-        if let Some(c) = adj.cpus {
+        let sent = adj.cpus.map(|c| {
             let mems = adj.mems.or(e.applied.as_ref().and_then(|a| a.mems));
-            e.applied = Some(Applied::new(c, mems));
-        }
+            Applied::new(c, mems)
+        });
+        e.applied = e.flight.settle_hook_write(sent.or(e.applied.take()));
         if let Some(r) = &adj.record {
             e.info.annotations.insert(GRANT_KEY.into(), r.clone());
             if b.records.get(&t.key) != Some(r) {
@@ -471,16 +525,16 @@ impl Ledger {
                 self.save(&b.records);
             }
         }
-        let keys = adj.updates.iter().map(|u| u.container_id.clone());
-        self.wanted(&b, keys.chain(std::iter::once(t.key.clone())))
+        let neighbours = t.adjustment.updates.into_iter().map(|u| u.container_id);
+        self.dirty.mark(neighbours.chain(std::iter::once(t.key)));
     }
 
-    /// A container stopped (`forget == false`) or was removed (`true`): its grant is released
-    /// (idempotent). Returns the cpuset updates other containers need now.
-    pub fn release(&self, id: &str, forget: bool) -> Vec<Update> {
+    /// A container stopped or was removed: its grant is released (idempotent), and the
+    /// neighbours that get CPUs back are marked for the convergence loop.
+    pub fn release(&self, id: &str, why: Release) {
         let mut b = self.book();
         let Some(key) = b.resolve(id) else {
-            return Vec::new();
+            return;
         };
         if let Some(e) = b.entries.get(&key) {
             record_on_span(&e.info);
@@ -489,213 +543,17 @@ impl Ledger {
         if b.records.remove(&key).is_some() {
             self.save(&b.records);
         }
-        if forget {
-            b.forget(&key);
-        } else if let Some(e) = b.entries.get_mut(&key) {
-            e.seq = self.now();
-        }
-        self.wanted(&b, ups.into_iter().map(|u| u.container_id))
-    }
-
-    /// The runtime applied `u` (a cpuset update the ledger asked for).
-    pub fn applied(&self, u: &Update) {
-        let mut b = self.book();
-        if let Some(key) = b.resolve(&u.container_id) {
-            if let Some(e) = b.entries.get_mut(&key) {
-                e.applied = Some(Applied::new(u.cpus, u.mems));
-            }
-        }
-    }
-
-    /// Rebuilds the book at start-up from everything the runtime lists (live containers only)
-    /// and the state file. Returns the cpuset updates needed.
-    pub fn restore(&self, listed: Vec<Listed>) -> (ReconcileReport, Vec<Update>) {
-        if let Some(f) = &self.file {
-            let records = match f.load() {
-                Ok(r) => r,
-                Err(e) => {
-                    let aside = f.quarantine();
-                    tracing::error!(
-                        moved_to = ?aside,
-                        "{e}; rebuilding the grants from the records stored in the containers"
-                    );
-                    self.agent.metrics().count_error("sync", "state");
-                    Records::new()
-                }
-            };
-            self.book().records = records;
-        }
-        self.reconcile(listed, u64::MAX, true)
-    }
-
-    /// Brings the book in line with the runtime's list of live containers, taken after the
-    /// ledger clock read `since` (entries changed later are left alone). Grants of containers
-    /// the runtime no longer has are released; containers the ledger does not know are adopted
-    /// (from the grant records they carry). With `full`, `listed` also carries each
-    /// container's live cpuset, which becomes what the ledger counts as applied, and grants the
-    /// runtime never applied (no record, no cpuset) are dropped.
-    pub fn reconcile(
-        &self,
-        listed: Vec<Listed>,
-        since: u64,
-        full: bool,
-    ) -> (ReconcileReport, Vec<Update>) {
-        let mut report = ReconcileReport::default();
-        let mut b = self.book();
-        let live: HashMap<&str, &Listed> = listed.iter().map(|l| (l.info.id.as_str(), l)).collect();
-        let mut touched: Vec<String> = Vec::new();
-        // 1. Entries the runtime does not have (or whose grant it never applied); with a full
-        // list also grants the book does not know (a decision that came too late).
-        // A full list comes when a session starts (NRI) or at start-up: a change still pending
-        // then belongs to a call that is gone (its handler was dropped with its connection).
-        if full {
-            for e in b.entries.values_mut() {
-                if let State::PendingUpdate { after_info, .. } =
-                    std::mem::replace(&mut e.state, State::Committed)
-                {
-                    e.info = *after_info;
+        match why {
+            Release::Removed => b.forget(&key),
+            Release::Stopped => {
+                let seq = self.now();
+                if let Some(e) = b.entries.get_mut(&key) {
+                    e.seq = seq;
+                    e.state = State::Stopped;
                 }
             }
         }
-        let settled = b
-            .entries
-            .iter()
-            .filter(|(_, e)| match e.state {
-                State::Committed => e.seq < since,
-                State::PendingCreate => full,
-                State::PendingUpdate { .. } => false,
-            })
-            .map(|(k, _)| k.clone());
-        let orphans = if full {
-            self.agent
-                .granted()
-                .into_iter()
-                .filter(|k| !b.entries.contains_key(k))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let stale: Vec<String> = settled
-            .chain(orphans)
-            .filter(|k| match live.get(k.as_str()) {
-                None => true,
-                Some(l) => {
-                    full && l.info.cpus.is_none() && !l.info.annotations.contains_key(GRANT_KEY)
-                }
-            })
-            .collect();
-        for k in stale {
-            if self.agent.current(&k).is_some() {
-                tracing::info!(container = %k, "releasing a grant the runtime does not have");
-                report.released += 1;
-            }
-            touched.extend(self.agent.remove(&k).into_iter().map(|u| u.container_id));
-            b.records.remove(&k);
-            b.forget(&k);
-        }
-        // 2. Containers the book does not have.
-        let unknown: Vec<&Listed> = listed
-            .iter()
-            .filter(|l| !b.entries.contains_key(&l.info.id))
-            .collect();
-        // A full list always goes through the engine's restore (it logs what it adopted).
-        if full || !unknown.is_empty() {
-            let infos: Vec<ContainerInfo> = unknown
-                .iter()
-                .map(|l| {
-                    let mut i = l.info.clone();
-                    if let Some(r) = b.records.get(&i.id) {
-                        i.annotations.insert(GRANT_KEY.into(), r.clone());
-                    }
-                    i
-                })
-                .collect();
-            let _ = self.agent.restore(&infos);
-            let seq = self.now();
-            for (l, info) in unknown.iter().zip(infos) {
-                report.adopted += 1;
-                touched.push(info.id.clone());
-                if !l.runtime_id.is_empty() {
-                    b.ids.insert(l.runtime_id.clone(), info.id.clone());
-                }
-                let applied = info.cpus.map(|c| Applied::new(c, info.mems));
-                b.entries.insert(
-                    info.id.clone(),
-                    Entry {
-                        runtime_id: Some(l.runtime_id.clone()).filter(|s| !s.is_empty()),
-                        info: info.placement_inputs(),
-                        state: State::Committed,
-                        applied,
-                        seq,
-                    },
-                );
-            }
-        }
-        // 3. Runtime ids the book did not learn at create (an answer without a readable id).
-        for l in &listed {
-            if l.runtime_id.is_empty() {
-                continue;
-            }
-            if let Some(e) = b.entries.get_mut(&l.info.id) {
-                if e.runtime_id.is_none() {
-                    e.runtime_id = Some(l.runtime_id.clone());
-                    b.ids.insert(l.runtime_id.clone(), l.info.id.clone());
-                }
-            }
-        }
-        // 4. With a full list, what the runtime has is what counts as applied.
-        if full {
-            for l in &listed {
-                if let Some(e) = b.entries.get_mut(&l.info.id) {
-                    if matches!(e.state, State::Committed) && e.seq < since {
-                        e.applied = l.info.cpus.map(|c| Applied::new(c, l.info.mems));
-                        touched.push(l.info.id.clone());
-                    }
-                }
-            }
-        }
-        let before = b.records.len();
-        let Book {
-            entries, records, ..
-        } = &mut *b;
-        records.retain(|k, _| entries.contains_key(k));
-        if b.records.len() != before {
-            self.save(&b.records);
-        }
-        let ups = self.wanted(&b, touched);
-        (report, ups)
-    }
-
-    /// The updates that make the runtime hold what the engine wants for `keys`: one per
-    /// committed container whose applied cpuset differs.
-    fn wanted(&self, b: &Book, keys: impl IntoIterator<Item = String>) -> Vec<Update> {
-        let mut seen = HashSet::new();
-        let mut out = Vec::new();
-        for key in keys {
-            if !seen.insert(key.clone()) {
-                continue;
-            }
-            let Some(e) = b.entries.get(&key) else {
-                continue;
-            };
-            if !matches!(e.state, State::Committed) {
-                continue;
-            }
-            let Some((cpus, mems)) = self.agent.current(&key) else {
-                continue;
-            };
-            let want = Applied::new(cpus, mems);
-            if e.applied.as_ref() == Some(&want) {
-                continue;
-            }
-            out.push(Update {
-                container_id: e.runtime_id.clone().unwrap_or(key),
-                cpus,
-                mems,
-            });
-        }
-        out.sort_by(|a, b| a.container_id.cmp(&b.container_id));
-        out
+        self.dirty.mark(ups.into_iter().map(|u| u.container_id));
     }
 
     fn save(&self, records: &Records) {

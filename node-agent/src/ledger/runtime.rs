@@ -1,15 +1,21 @@
-//! What a proxy mode provides to the ledger (applying cpusets, listing containers), and the
-//! loop that keeps the ledger in line with the runtime after the runtime restarts.
+//! What a proxy mode provides to the ledger (writing cpusets, listing containers), and the
+//! loop that keeps the ledger in line with the runtime: after the runtime restarts, and by
+//! reading back what the runtime holds.
 
-use super::{Ledger, Listed};
-use crate::agent::Update;
+use super::{Ledger, Listed, Listing};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// How often a proxy compares the ledger with the runtime's list. A runtime restart that took
-/// containers with it is seen within this time.
+/// How often a proxy compares the ledger with the runtime's cheap list. A runtime restart that
+/// took containers with it is seen within this time.
 pub const RECONCILE_EVERY: Duration = Duration::from_secs(5);
+/// Every this many comparisons, the full list is read and what the runtime holds becomes what
+/// the ledger counts as applied (a write lost or reordered is corrected within this time).
+pub const READ_BACK_EVERY: u32 = 6;
+/// The longest one listing of the runtime may take (a wedged status call fails it, and the
+/// next round tries again).
+pub const LIST_DEADLINE: Duration = Duration::from_secs(20);
 
 /// A live container in the runtime's cheap list: its ledger key and runtime id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,92 +27,88 @@ pub struct LiveId {
 }
 
 #[async_trait::async_trait]
-pub trait Runtime: Send + Sync {
-    /// Sets a container's cpuset (and memory nodes).
-    async fn update_cpuset(&self, u: &Update) -> Result<(), String>;
-    /// Every live (created, running, paused) Kubernetes container, fully described.
+pub trait Runtime: super::Writer {
+    /// Every live (created, running, paused) Kubernetes container, fully described. A
+    /// container the runtime cannot describe right now fails the whole list (never taken as
+    /// gone); one that vanished between the list and its status is left out.
     async fn list(&self) -> anyhow::Result<Vec<Listed>>;
     /// Every live Kubernetes container, keys and ids only (one cheap call).
     async fn live(&self) -> anyhow::Result<Vec<LiveId>>;
 }
 
-impl Ledger {
-    /// Sends `updates` to the runtime, marking each one the runtime accepted as applied.
-    pub async fn apply(&self, rt: &dyn Runtime, updates: Vec<Update>) {
-        for u in updates {
-            match rt.update_cpuset(&u).await {
-                Ok(()) => {
-                    tracing::info!(container = %u.container_id, cpus = %u.cpus, "cpuset updated");
-                    self.applied(&u);
-                }
-                Err(e) => {
-                    tracing::warn!(container = %u.container_id, "cpuset update failed: {e}");
-                    self.agent().metrics().count_error("update", "runtime");
-                }
-            }
-        }
+/// `f` under [`LIST_DEADLINE`].
+async fn bounded<T>(
+    what: &str,
+    f: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(LIST_DEADLINE, f).await {
+        Ok(r) => r,
+        Err(_) => anyhow::bail!("{what}: no answer within {LIST_DEADLINE:?}"),
     }
+}
 
+impl Ledger {
     /// Start-up: rebuilds the book from the runtime's full list. Returns how many containers
     /// the runtime reported.
     pub async fn restore_from(&self, rt: &dyn Runtime) -> anyhow::Result<usize> {
-        let listed = rt.list().await?;
+        let listed = bounded("listing the runtime's containers", rt.list()).await?;
         let n = listed.len();
-        let (report, ups) = self.restore(listed);
+        let report = self.restore(listed);
         tracing::info!(
             adopted = report.adopted,
             released = report.released,
-            updates = ups.len(),
+            updates = self.pending_updates().len(),
             "ledger rebuilt from the runtime"
         );
-        self.apply(rt, ups).await;
         Ok(n)
     }
 
-    /// One comparison with the runtime: the cheap list, and the full one only when the runtime
-    /// has containers the ledger does not know.
-    pub async fn reconcile_with(&self, rt: &dyn Runtime) -> anyhow::Result<super::ReconcileReport> {
+    /// Whether the book lacks a live container: unknown, or known as stopped.
+    fn lacks(&self, key: &str) -> bool {
+        let b = self.book();
+        b.entries
+            .get(key)
+            .is_none_or(|e| matches!(e.state, super::State::Stopped))
+    }
+
+    /// One comparison with the runtime: the cheap list, and the full one when the runtime has
+    /// running containers the ledger lacks or when `how` asks for a read-back.
+    pub async fn reconcile_with(
+        &self,
+        rt: &dyn Runtime,
+        how: Listing,
+    ) -> anyhow::Result<super::ReconcileReport> {
         let since = self.now();
-        let live = rt.live().await?;
+        let live = bounded("listing the runtime's containers", rt.live()).await?;
         // Only a running container is adopted here: one that is merely created and unknown is a
         // create the ledger rolled back (the runtime gave up on it, or its caller did), which
         // the kubelet will remove; it is adopted at start-up only.
-        let unknown = {
-            let known = self.keys();
-            live.iter()
-                .any(|l| l.running && known.binary_search(&l.key).is_err())
-        };
-        let listed = if unknown {
-            let running: std::collections::HashSet<String> = live
-                .iter()
-                .filter(|l| l.running)
-                .map(|l| l.key.clone())
-                .collect();
-            let known = self.keys();
-            rt.list()
+        let lacking = live.iter().any(|l| l.running && self.lacks(&l.key));
+        let full = lacking || how == Listing::Live;
+        let listed: Vec<Listed> = if full {
+            let keep = |l: &Listed| {
+                live.iter()
+                    .any(|x| x.key == l.info.id && (x.running || !self.lacks(&x.key)))
+            };
+            bounded("describing the runtime's containers", rt.list())
                 .await?
                 .into_iter()
-                .filter(|l| running.contains(&l.info.id) || known.binary_search(&l.info.id).is_ok())
+                .filter(keep)
                 .collect()
         } else {
             live.into_iter()
-                .filter(|l| l.running || self.resolve(&l.key).is_some())
-                .map(|l| match self.info(&l.key) {
-                    Some(info) => Listed {
-                        runtime_id: l.runtime_id,
-                        info,
-                    },
-                    None => Listed {
-                        runtime_id: l.runtime_id,
-                        info: crate::agent::ContainerInfo {
-                            id: l.key,
-                            ..Default::default()
-                        },
-                    },
+                .filter(|l| l.running || !self.lacks(&l.key))
+                .map(|l| Listed {
+                    info: self.info(&l.key).unwrap_or_else(|| crate::agent::ContainerInfo {
+                        id: l.key.clone(),
+                        ..Default::default()
+                    }),
+                    runtime_id: l.runtime_id,
                 })
                 .collect()
         };
-        let (report, ups) = self.reconcile(listed, since, false);
+        let how = if full { Listing::Live } else { Listing::Ids };
+        let report = self.reconcile(listed, since, how);
         if report != super::ReconcileReport::default() {
             tracing::info!(
                 released = report.released,
@@ -114,11 +116,11 @@ impl Ledger {
                 "ledger reconciled with the runtime"
             );
         }
-        self.apply(rt, ups).await;
         Ok(report)
     }
 
-    /// Compares the ledger with the runtime every `every` until `shutdown`.
+    /// Compares the ledger with the runtime every `every` until `shutdown`, reading back what
+    /// the runtime holds every [`READ_BACK_EVERY`] rounds.
     pub async fn keep_reconciled(
         self: Arc<Self>,
         rt: Arc<dyn Runtime>,
@@ -126,12 +128,19 @@ impl Ledger {
         shutdown: CancellationToken,
     ) {
         let mut reachable = true;
+        let mut round: u32 = 0;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
             }
-            let result = self.reconcile_with(rt.as_ref()).await;
+            round = round.wrapping_add(1);
+            let how = if round % READ_BACK_EVERY == 0 {
+                Listing::Live
+            } else {
+                Listing::Ids
+            };
+            let result = self.reconcile_with(rt.as_ref(), how).await;
             self.agent().metrics().count_reconcile(result.is_ok());
             match result {
                 Ok(_) => {

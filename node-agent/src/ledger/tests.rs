@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::agent::test_sets::*;
-use crate::agent::PodInfo;
+use crate::agent::{PodInfo, Update};
 use crate::metrics::Metrics;
 use tap_engine::request::SKIP_KEY;
 use tap_engine::sysfs::discover_dir;
@@ -47,8 +47,38 @@ fn state_dir(name: &str) -> std::path::PathBuf {
 async fn created(l: &Ledger, c: ContainerInfo, id: &str) -> Adjustment {
     let t = l.begin_create(c).await;
     let adj = t.adjustment.clone();
-    let _ = l.commit_create(t, Some(id.into()));
+    l.commit_create(t, Some(id.into()));
     adj
+}
+
+/// A runtime double for the convergence loop: records the cpuset writes it is sent, and
+/// refuses them while `refusing` is set (pure logic: the real runtimes are in the e2e tier).
+#[derive(Default)]
+struct Recorder {
+    writes: std::sync::Mutex<Vec<Update>>,
+    refusing: std::sync::atomic::AtomicBool,
+}
+
+impl Recorder {
+    fn writes(&self) -> Vec<Update> {
+        self.writes.lock().unwrap().clone()
+    }
+
+    fn refuse(&self, on: bool) {
+        self.refusing
+            .store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[async_trait::async_trait]
+impl Writer for Recorder {
+    async fn write_cpuset(&self, u: &Update) -> Result<(), WriteError> {
+        if self.refusing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(WriteError::Refused("test".into()));
+        }
+        self.writes.lock().unwrap().push(u.clone());
+        Ok(())
+    }
 }
 
 #[tokio::test]
@@ -64,15 +94,16 @@ async fn a_duplicate_create_never_touches_the_first_grant() {
         t.adjustment.cpus, first.cpus,
         "a retry carries the first one's cpuset"
     );
-    assert!(l.abort(t).is_empty());
+    l.abort(t);
+    assert!(l.pending_updates().is_empty());
     assert_eq!(l.agent().snapshot(), before);
     assert_eq!(l.resolve("id1").as_deref(), Some("k1"));
     // A duplicate of a create still in flight is left alone too.
     let pending = l.begin_create(container("k2", "burstable", 4, 8)).await;
     let dup = l.begin_create(container("k2", "burstable", 4, 8)).await;
     assert!(dup.is_duplicate());
-    let _ = l.abort(dup);
-    let _ = l.commit_create(pending, Some("id2".into()));
+    l.abort(dup);
+    l.commit_create(pending, Some("id2".into()));
     assert!(l.agent().snapshot().grant("k2").is_some());
 }
 
@@ -83,8 +114,9 @@ async fn a_refused_create_gives_everything_back() {
     let before = l.agent().snapshot();
     let t = l.begin_create(container("g", "guaranteed", 4, 4)).await;
     assert!(t.adjustment.cpus.is_some());
+    l.abort(t);
     assert!(
-        l.abort(t).is_empty(),
+        l.pending_updates().is_empty(),
         "nothing was applied, nothing to undo"
     );
     assert_eq!(l.agent().snapshot(), before);
@@ -107,7 +139,8 @@ async fn an_exclusive_create_shrinks_shared_containers_after_the_runtime_said_ye
     }
     let t = l.begin_create(container("g", "guaranteed", 4, 4)).await;
     let mine = t.adjustment.cpus.expect("exclusive");
-    let ups = l.commit_create(t, Some("idg".into()));
+    l.commit_create(t, Some("idg".into()));
+    let ups = l.pending_updates();
     assert_eq!(ups.len(), 1, "{ups:?}");
     let i = shared
         .iter()
@@ -121,9 +154,14 @@ async fn an_exclusive_create_shrinks_shared_containers_after_the_runtime_said_ye
     let shrunk = ups[0].cpus;
     assert_eq!(shrunk, shared[i].difference(&mine));
     // Until the runtime confirms, the update is still wanted; after, it is not.
-    l.applied(&ups[0]);
-    assert!(l.release("unknown", true).is_empty());
-    let back = l.release("idg", true);
+    let rt = Recorder::default();
+    l.converge_once(&rt).await;
+    assert_eq!(rt.writes(), ups);
+    assert!(l.pending_updates().is_empty());
+    l.release("unknown", Release::Removed);
+    assert!(l.pending_updates().is_empty());
+    l.release("idg", Release::Removed);
+    let back = l.pending_updates();
     assert_eq!(back.len(), 1);
     assert_eq!(back[0].cpus, shared[i]);
 }
@@ -135,13 +173,12 @@ fn ids_resolve_by_key_full_id_and_unique_prefix() {
     b.ids.insert("abcfff0000".into(), "k8s_b".into());
     b.entries.insert(
         "k8s_a".into(),
-        Entry {
-            info: ContainerInfo::default(),
-            runtime_id: Some("abcdef0123".into()),
-            state: State::Committed,
-            applied: None,
-            seq: 0,
-        },
+        Entry::new(
+            ContainerInfo::default(),
+            Some("abcdef0123".into()),
+            State::Committed,
+            0,
+        ),
     );
     assert_eq!(b.resolve("k8s_a").as_deref(), Some("k8s_a"));
     assert_eq!(b.resolve("/k8s_a").as_deref(), Some("k8s_a"));
@@ -168,7 +205,7 @@ async fn a_refused_update_is_rolled_back_and_not_persisted() {
         .await;
     assert_ne!(l.agent().snapshot(), before, "the decision is reserved");
     // The runtime refused (e.g. memory below its minimum).
-    let _ = l.abort(t);
+    l.abort(t);
     assert_eq!(l.agent().snapshot(), before);
     assert_eq!(l.info("id").unwrap().cpu_shares, Some(4 * 1024));
     assert!(!file.exists(), "a refused update writes nothing");
@@ -177,7 +214,7 @@ async fn a_refused_update_is_rolled_back_and_not_persisted() {
         .begin_update("id", |i| i.cpu_shares = Some(30 * 1024))
         .await;
     let rec = t.adjustment.record.clone().expect("record");
-    let _ = l.commit_update(t);
+    l.commit_update(t);
     let saved = StateFile::new(file).load().unwrap();
     assert_eq!(saved.get("k"), Some(&rec));
     let _ = std::fs::remove_dir_all(&dir);
@@ -192,7 +229,7 @@ async fn restore_reads_changed_records_and_survives_a_corrupt_file() {
     let t = a
         .begin_update("id", |i| i.cpu_shares = Some(6 * 1024))
         .await;
-    let _ = a.commit_update(t);
+    a.commit_update(t);
     let want = a.agent().snapshot();
     // What the runtime lists after an agent restart: the create-time record in the container.
     let mut live = container("k", "burstable", 6, 8);
@@ -204,14 +241,15 @@ async fn restore_reads_changed_records_and_survives_a_corrupt_file() {
         info: live,
     }];
     let b = Ledger::new(agent(), Some(StateFile::new(file.clone())));
-    let (report, ups) = b.restore(listed.clone());
+    let report = b.restore(listed.clone());
     assert_eq!(report.adopted, 1);
+    let ups = b.pending_updates();
     assert!(ups.is_empty(), "{ups:?}");
     assert_eq!(b.agent().snapshot(), want, "the changed record wins");
     // A corrupt file is moved aside and reported; the state comes from the containers.
     std::fs::write(&file, "{\"k\": 12").unwrap();
     let c = Ledger::new(agent(), Some(StateFile::new(file.clone())));
-    let (report, _) = c.restore(listed);
+    let report = c.restore(listed);
     assert_eq!(report.adopted, 1);
     assert!(c.agent().snapshot().grant("k").is_some());
     assert!(dir.join("grants.json.corrupt").exists());
@@ -242,7 +280,7 @@ async fn reconcile_releases_what_the_runtime_lost_and_adopts_what_it_has() {
             info: x,
         },
     ];
-    let (report, _) = l.reconcile(listed, since, false);
+    let report = l.reconcile(listed, since, Listing::Ids);
     assert_eq!(report.released, 1);
     assert_eq!(report.adopted, 1);
     assert_eq!(
@@ -252,7 +290,7 @@ async fn reconcile_releases_what_the_runtime_lost_and_adopts_what_it_has() {
     );
     assert!(l.agent().snapshot().grant("b").is_none());
     assert_eq!(l.resolve("idx").as_deref(), Some("x"));
-    let _ = l.commit_create(in_flight, Some("idc".into()));
+    l.commit_create(in_flight, Some("idc".into()));
     assert!(l.agent().snapshot().grant("c").is_some());
 }
 
@@ -266,9 +304,9 @@ async fn a_full_reconcile_drops_grants_the_runtime_never_applied() {
         runtime_id: "idu".into(),
         info: container("u", "burstable", 4, 8),
     }];
-    let (report, ups) = l.reconcile(listed, since, true);
+    let report = l.reconcile(listed, since, Listing::Session);
     assert_eq!(report.released, 1);
-    assert!(ups.is_empty());
+    assert!(l.pending_updates().is_empty());
     assert!(l.agent().snapshot().grant("u").is_none());
     assert_eq!(l.keys(), vec!["u"], "still known, now unmanaged");
 }
@@ -305,7 +343,7 @@ async fn a_late_decision_is_released_and_the_create_goes_unadjusted() {
     std::thread::sleep(Duration::from_millis(20));
     let t = l.begin_create(container("late", "burstable", 4, 8)).await;
     assert!(t.adjustment.is_empty());
-    let _ = l.commit_create(t, Some("idl".into()));
+    l.commit_create(t, Some("idl".into()));
     blocker.join().unwrap();
     for _ in 0..100 {
         if l.agent().snapshot().grant("late").is_none() {
@@ -381,7 +419,7 @@ async fn a_reconcile_learns_a_runtime_id_the_create_answer_did_not_give() {
         runtime_id: "id-late".into(),
         info: container("k", "burstable", 4, 8),
     }];
-    let (report, _) = l.reconcile(listed, since, false);
+    let report = l.reconcile(listed, since, Listing::Ids);
     assert_eq!(report, ReconcileReport::default());
     assert_eq!(l.resolve("id-late").as_deref(), Some("k"));
 }
@@ -400,7 +438,7 @@ async fn a_full_reconcile_clears_a_create_whose_call_was_dropped() {
         runtime_id: "dropped".into(),
         info: container("dropped", "burstable", 4, 8),
     }];
-    let (report, _) = l.reconcile(listed, u64::MAX, true);
+    let report = l.reconcile(listed, u64::MAX, Listing::Session);
     assert_eq!(report.released, 1);
     assert!(l.agent().snapshot().grant("dropped").is_none());
     assert_eq!(l.keys(), vec!["dropped"], "known again, unmanaged");
@@ -443,4 +481,184 @@ async fn the_book_keeps_only_what_placement_reads_again() {
         "the skip label holds at update"
     );
     let _ = l.commit_update(t);
+}
+
+// ---- issue 20: the books equal the runtime at rest ---------------------------------------
+
+/// One shared 2/4 container per NUMA node (keys s0..s3, ids ids0..ids3), their cpusets.
+async fn one_shared_per_node(l: &Ledger) -> Vec<ContainerInfo> {
+    let mut out = Vec::new();
+    for i in 0..4 {
+        let mut c = container(&format!("s{i}"), "burstable", 2, 4);
+        let adj = created(l, c.clone(), &format!("ids{i}")).await;
+        c.cpus = adj.cpus;
+        c.annotations.insert(GRANT_KEY.into(), adj.record.unwrap());
+        out.push(c);
+    }
+    out
+}
+
+/// The CPUs of every exclusive grant, and the cpuset the runtime double would hold for every
+/// container after the loop ran: no shared container may hold an exclusive CPU.
+fn assert_no_shared_on_exclusive(l: &Ledger) {
+    let e = l.agent().snapshot();
+    let taken = *e.taken();
+    for (id, g) in e.grants() {
+        if !g.is_exclusive() {
+            assert!(
+                !g.cpus.intersects(&taken),
+                "shared {id} holds exclusive CPUs: {} vs {}",
+                g.cpus,
+                taken
+            );
+        }
+    }
+}
+
+/// Finding 1: a shared create in flight while an exclusive one commits. The engine shrinks the
+/// shared container, but it is still being created, so no update can be sent then; its own
+/// commit must mark it, or it keeps the exclusive CPUs for good.
+#[tokio::test]
+async fn a_shared_create_in_flight_while_an_exclusive_one_commits_is_shrunk_after() {
+    let l = Ledger::new(agent(), None);
+    let rt = Recorder::default();
+    // Fill NUMA nodes 1-3 so the shared create and the exclusive one meet on node 0.
+    for i in 1..4 {
+        let _ = created(&l, container(&format!("f{i}"), "burstable", 20, 24), &format!("idf{i}")).await;
+    }
+    let s = l.begin_create(container("s", "burstable", 2, 4)).await;
+    let sent = s.adjustment.cpus.expect("placed");
+    let g = l.begin_create(container("g", "guaranteed", 4, 4)).await;
+    let exclusive = g.adjustment.cpus.expect("exclusive");
+    assert!(sent.intersects(&exclusive), "{sent} / {exclusive}");
+    l.commit_create(g, Some("idg".into()));
+    // The loop runs now: the shared container is still being created, nothing to send it yet.
+    l.converge_once(&rt).await;
+    assert!(rt.writes().iter().all(|u| u.container_id != "ids"));
+    // The shared container's create is answered after: created with the old cpuset.
+    l.commit_create(s, Some("ids".into()));
+    l.converge_once(&rt).await;
+    let to_s: Vec<Update> = rt
+        .writes()
+        .into_iter()
+        .filter(|u| u.container_id == "ids")
+        .collect();
+    assert_eq!(to_s.len(), 1, "{:?}", rt.writes());
+    assert!(!to_s[0].cpus.intersects(&exclusive));
+    assert!(l.pending_updates().is_empty());
+    assert_no_shared_on_exclusive(&l);
+}
+
+/// Finding 3: an update the runtime refuses is not forgotten: the container stays dirty and
+/// the loop tries again (after a backoff) until the runtime takes it.
+#[tokio::test]
+async fn a_refused_update_is_retried_until_the_runtime_takes_it() {
+    let l = Ledger::new(agent(), None);
+    let rt = Recorder::default();
+    let _ = one_shared_per_node(&l).await;
+    rt.refuse(true);
+    let _ = created(&l, container("g", "guaranteed", 4, 4), "idg").await;
+    let (_, sent) = l.converge_once(&rt).await;
+    assert!(sent);
+    assert!(rt.writes().is_empty());
+    assert_eq!(l.pending_updates().len(), 1, "still wanted");
+    assert_eq!(l.unconverged(), 1);
+    // Not before its backoff.
+    let (next, sent) = l.converge_once(&rt).await;
+    assert!(!sent);
+    assert!(next.is_some(), "a retry is scheduled");
+    rt.refuse(false);
+    tokio::time::sleep(converge::RETRY_MIN * 2).await;
+    l.converge_once(&rt).await;
+    assert_eq!(rt.writes().len(), 1);
+    assert!(l.pending_updates().is_empty());
+    assert_eq!(l.unconverged(), 0);
+    let m = l.agent().metrics().render();
+    assert!(m.contains("tap_cpuset_writes_total{result=\"refused\"} 1"), "{m}");
+}
+
+/// Finding 3: a loop write that overlaps a hook's own call for the same container (a resize
+/// forwarded meanwhile) does not count: their order at the runtime is unknown, so the loop
+/// writes what the engine wants once more.
+#[tokio::test]
+async fn a_write_overlapping_a_resize_is_not_trusted() {
+    let l = Ledger::new(agent(), None);
+    let _ = one_shared_per_node(&l).await;
+    let _ = created(&l, container("g", "guaranteed", 4, 4), "idg").await;
+    let due = l.take_due(std::time::Instant::now());
+    assert_eq!(due.writes.len(), 1);
+    let shrunk = due.writes[0].update.container_id.clone();
+    // The kubelet resizes it while the loop's write is out.
+    let t = l.begin_update(&shrunk, |i| i.cpu_shares = Some(3 * 1024)).await;
+    for d in due.writes {
+        l.settle(d, Ok(()));
+    }
+    l.commit_update(t);
+    assert_eq!(
+        l.pending_updates().len(),
+        1,
+        "what the runtime holds is unknown: written again"
+    );
+}
+
+/// Finding 9 (and restarts behind the agent's back): a container stopped through the proxy
+/// and started again is adopted anew by the next reconcile, not left "known" without a grant.
+#[tokio::test]
+async fn a_stopped_container_started_again_is_adopted_again() {
+    let l = Ledger::new(agent(), None);
+    let adj = created(&l, container("d", "burstable", 4, 8), "idd").await;
+    l.release("idd", Release::Stopped);
+    assert!(l.agent().snapshot().grant("d").is_none());
+    let since = l.now();
+    let mut live = container("d", "burstable", 4, 8);
+    live.cpus = adj.cpus;
+    live.annotations.insert(GRANT_KEY.into(), adj.record.unwrap());
+    let report = l.reconcile(
+        vec![Listed {
+            runtime_id: "idd".into(),
+            info: live,
+        }],
+        since,
+        Listing::Live,
+    );
+    assert_eq!(report.adopted, 1);
+    assert_eq!(
+        l.agent().current("d").map(|c| c.0),
+        adj.cpus,
+        "its grant is back"
+    );
+}
+
+/// The periodic read-back: a write the runtime lost (it restarted from an older spec) is seen,
+/// and written again.
+#[tokio::test]
+async fn a_read_back_corrects_a_write_the_runtime_lost() {
+    let l = Ledger::new(agent(), None);
+    let rt = Recorder::default();
+    let before = one_shared_per_node(&l).await;
+    let _ = created(&l, container("g", "guaranteed", 4, 4), "idg").await;
+    l.converge_once(&rt).await;
+    let written = rt.writes();
+    assert_eq!(written.len(), 1);
+    assert!(l.pending_updates().is_empty());
+    // The runtime lost the write (restarted from an old spec): the read-back sees the old set.
+    let since = l.now();
+    let listed = before
+        .into_iter()
+        .enumerate()
+        .map(|(i, info)| Listed {
+            runtime_id: format!("ids{i}"),
+            info,
+        })
+        .chain(std::iter::once(Listed {
+            runtime_id: "idg".into(),
+            info: ContainerInfo {
+                cpus: l.agent().current("g").map(|c| c.0),
+                ..container("g", "guaranteed", 4, 4)
+            },
+        }))
+        .collect();
+    l.reconcile(listed, since, Listing::Live);
+    let again = l.pending_updates();
+    assert_eq!(again, written, "the lost write is wanted again");
 }

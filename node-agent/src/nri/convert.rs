@@ -11,9 +11,11 @@ use tap_engine::{CpuSet, NodeSet};
 
 /// The events kunpeng-tap subscribes to. Only events up to REMOVE_CONTAINER (11): a bit outside
 /// the runtime's valid mask (0x7FF up to NRI v0.9) fails the registration.
-pub const SUBSCRIBED_EVENTS: [Event; 4] = [
+pub const SUBSCRIBED_EVENTS: [Event; 5] = [
     Event::CREATE_CONTAINER,
     Event::UPDATE_CONTAINER,
+    // Sent only when containerd applied an update: confirms a resize (see `NriPlugin`).
+    Event::POST_UPDATE_CONTAINER,
     Event::STOP_CONTAINER,
     Event::REMOVE_CONTAINER,
 ];
@@ -130,7 +132,9 @@ pub fn container_update(u: &Update) -> ContainerUpdate {
     let mut out = ContainerUpdate::new();
     out.container_id = u.container_id.clone();
     out.linux = Some(linux).into();
-    out.ignore_failure = true;
+    // A failure is reported (an unsolicited update's `failed`, a resize's missing
+    // PostUpdateContainer), so the convergence loop knows and tries again.
+    out.ignore_failure = false;
     out
 }
 
@@ -196,7 +200,7 @@ mod tests {
     #[test]
     fn event_mask_stays_inside_the_v0_6_valid_mask() {
         let m = event_mask(&SUBSCRIBED_EVENTS);
-        assert_eq!(m, 0x8 | 0x80 | 0x200 | 0x400);
+        assert_eq!(m, 0x8 | 0x80 | 0x100 | 0x200 | 0x400);
         assert_eq!(m & !VALID_EVENTS_V0_9, 0);
         assert_eq!(event_bit(Event::RUN_POD_SANDBOX), 1);
         assert_eq!(event_bit(Event::REMOVE_CONTAINER), 0x400);
@@ -267,7 +271,7 @@ mod tests {
             mems: None,
         });
         assert_eq!(u.container_id, "o");
-        assert!(u.ignore_failure);
+        assert!(!u.ignore_failure);
         assert_eq!(u.linux.resources.cpu.cpus, "24-47");
         assert_eq!(u.linux.resources.cpu.mems, "");
     }

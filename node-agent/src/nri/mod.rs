@@ -19,9 +19,10 @@ pub mod mux;
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 pub mod proto;
 
-use crate::agent::{Agent, ContainerInfo};
+use crate::agent::{Agent, ContainerInfo, Update};
 use crate::flags::Flags;
-use crate::ledger::{hook_span, Ledger, Listed};
+use crate::ledger::state_file::StateFile;
+use crate::ledger::{hook_span, Ledger, Listed, Release, Ticket, WriteError, Writer};
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use proto::{
@@ -60,6 +61,45 @@ pub fn next_backoff(cur: Duration) -> Duration {
     (cur * 2).clamp(BACKOFF_MIN, BACKOFF_MAX)
 }
 
+/// The runtime connection of the current session, through which the convergence loop sends
+/// cpuset updates (unsolicited `UpdateContainers`). Empty between sessions and until the
+/// session's Synchronize is answered: the loop's writes then fail and are retried.
+#[derive(Default)]
+pub struct RuntimeSlot {
+    client: Mutex<Option<RuntimeClient>>,
+}
+
+impl RuntimeSlot {
+    fn set(&self, c: Option<RuntimeClient>) {
+        *self.client.lock().unwrap_or_else(|p| p.into_inner()) = c;
+    }
+
+    fn get(&self) -> Option<RuntimeClient> {
+        self.client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+#[async_trait]
+impl Writer for RuntimeSlot {
+    async fn write_cpuset(&self, u: &Update) -> Result<(), WriteError> {
+        let Some(client) = self.get() else {
+            return Err(WriteError::Unreachable("no NRI session".into()));
+        };
+        let mut req = UpdateContainersRequest::new();
+        req.update = vec![convert::container_update(u)];
+        let deadline = crate::ledger::converge::WRITE_DEADLINE;
+        let ctx = ttrpc::context::with_timeout(deadline.as_nanos() as i64);
+        match client.update_containers(ctx, &req).await {
+            Ok(resp) if resp.failed.is_empty() => Ok(()),
+            Ok(_) => Err(WriteError::Refused("UpdateContainers listed it as failed".into())),
+            Err(e) => Err(WriteError::Unreachable(format!("UpdateContainers: {e}"))),
+        }
+    }
+}
+
 /// The Plugin service: turns NRI calls into ledger calls.
 pub struct NriPlugin {
     /// Shared by every session: the book outlives a reconnect.
@@ -67,82 +107,79 @@ pub struct NriPlugin {
     agent: Arc<Agent>,
     /// Pods and containers of a split Synchronize (`more = true`), until the last chunk.
     pending_sync: Mutex<(Vec<proto::PodSandbox>, Vec<proto::Container>)>,
-    /// For updates no event response can carry (after RemoveContainer).
+    /// This session's runtime client, handed to `slot` once synchronized.
     runtime: Mutex<Option<RuntimeClient>>,
+    slot: Arc<RuntimeSlot>,
+    /// Resizes answered and not yet confirmed by PostUpdateContainer, by container id.
+    resizes: Arc<Mutex<HashMap<String, (u64, Ticket)>>>,
     /// Cancelled when the runtime is done with us (Shutdown) or the session ends.
     session: CancellationToken,
     synchronized: CancellationToken,
 }
 
+/// How long an answered resize waits for containerd's PostUpdateContainer before it counts as
+/// refused (containerd sends it only when it applied the update).
+pub const RESIZE_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl NriPlugin {
     pub fn new(agent: Arc<Agent>) -> NriPlugin {
-        NriPlugin::with_ledger(Arc::new(Ledger::new(agent, None)))
+        NriPlugin::with_ledger(
+            Arc::new(Ledger::new(agent, None)),
+            Arc::new(RuntimeSlot::default()),
+        )
     }
 
-    pub fn with_ledger(ledger: Arc<Ledger>) -> NriPlugin {
+    pub fn with_ledger(ledger: Arc<Ledger>, slot: Arc<RuntimeSlot>) -> NriPlugin {
         ledger.set_budget(hook_budget(DEFAULT_REQUEST_TIMEOUT));
         NriPlugin {
             agent: ledger.agent().clone(),
             ledger,
             pending_sync: Mutex::new((Vec::new(), Vec::new())),
             runtime: Mutex::new(None),
+            slot,
+            resizes: Arc::default(),
             session: CancellationToken::new(),
             synchronized: CancellationToken::new(),
         }
     }
 
-    /// Sends updates that no event response can carry, in the background.
-    fn push_updates(&self, ups: Vec<crate::agent::Update>) {
-        if ups.is_empty() {
-            return;
+    /// A resize containerd applied (PostUpdateContainer): its ticket is committed.
+    fn confirm_resize(&self, id: &str) {
+        let t = lock(&self.resizes).remove(id);
+        if let Some((_, t)) = t {
+            self.ledger.commit_update(t);
         }
-        let Some(client) = self
-            .runtime
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        else {
-            tracing::warn!(
-                updates = ups.len(),
-                "no runtime connection for unsolicited updates"
-            );
-            return;
-        };
-        let metrics = self.agent.metrics().clone();
-        let budget = self.ledger.budget();
+    }
+
+    /// Keeps an answered resize until containerd confirms it. A resize containerd did not
+    /// confirm in time was refused (the kubelet retries): the container gets its previous
+    /// grant back. A newer resize of the same container ends the older one as refused.
+    fn await_confirmation(&self, id: String, t: Ticket) {
+        let generation = self.ledger.now();
+        if let Some((_, older)) = lock(&self.resizes).insert(id.clone(), (generation, t)) {
+            self.ledger.abort(older);
+        }
+        let (resizes, ledger) = (self.resizes.clone(), self.ledger.clone());
         tokio::spawn(async move {
-            let mut req = UpdateContainersRequest::new();
-            req.update = convert::container_updates(&ups);
-            let ctx = ttrpc::context::with_timeout(budget.as_nanos() as i64);
-            match client.update_containers(ctx, &req).await {
-                Ok(resp) if resp.failed.is_empty() => {
-                    tracing::info!(updates = ups.len(), "cpuset updates applied")
+            tokio::time::sleep(RESIZE_CONFIRM_TIMEOUT).await;
+            let expired = {
+                let mut r = lock(&resizes);
+                match r.get(&id) {
+                    Some((g, _)) if *g == generation => r.remove(&id),
+                    _ => None,
                 }
-                Ok(resp) => {
-                    tracing::warn!(failed = resp.failed.len(), "some cpuset updates failed");
-                    metrics.count_error("update_containers", "runtime");
-                }
-                Err(e) => {
-                    tracing::warn!("UpdateContainers failed: {e}");
-                    metrics.count_error("update_containers", "runtime");
-                }
+            };
+            if let Some((_, t)) = expired {
+                tracing::warn!(container = %id, "containerd did not confirm the resize; its previous grant is restored");
+                ledger.agent().metrics().count_error("update", "unconfirmed");
+                ledger.abort(t);
             }
         });
     }
+}
 
-    /// Releases a stopped (`forget == false`) or removed container.
-    fn release(&self, id: &str, forget: bool) -> Vec<crate::agent::Update> {
-        let ups = self.ledger.release(id, forget);
-        // Updates ride on the answer (or go out right after it): the runtime applies them.
-        self.assume_applied(&ups);
-        ups
-    }
-
-    fn assume_applied(&self, ups: &[crate::agent::Update]) {
-        for u in ups {
-            self.ledger.applied(u);
-        }
-    }
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The hooks, each run inside its span.
@@ -161,22 +198,21 @@ impl NriPlugin {
         let id = info.id.clone();
         let ticket = self.ledger.begin_create(info).await;
         let adj = ticket.adjustment.clone();
-        // The runtime applies the answer as it creates the container.
-        let ups = self.ledger.commit_create(ticket, Some(id.clone()));
+        // The runtime applies the answer as it creates the container; neighbours the decision
+        // changed are updated by the convergence loop afterwards.
+        self.ledger.commit_create(ticket, Some(id.clone()));
         if self.session.is_cancelled() {
             // A request of a connection that is gone (the runtime gave up on this plugin while
             // it hung, and the request waited in the socket): nobody applies the answer. The
             // next session's Synchronize may already have run, so the grant goes now.
             tracing::warn!(container = %id, "a create of a closed NRI session; its grant is released");
             self.agent.metrics().count_error("create", "stale_session");
-            let _ = self.ledger.release(&id, false);
+            self.ledger.release(&id, Release::Stopped);
             return Ok(CreateContainerResponse::new());
         }
-        self.assume_applied(&ups);
         if let Some(a) = convert::adjustment(&adj) {
             resp.adjust = Some(a).into();
         }
-        resp.update = convert::container_updates(&ups);
         Ok(resp)
     }
 
@@ -193,11 +229,12 @@ impl NriPlugin {
             return Ok(UpdateContainerResponse::new());
         }
         let mut resp = UpdateContainerResponse::new();
-        let (adj, ups) = if self.ledger.resolve(&id).is_none() {
+        let adj = if self.ledger.resolve(&id).is_none() {
             // Not seen yet (created before a restart and missed by the sync): place it now.
             let ticket = self.ledger.begin_create(info).await;
             let adj = ticket.adjustment.clone();
-            (adj, self.ledger.commit_create(ticket, Some(id.clone())))
+            self.ledger.commit_create(ticket, Some(id.clone()));
+            adj
         } else {
             let r = req.linux_resources.clone();
             let ticket = self
@@ -209,20 +246,18 @@ impl NriPlugin {
                 })
                 .await;
             let adj = ticket.adjustment.clone();
-            (adj, self.ledger.commit_update(ticket))
+            // Committed when containerd confirms it applied the update (PostUpdateContainer).
+            self.await_confirmation(id.clone(), ticket);
+            adj
         };
         if let Some(cpus) = adj.cpus {
-            let own = crate::agent::Update {
+            let own = Update {
                 container_id: id.clone(),
                 cpus,
                 mems: adj.mems,
             };
-            self.ledger.applied(&own);
             resp.update.push(convert::container_update(&own));
         }
-        let ups: Vec<_> = ups.into_iter().filter(|u| u.container_id != id).collect();
-        self.assume_applied(&ups);
-        resp.update.extend(convert::container_updates(&ups));
         Ok(resp)
     }
 
@@ -231,10 +266,8 @@ impl NriPlugin {
         req: StopContainerRequest,
     ) -> ttrpc::Result<StopContainerResponse> {
         let id = req.container.get_or_default().id.clone();
-        let ups = self.release(&id, false);
-        let mut resp = StopContainerResponse::new();
-        resp.update = convert::container_updates(&ups);
-        Ok(resp)
+        self.ledger.release(&id, Release::Stopped);
+        Ok(StopContainerResponse::new())
     }
 }
 
@@ -293,17 +326,18 @@ impl proto::Plugin for NriPlugin {
             "NRI synchronize"
         );
         let ledger = self.ledger.clone();
-        let ups = self
+        // Resizes of the last session that were never confirmed: what the runtime lists now
+        // says what it holds.
+        lock(&self.resizes).clear();
+        let _ = self
             .ledger
             .decide("sync", move |_| reconcile(&ledger, &infos), |_, _| {})
-            .await
-            .unwrap_or_default();
-        self.assume_applied(&ups);
+            .await;
         self.synchronized.cancel();
         self.agent.metrics().set_ready(true);
-        let mut resp = SynchronizeResponse::new();
-        resp.update = convert::container_updates(&ups);
-        Ok(resp)
+        // From now on the convergence loop may send this session its updates.
+        self.slot.set(lock(&self.runtime).clone());
+        Ok(SynchronizeResponse::new())
     }
 
     async fn shutdown(&self, _ctx: &TtrpcContext, _req: Empty) -> ttrpc::Result<Empty> {
@@ -350,11 +384,16 @@ impl proto::Plugin for NriPlugin {
         match req.event.enum_value() {
             Ok(Event::REMOVE_CONTAINER) | Ok(Event::STOP_CONTAINER) => {
                 let id = req.container.get_or_default().id.clone();
-                let forget = req.event.enum_value() == Ok(Event::REMOVE_CONTAINER);
-                let hook = if forget { "remove" } else { "stop" };
-                let ups = hook_span(hook, "NRI").in_scope(|| self.release(&id, forget));
-                // A state change cannot carry updates: send them on their own.
-                self.push_updates(ups);
+                let (hook, why) = if req.event.enum_value() == Ok(Event::REMOVE_CONTAINER) {
+                    ("remove", Release::Removed)
+                } else {
+                    ("stop", Release::Stopped)
+                };
+                hook_span(hook, "NRI").in_scope(|| self.ledger.release(&id, why));
+            }
+            Ok(Event::POST_UPDATE_CONTAINER) => {
+                let id = req.container.get_or_default().id.clone();
+                hook_span("update", "NRI").in_scope(|| self.confirm_resize(&id));
             }
             Ok(e) => tracing::debug!(event = ?e, "NRI state change"),
             Err(v) => tracing::debug!(event = v, "unknown NRI state change"),
@@ -368,7 +407,7 @@ impl proto::Plugin for NriPlugin {
 /// grants the runtime never applied (no grant record and no cpuset on the container: the
 /// runtime gave up on our answer, e.g. after a timeout) are dropped so the container is treated
 /// as unmanaged; then every container is adopted. Returns the cpuset updates, one per container.
-pub fn reconcile(ledger: &Ledger, infos: &[ContainerInfo]) -> Vec<crate::agent::Update> {
+pub fn reconcile(ledger: &Ledger, infos: &[ContainerInfo]) {
     let listed = infos
         .iter()
         .map(|c| Listed {
@@ -376,7 +415,8 @@ pub fn reconcile(ledger: &Ledger, infos: &[ContainerInfo]) -> Vec<crate::agent::
             info: c.clone(),
         })
         .collect();
-    ledger.reconcile(listed, u64::MAX, true).1
+    // The first session also reads the grant records kept in the state file.
+    ledger.restore(listed);
 }
 
 /// Why a session ended.
@@ -392,17 +432,34 @@ pub async fn run(
     agent: Arc<Agent>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let file = StateFile::new(flags.state_dir.join("nri-grants.json"));
+    let ledger = Arc::new(Ledger::new(agent.clone(), Some(file)));
+    let slot = Arc::new(RuntimeSlot::default());
+    let converger = tokio::spawn(ledger.clone().converge(slot.clone(), shutdown.clone()));
+    let end = serve_sessions(flags, &agent, &ledger, &slot, &shutdown).await;
+    let _ = converger.await;
+    end
+}
+
+/// Connects, registers and serves one session after another until `shutdown`.
+async fn serve_sessions(
+    flags: &Flags,
+    agent: &Arc<Agent>,
+    ledger: &Arc<Ledger>,
+    slot: &Arc<RuntimeSlot>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
     let socket = flags.nri_socket_path.clone();
     let name = flags.nri_plugin_name.clone();
     let idx = flags.nri_plugin_index.clone();
     let mut backoff = BACKOFF_MIN;
-    let ledger = Arc::new(Ledger::new(agent.clone(), None));
     loop {
         if shutdown.is_cancelled() {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        match session(&socket, &name, &idx, ledger.clone(), shutdown.clone()).await {
+        let plugin = Arc::new(NriPlugin::with_ledger(ledger.clone(), slot.clone()));
+        match session(&socket, &name, &idx, plugin, shutdown.clone()).await {
             SessionEnd::Shutdown => return Ok(()),
             SessionEnd::Lost(why) => {
                 agent.metrics().set_ready(false);
@@ -431,10 +488,10 @@ async fn session(
     socket: &Path,
     name: &str,
     idx: &str,
-    ledger: Arc<Ledger>,
+    plugin: Arc<NriPlugin>,
     shutdown: CancellationToken,
 ) -> SessionEnd {
-    let agent = ledger.agent().clone();
+    let agent = plugin.agent.clone();
     let stream = match tokio::net::UnixStream::connect(socket).await {
         Ok(s) => s,
         Err(e) => return SessionEnd::Lost(format!("connecting to {}: {e}", socket.display())),
@@ -447,7 +504,6 @@ async fn session(
     let (Some(conn2), Some(conn1)) = (conns.pop(), conns.pop()) else {
         return SessionEnd::Lost("internal: mux connections".into());
     };
-    let plugin = Arc::new(NriPlugin::with_ledger(ledger));
 
     // Serve the Plugin service on connection 1 before registering: the runtime calls
     // Configure as soon as it has our registration.
@@ -491,6 +547,7 @@ async fn session(
         }
     };
     *plugin.runtime.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    plugin.slot.set(None);
     // Requests of this connection still being handled must not grant anything any more.
     plugin.session.cancel();
     trunk.close();
@@ -592,8 +649,8 @@ mod tests {
         let stop = CancellationToken::new();
         let plugin_side = {
             let (sock, agent, stop) = (sock.clone(), agent.clone(), stop.clone());
-            let ledger = Arc::new(Ledger::new(agent, None));
-            tokio::spawn(async move { session(&sock, "kunpeng-tap", "10", ledger, stop).await })
+            let plugin = Arc::new(NriPlugin::new(agent));
+            tokio::spawn(async move { session(&sock, "kunpeng-tap", "10", plugin, stop).await })
         };
 
         let (stream, _) = listener.accept().await.unwrap();
@@ -623,7 +680,7 @@ mod tests {
         let mut cfg = ConfigureRequest::new();
         cfg.runtime_name = "fake".into();
         let r = plugin.configure(ctx(), &cfg).await.unwrap();
-        assert_eq!(r.events, 0x688);
+        assert_eq!(r.events, 0x788);
 
         // Five running containers on NUMA node 0 with bulky annotations: a request of ~70 KiB,
         // many frames.
@@ -706,7 +763,7 @@ mod tests {
         // The runtime reports "applied" (with its record) and "unapplied" (no cpuset, no
         // record); "gone" was removed while we were away.
         let ledger = Ledger::new(agent.clone(), None);
-        let _ = reconcile(&ledger, &[applied, info("unapplied")]);
+        reconcile(&ledger, &[applied, info("unapplied")]);
         let snap = agent.snapshot();
         assert!(snap.grant("applied").is_some());
         assert!(snap.grant("gone").is_none());

@@ -1,0 +1,391 @@
+//! The convergence loop: one worker per mode drives what the runtime holds for each container
+//! (`applied`) towards what the engine wants now (`Agent::current`).
+//!
+//! - Every change that moves CPUs (create, commit, release, rollback, adoption, resize,
+//!   restore, a decision that came too late) marks the containers it affects in the
+//!   [`DirtyQueue`]; nothing else sends cpuset updates of containers.
+//! - The worker takes the dirty containers that are committed, not being written and not
+//!   waiting for a retry, compares, and writes the difference through the mode's [`Writer`]
+//!   under [`WRITE_DEADLINE`], a few at a time, one write per container at a time.
+//! - A result counts only for the generation it was computed for: an entry changed while its
+//!   write was out (its `seq` moved, or a hook's own call for it was forwarded meanwhile) is
+//!   marked unknown and compared again, so a stale result never overwrites a newer one.
+//! - A failed write is retried with jittered exponential backoff ([`RETRY_MIN`] to
+//!   [`RETRY_MAX`]); the container stays dirty until the runtime holds what the engine wants or
+//!   it has no grant any more.
+//! - Every [`SWEEP_EVERY`] all committed containers are compared again (a change that escaped
+//!   marking, e.g. a decision that finished after its hook, is still found).
+
+use super::{Applied, Book, Ledger, State};
+use crate::agent::Update;
+use backon::BackoffBuilder;
+use futures_util::StreamExt;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// The longest a cpuset write may take before it counts as failed (a hung shim).
+pub const WRITE_DEADLINE: Duration = Duration::from_secs(5);
+/// First and longest wait before a failed write is tried again.
+pub const RETRY_MIN: Duration = Duration::from_millis(200);
+pub const RETRY_MAX: Duration = Duration::from_secs(30);
+/// How often every committed container is compared again.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// Writes out at once (each for a different container).
+const PARALLEL_WRITES: usize = 4;
+
+/// Why a cpuset write failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WriteError {
+    #[error("the runtime refused the update: {0}")]
+    Refused(String),
+    #[error("the runtime does not know the container")]
+    NotFound,
+    #[error("the runtime cannot be reached: {0}")]
+    Unreachable(String),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
+impl WriteError {
+    /// The `kind` label of `tap_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WriteError::Refused(_) => "refused",
+            WriteError::NotFound => "not_found",
+            WriteError::Unreachable(_) => "runtime",
+            WriteError::Timeout(_) => "timeout",
+        }
+    }
+}
+
+/// How a mode writes a container's cpuset (and memory nodes), and only those.
+#[async_trait::async_trait]
+pub trait Writer: Send + Sync {
+    async fn write_cpuset(&self, u: &Update) -> Result<(), WriteError>;
+}
+
+/// The keys of containers to compare, and the worker's wake-up.
+#[derive(Default)]
+pub struct DirtyQueue {
+    keys: Mutex<BTreeSet<String>>,
+    wake: Notify,
+}
+
+impl DirtyQueue {
+    /// Marks containers (ledger keys or runtime ids) for comparison and wakes the worker.
+    pub fn mark(&self, keys: impl IntoIterator<Item = String>) {
+        let mut k = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let mut any = false;
+        for key in keys {
+            any = true;
+            k.insert(key);
+        }
+        drop(k);
+        // Also when nothing new was added: a key already marked may have become committed.
+        if any {
+            self.wake.notify_one();
+        }
+    }
+
+    fn snapshot(&self) -> Vec<String> {
+        let k = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        k.iter().cloned().collect()
+    }
+
+    fn clear(&self, key: &str) {
+        self.keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// An entry's writes: the loop's own and a hook's forwarded call.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Flight {
+    /// A loop write for this container is out.
+    writing: bool,
+    /// A loop write and a hook's own call overlapped: their order at the runtime is unknown.
+    overlap: bool,
+    /// A hook's own call for this container is out.
+    hook_writing: bool,
+    /// Failed writes in a row, and when the next may go.
+    failures: u32,
+    not_before: Option<Instant>,
+}
+
+impl Flight {
+    /// A hook forwards a call that sets this container's cpuset.
+    pub(super) fn hook_write_begins(&mut self) {
+        self.hook_writing = true;
+        if self.writing {
+            self.overlap = true;
+        }
+    }
+
+    /// The hook's call is answered; `sent` is what it set when the runtime applied it. Returns
+    /// what the runtime holds as far as can be told (unknown after an overlap).
+    pub(super) fn settle_hook_write(&mut self, sent: Option<Applied>) -> Option<Applied> {
+        self.hook_writing = false;
+        let overlapped = std::mem::take(&mut self.overlap);
+        if overlapped {
+            None
+        } else {
+            sent
+        }
+    }
+
+    /// A write of the loop's or a hook's is out.
+    pub(super) fn busy(&self) -> bool {
+        self.writing || self.hook_writing
+    }
+
+    fn retry_delay(&self) -> Duration {
+        let mut delays = backon::ExponentialBuilder::default()
+            .with_min_delay(RETRY_MIN)
+            .with_max_delay(RETRY_MAX)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build();
+        // Past 16 failures the delay is RETRY_MAX anyway.
+        delays
+            .nth(self.failures.min(16) as usize)
+            .unwrap_or(RETRY_MAX)
+    }
+}
+
+/// One write the worker sends: for `key` at generation `seq`.
+#[derive(Debug)]
+pub(super) struct Dispatch {
+    key: String,
+    seq: u64,
+    pub(super) update: Update,
+}
+
+/// What a pass found to do.
+pub(super) struct Due {
+    pub(super) writes: Vec<Dispatch>,
+    /// The earliest retry still waiting.
+    next_retry: Option<Instant>,
+}
+
+impl Ledger {
+    /// The dirty set (for a mode that must hand it to a helper, e.g. a late decision).
+    pub fn dirty(&self) -> &Arc<DirtyQueue> {
+        &self.dirty
+    }
+
+    /// The cpuset writes the loop would send now, ignoring retry delays (tests and status).
+    pub fn pending_updates(&self) -> Vec<Update> {
+        let b = self.book();
+        let mut out: Vec<Update> = self
+            .dirty
+            .snapshot()
+            .iter()
+            .filter_map(|k| self.difference(&b, k))
+            .map(|(_, u)| u)
+            .collect();
+        out.sort_by(|a, b| a.container_id.cmp(&b.container_id));
+        out
+    }
+
+    /// Containers whose runtime cpuset differs from the engine's, for the
+    /// `tap_unconverged_containers` gauge.
+    pub fn unconverged(&self) -> usize {
+        let b = self.book();
+        b.entries
+            .keys()
+            .filter(|k| self.difference(&b, k).is_some())
+            .count()
+    }
+
+    /// The write that would bring `key` to what the engine wants, if it is committed, has a
+    /// grant and the runtime (as far as known) holds something else.
+    fn difference(&self, b: &Book, key: &str) -> Option<(u64, Update)> {
+        let key = b.resolve(key)?;
+        let e = b.entries.get(&key)?;
+        if !matches!(e.state, State::Committed) {
+            return None;
+        }
+        let (cpus, mems) = self.agent.current(&key)?;
+        if e.applied.as_ref() == Some(&Applied::new(cpus, mems)) {
+            return None;
+        }
+        let container_id = e.runtime_id.clone().unwrap_or(key);
+        Some((
+            e.seq,
+            Update {
+                container_id,
+                cpus,
+                mems,
+            },
+        ))
+    }
+
+    /// Takes the writes due now, marking them out; drops converged and vanished keys.
+    pub(super) fn take_due(&self, now: Instant) -> Due {
+        let mut b = self.book();
+        let mut due = Due {
+            writes: Vec::new(),
+            next_retry: None,
+        };
+        for mark in self.dirty.snapshot() {
+            let Some(key) = b.resolve(&mark) else {
+                self.dirty.clear(&mark);
+                continue;
+            };
+            if key != mark {
+                // Marked by runtime id: keep one mark per container, by key.
+                self.dirty.clear(&mark);
+                self.dirty.mark([key.clone()]);
+            }
+            let Some(e) = b.entries.get(&key) else {
+                continue;
+            };
+            match e.state {
+                State::Committed => {}
+                // Their commit or abort marks them again.
+                State::PendingCreate | State::PendingUpdate { .. } => continue,
+                State::Stopped => {
+                    self.dirty.clear(&key);
+                    continue;
+                }
+            }
+            if e.flight.writing || e.flight.hook_writing {
+                continue;
+            }
+            if let Some(t) = e.flight.not_before.filter(|t| *t > now) {
+                due.next_retry = Some(due.next_retry.map_or(t, |n| n.min(t)));
+                continue;
+            }
+            let Some((seq, update)) = self.difference(&b, &key) else {
+                self.dirty.clear(&key);
+                continue;
+            };
+            if let Some(e) = b.entries.get_mut(&key) {
+                e.flight.writing = true;
+                e.flight.overlap = false;
+            }
+            due.writes.push(Dispatch { key, seq, update });
+        }
+        due
+    }
+
+    /// Records a write's outcome. The container stays dirty: the next pass compares again (and
+    /// clears it when the runtime holds what the engine wants).
+    pub(super) fn settle(&self, d: Dispatch, result: Result<(), WriteError>) {
+        let mut b = self.book();
+        let Some(e) = b.entries.get_mut(&d.key) else {
+            return;
+        };
+        e.flight.writing = false;
+        match result {
+            Ok(()) => {
+                tracing::info!(container = %d.update.container_id, cpus = %d.update.cpus, "cpuset updated");
+                e.flight.failures = 0;
+                e.flight.not_before = None;
+                let current = e.seq == d.seq && matches!(e.state, State::Committed);
+                if e.flight.hook_writing {
+                    // A hook's call for it is out too: order unknown until it is answered.
+                    e.flight.overlap = true;
+                } else if current {
+                    e.applied = Some(Applied::new(d.update.cpus, d.update.mems));
+                } else {
+                    e.applied = None;
+                }
+                self.agent.metrics().count_cpuset_write("ok");
+            }
+            Err(err) => {
+                e.flight.failures = e.flight.failures.saturating_add(1);
+                let delay = e.flight.retry_delay();
+                e.flight.not_before = Some(Instant::now() + delay);
+                tracing::warn!(
+                    container = %d.update.container_id,
+                    failures = e.flight.failures,
+                    retry_in_ms = delay.as_millis() as u64,
+                    "cpuset update failed: {err}"
+                );
+                self.agent.metrics().count_error("update", err.kind());
+                self.agent.metrics().count_cpuset_write(err.kind());
+            }
+        }
+        drop(b);
+        self.dirty.mark([d.key]);
+    }
+
+    /// Marks every committed container for comparison.
+    fn sweep(&self) {
+        let keys: Vec<String> = {
+            let b = self.book();
+            b.entries
+                .iter()
+                .filter(|(_, e)| matches!(e.state, State::Committed))
+                .map(|(k, _)| k.clone())
+                .collect()
+        };
+        self.dirty.mark(keys);
+    }
+
+    /// One pass: sends what is due, `PARALLEL_WRITES` at a time. Returns when the next retry
+    /// is due (if any is waiting) and whether anything was sent.
+    pub async fn converge_once(&self, w: &dyn Writer) -> (Option<Instant>, bool) {
+        let due = self.take_due(Instant::now());
+        let sent = !due.writes.is_empty();
+        futures_util::stream::iter(due.writes)
+            .map(|d| async move {
+                let r = match tokio::time::timeout(WRITE_DEADLINE, w.write_cpuset(&d.update)).await
+                {
+                    Ok(r) => r,
+                    Err(_) => Err(WriteError::Timeout(WRITE_DEADLINE)),
+                };
+                (d, r)
+            })
+            .buffer_unordered(PARALLEL_WRITES)
+            .for_each(|(d, r)| {
+                self.settle(d, r);
+                std::future::ready(())
+            })
+            .await;
+        (due.next_retry, sent)
+    }
+
+    /// The worker: runs until `shutdown`.
+    pub async fn converge(self: Arc<Self>, w: Arc<dyn Writer>, shutdown: CancellationToken) {
+        let mut last_sweep = Instant::now();
+        loop {
+            if last_sweep.elapsed() >= SWEEP_EVERY {
+                self.sweep();
+                last_sweep = Instant::now();
+            }
+            let (next_retry, sent) = self.converge_once(w.as_ref()).await;
+            self.agent()
+                .metrics()
+                .unconverged
+                .set(i64::try_from(self.unconverged()).unwrap_or(i64::MAX));
+            if sent {
+                continue;
+            }
+            let until_sweep = SWEEP_EVERY.saturating_sub(last_sweep.elapsed());
+            let wait = next_retry
+                .map(|t| t.saturating_duration_since(Instant::now()))
+                .map_or(until_sweep, |d| d.min(until_sweep));
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = self.dirty.wake.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+}

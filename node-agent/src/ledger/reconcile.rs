@@ -1,0 +1,242 @@
+//! Bringing the book in line with the runtime's list: at start-up ([`Ledger::restore`]), at an
+//! NRI Synchronize, and periodically in the proxy modes ([`Ledger::reconcile`]).
+
+use super::state_file::Records;
+use super::{Applied, Book, Entry, Ledger, Listed, ReconcileReport, State};
+use crate::agent::ContainerInfo;
+use std::collections::HashMap;
+use tap_engine::request::GRANT_KEY;
+
+/// What a runtime's list covers, and so what the ledger may conclude from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listing {
+    /// Keys and ids of live containers (the cheap list): releases and adoptions only.
+    Ids,
+    /// Every live container with the cpuset the runtime holds now (a periodic read-back):
+    /// that becomes `applied` for settled containers, so a lost or reordered write is seen.
+    Live,
+    /// Everything at the start of a session (agent start-up, NRI Synchronize): as `Live`, and
+    /// the calls that were in flight belong to a session that is gone; grants the runtime
+    /// never applied, and grants the book does not know, are dropped.
+    Session,
+}
+
+impl Listing {
+    fn reads_cpusets(self) -> bool {
+        !matches!(self, Listing::Ids)
+    }
+
+    fn is_session(self) -> bool {
+        matches!(self, Listing::Session)
+    }
+}
+
+impl Ledger {
+    /// Rebuilds the book at start-up from everything the runtime lists (live containers only)
+    /// and, the first time, the state file.
+    pub fn restore(&self, listed: Vec<Listed>) -> ReconcileReport {
+        let first = !self
+            .records_loaded
+            .swap(true, std::sync::atomic::Ordering::AcqRel);
+        if let Some(f) = self.file.as_ref().filter(|_| first) {
+            let records = match f.load() {
+                Ok(r) => r,
+                Err(e) => {
+                    let aside = f.quarantine();
+                    tracing::error!(
+                        moved_to = ?aside,
+                        "{e}; rebuilding the grants from the records stored in the containers"
+                    );
+                    self.agent.metrics().count_error("sync", "state");
+                    Records::new()
+                }
+            };
+            self.book().records = records;
+        }
+        self.reconcile(listed, u64::MAX, Listing::Session)
+    }
+
+    /// Brings the book in line with the runtime's list of live containers, taken after the
+    /// ledger clock read `since` (entries changed later are left alone): grants of containers
+    /// the runtime no longer has are released, containers the ledger does not know (or knew as
+    /// stopped) are adopted from the records they carry, and with a listing that reads cpusets
+    /// what the runtime holds becomes `applied`. Every container touched is marked for the
+    /// convergence loop.
+    pub fn reconcile(&self, listed: Vec<Listed>, since: u64, how: Listing) -> ReconcileReport {
+        let mut report = ReconcileReport::default();
+        let mut b = self.book();
+        let live: HashMap<&str, &Listed> = listed.iter().map(|l| (l.info.id.as_str(), l)).collect();
+        if how.is_session() {
+            self.end_calls_in_flight(&mut b);
+        }
+        let mut touched = self.release_missing(&mut b, &live, since, how, &mut report);
+        touched.extend(self.adopt_unknown(&mut b, &listed, how, &mut report));
+        self.learn_runtime_ids(&mut b, &listed);
+        if how.reads_cpusets() {
+            touched.extend(self.read_back(&mut b, &listed, since));
+        }
+        self.drop_stale_records(&mut b);
+        drop(b);
+        self.dirty.mark(touched);
+        report
+    }
+
+    /// A session starts: a change still pending belongs to a call that is gone (its handler was
+    /// dropped with its connection); the update is taken as done, and the read-back that
+    /// follows says what the runtime really holds.
+    fn end_calls_in_flight(&self, b: &mut Book) {
+        for e in b.entries.values_mut() {
+            if let State::PendingUpdate { after_info, .. } =
+                std::mem::replace(&mut e.state, State::Committed)
+            {
+                e.info = *after_info;
+                e.flight.settle_hook_write(None);
+            }
+        }
+    }
+
+    /// Step 1: entries the runtime does not have (or, at a session start, whose grant it never
+    /// applied), and at a session start grants the book does not know (a decision that came
+    /// too late). Returns the neighbours whose cpusets change.
+    fn release_missing(
+        &self,
+        b: &mut Book,
+        live: &HashMap<&str, &Listed>,
+        since: u64,
+        how: Listing,
+        report: &mut ReconcileReport,
+    ) -> Vec<String> {
+        let session = how.is_session();
+        let settled = b
+            .entries
+            .iter()
+            .filter(|(_, e)| match e.state {
+                State::Committed | State::Stopped => e.seq < since,
+                State::PendingCreate => session,
+                State::PendingUpdate { .. } => false,
+            })
+            .map(|(k, _)| k.clone());
+        let orphans = if session {
+            self.agent
+                .granted()
+                .into_iter()
+                .filter(|k| !b.entries.contains_key(k))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let never_applied = |l: &Listed| {
+            session && l.info.cpus.is_none() && !l.info.annotations.contains_key(GRANT_KEY)
+        };
+        let stale: Vec<String> = settled
+            .chain(orphans)
+            .filter(|k| live.get(k.as_str()).is_none_or(|l| never_applied(l)))
+            .collect();
+        let mut touched = Vec::new();
+        for k in stale {
+            if self.agent.current(&k).is_some() {
+                tracing::info!(container = %k, "releasing a grant the runtime does not have");
+                report.released += 1;
+            }
+            touched.extend(self.agent.remove(&k).into_iter().map(|u| u.container_id));
+            b.records.remove(&k);
+            b.forget(&k);
+        }
+        touched
+    }
+
+    /// Step 2: containers the book does not have, or has as stopped (started again behind
+    /// the agent's back), are adopted through the engine's restore. Returns the adopted keys
+    /// and the neighbours whose cpusets change.
+    fn adopt_unknown(
+        &self,
+        b: &mut Book,
+        listed: &[Listed],
+        how: Listing,
+        report: &mut ReconcileReport,
+    ) -> Vec<String> {
+        let unknown: Vec<&Listed> = listed
+            .iter()
+            .filter(|l| {
+                b.entries
+                    .get(&l.info.id)
+                    .is_none_or(|e| matches!(e.state, State::Stopped))
+            })
+            .collect();
+        // A session start always goes through the engine's restore (it logs what it adopted).
+        if !how.is_session() && unknown.is_empty() {
+            return Vec::new();
+        }
+        let infos: Vec<ContainerInfo> = unknown
+            .iter()
+            .map(|l| {
+                let mut i = l.info.clone();
+                if let Some(r) = b.records.get(&i.id) {
+                    i.annotations.insert(GRANT_KEY.into(), r.clone());
+                }
+                i
+            })
+            .collect();
+        let mut touched: Vec<String> = self
+            .agent
+            .restore(&infos)
+            .into_iter()
+            .map(|u| u.container_id)
+            .collect();
+        let seq = self.now();
+        for (l, info) in unknown.iter().zip(infos) {
+            report.adopted += 1;
+            touched.push(info.id.clone());
+            b.forget(&info.id);
+            let runtime_id = Some(l.runtime_id.clone()).filter(|s| !s.is_empty());
+            if let Some(id) = &runtime_id {
+                b.ids.insert(id.clone(), info.id.clone());
+            }
+            let mut e = Entry::new(info.placement_inputs(), runtime_id, State::Committed, seq);
+            e.applied = info.cpus.map(|c| Applied::new(c, info.mems));
+            b.entries.insert(info.id.clone(), e);
+        }
+        touched
+    }
+
+    /// Step 3: runtime ids the book did not learn at create (an answer without a readable id).
+    fn learn_runtime_ids(&self, b: &mut Book, listed: &[Listed]) {
+        for l in listed.iter().filter(|l| !l.runtime_id.is_empty()) {
+            if let Some(e) = b.entries.get_mut(&l.info.id) {
+                if e.runtime_id.is_none() {
+                    e.runtime_id = Some(l.runtime_id.clone());
+                    b.ids.insert(l.runtime_id.clone(), l.info.id.clone());
+                }
+            }
+        }
+    }
+
+    /// Step 4: what the runtime holds is what counts as applied, for containers settled before
+    /// the list was taken and with no write out. Returns the containers read.
+    fn read_back(&self, b: &mut Book, listed: &[Listed], since: u64) -> Vec<String> {
+        let mut touched = Vec::new();
+        for l in listed {
+            let Some(e) = b.entries.get_mut(&l.info.id) else {
+                continue;
+            };
+            let settled = matches!(e.state, State::Committed) && e.seq < since;
+            if settled && !e.flight.busy() {
+                e.applied = l.info.cpus.map(|c| Applied::new(c, l.info.mems));
+                touched.push(l.info.id.clone());
+            }
+        }
+        touched
+    }
+
+    /// Grant records of containers the book no longer has are dropped from the state file.
+    fn drop_stale_records(&self, b: &mut Book) {
+        let before = b.records.len();
+        let Book {
+            entries, records, ..
+        } = b;
+        records.retain(|k, _| entries.contains_key(k));
+        if b.records.len() != before {
+            self.save(&b.records);
+        }
+    }
+}
