@@ -9,8 +9,8 @@ use common::{
 };
 use k8s_cri::v1 as cri;
 use node_agent::cri_proxy::convert::{
-    apply_linux_resources, cgroup_parent_from_verbose, container_key, create_overlay,
-    info_from_create, pod_from_config, resources_from_verbose, update_overlay, cpuset_update,
+    apply_linux_resources, cgroup_parent_from_verbose, container_key, cpuset_update,
+    create_overlay, info_from_create, pod_from_config, resources_from_verbose, update_overlay,
 };
 use node_agent::cri_proxy::grpc::{frame, unary_message, with_overlay, FrameError};
 use node_agent::{Adjustment, ContainerInfo, PodInfo, Update};

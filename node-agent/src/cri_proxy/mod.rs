@@ -190,7 +190,6 @@ fn write_error(s: &Status) -> WriteError {
 
 #[async_trait::async_trait]
 impl LedgerRuntime for CriProxy {
-
     async fn live(&self) -> anyhow::Result<Vec<LiveId>> {
         Ok(self
             .live_containers()
@@ -638,7 +637,12 @@ pub async fn run(
     agent.metrics().proxy_up.set(1);
     tracing::info!(socket = %flags.runtime_proxy_endpoint.display(), backend = %backend.display(), "CRI proxy serving");
     let shared: Arc<CriProxy> = Arc::new(proxy.clone());
-    let converger = tokio::spawn(proxy.ledger().clone().converge(shared.clone(), shutdown.clone()));
+    let converger = tokio::spawn(
+        proxy
+            .ledger()
+            .clone()
+            .converge(shared.clone(), shutdown.clone()),
+    );
     let reconciler = tokio::spawn(proxy.ledger().clone().keep_reconciled(
         shared,
         RECONCILE_EVERY,

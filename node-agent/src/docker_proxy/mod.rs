@@ -20,7 +20,9 @@ use crate::flags::Flags;
 use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime, RECONCILE_EVERY};
 use crate::ledger::state_file::StateFile;
 use crate::ledger::{hook_span, Ledger, Listed, Release, WriteError, Writer};
-use crate::proxy_server::{bind_unix, resolve_group, restore_or_serve_open, serve_connections, Startup};
+use crate::proxy_server::{
+    bind_unix, resolve_group, restore_or_serve_open, serve_connections, Startup,
+};
 use anyhow::Context;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -141,8 +143,7 @@ impl DockerProxy {
         path: &str,
         body: Option<Value>,
     ) -> anyhow::Result<(StatusCode, Value)> {
-        match tokio::time::timeout(OWN_CALL_TIMEOUT, self.call_untimed(method, path, body)).await
-        {
+        match tokio::time::timeout(OWN_CALL_TIMEOUT, self.call_untimed(method, path, body)).await {
             Ok(r) => r,
             Err(_) => anyhow::bail!("{path}: no answer from dockerd within {OWN_CALL_TIMEOUT:?}"),
         }
@@ -234,7 +235,6 @@ impl Writer for DockerProxy {
 
 #[async_trait::async_trait]
 impl LedgerRuntime for DockerProxy {
-
     async fn live(&self) -> anyhow::Result<Vec<LiveId>> {
         Ok(self
             .all_containers()
@@ -538,7 +538,8 @@ impl DockerProxy {
     /// Whether dockerd says it has no container `id` (an error or timeout says nothing).
     async fn is_gone(&self, id: &str) -> bool {
         matches!(
-            self.call(Method::GET, &format!("/containers/{id}/json"), None).await,
+            self.call(Method::GET, &format!("/containers/{id}/json"), None)
+                .await,
             Ok((StatusCode::NOT_FOUND, _))
         )
     }

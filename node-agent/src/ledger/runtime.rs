@@ -99,10 +99,12 @@ impl Ledger {
             live.into_iter()
                 .filter(|l| l.running || !self.lacks(&l.key))
                 .map(|l| Listed {
-                    info: self.info(&l.key).unwrap_or_else(|| crate::agent::ContainerInfo {
-                        id: l.key.clone(),
-                        ..Default::default()
-                    }),
+                    info: self
+                        .info(&l.key)
+                        .unwrap_or_else(|| crate::agent::ContainerInfo {
+                            id: l.key.clone(),
+                            ..Default::default()
+                        }),
                     runtime_id: l.runtime_id,
                 })
                 .collect()

@@ -65,8 +65,7 @@ impl Recorder {
     }
 
     fn refuse(&self, on: bool) {
-        self.refusing
-            .store(on, std::sync::atomic::Ordering::SeqCst);
+        self.refusing.store(on, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -524,7 +523,12 @@ async fn a_shared_create_in_flight_while_an_exclusive_one_commits_is_shrunk_afte
     let rt = Recorder::default();
     // Fill NUMA nodes 1-3 so the shared create and the exclusive one meet on node 0.
     for i in 1..4 {
-        let _ = created(&l, container(&format!("f{i}"), "burstable", 20, 24), &format!("idf{i}")).await;
+        let _ = created(
+            &l,
+            container(&format!("f{i}"), "burstable", 20, 24),
+            &format!("idf{i}"),
+        )
+        .await;
     }
     let s = l.begin_create(container("s", "burstable", 2, 4)).await;
     let sent = s.adjustment.cpus.expect("placed");
@@ -574,7 +578,10 @@ async fn a_refused_update_is_retried_until_the_runtime_takes_it() {
     assert!(l.pending_updates().is_empty());
     assert_eq!(l.unconverged(), 0);
     let m = l.agent().metrics().render();
-    assert!(m.contains("tap_cpuset_writes_total{result=\"refused\"} 1"), "{m}");
+    assert!(
+        m.contains("tap_cpuset_writes_total{result=\"refused\"} 1"),
+        "{m}"
+    );
 }
 
 /// Finding 3: a loop write that overlaps a hook's own call for the same container (a resize
@@ -589,7 +596,9 @@ async fn a_write_overlapping_a_resize_is_not_trusted() {
     assert_eq!(due.writes.len(), 1);
     let shrunk = due.writes[0].update.container_id.clone();
     // The kubelet resizes it while the loop's write is out.
-    let t = l.begin_update(&shrunk, |i| i.cpu_shares = Some(3 * 1024)).await;
+    let t = l
+        .begin_update(&shrunk, |i| i.cpu_shares = Some(3 * 1024))
+        .await;
     for d in due.writes {
         l.settle(d, Ok(()));
     }
@@ -612,7 +621,8 @@ async fn a_stopped_container_started_again_is_adopted_again() {
     let since = l.now();
     let mut live = container("d", "burstable", 4, 8);
     live.cpus = adj.cpus;
-    live.annotations.insert(GRANT_KEY.into(), adj.record.unwrap());
+    live.annotations
+        .insert(GRANT_KEY.into(), adj.record.unwrap());
     let report = l.reconcile(
         vec![Listed {
             runtime_id: "idd".into(),

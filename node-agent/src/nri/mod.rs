@@ -94,7 +94,9 @@ impl Writer for RuntimeSlot {
         let ctx = ttrpc::context::with_timeout(deadline.as_nanos() as i64);
         match client.update_containers(ctx, &req).await {
             Ok(resp) if resp.failed.is_empty() => Ok(()),
-            Ok(_) => Err(WriteError::Refused("UpdateContainers listed it as failed".into())),
+            Ok(_) => Err(WriteError::Refused(
+                "UpdateContainers listed it as failed".into(),
+            )),
             Err(e) => Err(WriteError::Unreachable(format!("UpdateContainers: {e}"))),
         }
     }
@@ -171,7 +173,10 @@ impl NriPlugin {
             };
             if let Some((_, t)) = expired {
                 tracing::warn!(container = %id, "containerd did not confirm the resize; its previous grant is restored");
-                ledger.agent().metrics().count_error("update", "unconfirmed");
+                ledger
+                    .agent()
+                    .metrics()
+                    .count_error("update", "unconfirmed");
                 ledger.abort(t);
             }
         });
