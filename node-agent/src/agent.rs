@@ -501,7 +501,8 @@ impl Agent {
     }
 
     /// Rebuilds the state from what the runtime reports. Returns updates for containers whose
-    /// cpuset should change. Containers already known keep their grant.
+    /// cpuset should change (restored ones, and shared ones around adopted exclusive CPUs).
+    /// Containers already known keep their grant.
     pub fn restore(&self, containers: &[ContainerInfo]) -> Vec<Update> {
         let report = self.guarded("sync", |e| {
             let existing: Vec<Existing> = containers
@@ -531,13 +532,9 @@ impl Agent {
                 );
                 self.restored
                     .store(true, std::sync::atomic::Ordering::Release);
-                // With a host fold the runtime's cpusets are folded: comparing them with the
-                // engine's would flag every container, so only record-less ones are corrected.
-                if self.fold.is_some() {
-                    Vec::new()
-                } else {
-                    self.to_updates(r.updates)
-                }
+                // The ledger compares what the runtime holds with the engine in the runtime's
+                // terms (folded onto the host where a fold is set): these name what to compare.
+                self.to_updates(r.updates)
             }
             None => Vec::new(),
         }

@@ -159,9 +159,9 @@ impl Flight {
             .with_jitter()
             .without_max_times()
             .build();
-        // Past 16 failures the delay is RETRY_MAX anyway.
+        // The first failure waits about RETRY_MIN; past 16 the delay is RETRY_MAX anyway.
         delays
-            .nth(self.failures.min(16) as usize)
+            .nth(self.failures.saturating_sub(1).min(16) as usize)
             .unwrap_or(RETRY_MAX)
     }
 }

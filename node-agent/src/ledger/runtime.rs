@@ -137,7 +137,7 @@ impl Ledger {
                 _ = tokio::time::sleep(every) => {}
             }
             round = round.wrapping_add(1);
-            let how = if round % READ_BACK_EVERY == 0 {
+            let how = if round.is_multiple_of(READ_BACK_EVERY) {
                 Listing::Live
             } else {
                 Listing::Ids

@@ -387,7 +387,7 @@ fn a_hook_span_carries_the_pod_namespace_and_container() {
                 .begin_create(container("spanned", "burstable", 4, 8))
                 .instrument(hook_span("create", "test"))
                 .await;
-            let _ = l.commit_create(t, Some("id".into()));
+            l.commit_create(t, Some("id".into()));
         });
     }
     let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
@@ -411,7 +411,7 @@ fn a_hook_span_carries_the_pod_namespace_and_container() {
 async fn a_reconcile_learns_a_runtime_id_the_create_answer_did_not_give() {
     let l = Ledger::new(agent(), None);
     let t = l.begin_create(container("k", "burstable", 4, 8)).await;
-    let _ = l.commit_create(t, None);
+    l.commit_create(t, None);
     assert_eq!(l.resolve("id-late"), None);
     let since = l.now();
     let listed = vec![Listed {
@@ -479,7 +479,7 @@ async fn the_book_keeps_only_what_placement_reads_again() {
         t.adjustment.cpus.is_none(),
         "the skip label holds at update"
     );
-    let _ = l.commit_update(t);
+    l.commit_update(t);
 }
 
 // ---- issue 20: the books equal the runtime at rest ---------------------------------------
@@ -571,8 +571,12 @@ async fn a_refused_update_is_retried_until_the_runtime_takes_it() {
     let (next, sent) = l.converge_once(&rt).await;
     assert!(!sent);
     assert!(next.is_some(), "a retry is scheduled");
+    let wait = next
+        .unwrap()
+        .saturating_duration_since(std::time::Instant::now());
+    assert!(wait <= converge::RETRY_MIN * 2, "{wait:?}");
     rt.refuse(false);
-    tokio::time::sleep(converge::RETRY_MIN * 2).await;
+    tokio::time::sleep(wait + Duration::from_millis(20)).await;
     l.converge_once(&rt).await;
     assert_eq!(rt.writes().len(), 1);
     assert!(l.pending_updates().is_empty());
