@@ -18,12 +18,13 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use node_agent::nri::mux::{Mux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use node_agent::nri::proto::nri_ttrpc::{create_runtime, PluginClient, Runtime};
+use node_agent::nri::proto::Event;
 use node_agent::nri::proto::{
     ConfigureRequest, ConfigureResponse, Container, ContainerState, ContainerUpdate,
     CreateContainerRequest, CreateContainerResponse, Empty, LinuxCPU, LinuxContainer, LinuxMemory,
     LinuxPodSandbox, LinuxResources, OptionalInt64, OptionalUInt64, PodSandbox,
-    RegisterPluginRequest, SynchronizeRequest, SynchronizeResponse, UpdateContainersRequest,
-    UpdateContainersResponse,
+    RegisterPluginRequest, StateChangeEvent, SynchronizeRequest, SynchronizeResponse,
+    UpdateContainersRequest, UpdateContainersResponse,
 };
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -189,7 +190,14 @@ impl PluginSession {
         let mut req = CreateContainerRequest::new();
         req.pod = Some(pod.clone()).into();
         req.container = Some(c.clone()).into();
-        Ok(self.client.create_container(ctx(), &req).await?)
+        let resp = self.client.create_container(ctx(), &req).await?;
+        // containerd then creates the container and says so (PostCreateContainer).
+        let mut done = StateChangeEvent::new();
+        done.event = Event::POST_CREATE_CONTAINER.into();
+        done.pod = Some(pod.clone()).into();
+        done.container = Some(c.clone()).into();
+        self.client.state_change(ctx(), &done).await?;
+        Ok(resp)
     }
 
     /// Updates the plugin sent on its own (UpdateContainers), so far.

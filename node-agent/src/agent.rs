@@ -195,6 +195,15 @@ impl Agent {
             }
             None => crate::metrics::EngineFigures::default(),
         }));
+        let weak = Arc::downgrade(&engine);
+        let grant_fold = fold.clone();
+        metrics.set_grants_source(Box::new(move || match weak.upgrade() {
+            Some(e) => {
+                let e = e.lock().unwrap_or_else(|p| p.into_inner());
+                grants_json(&e, grant_fold.as_ref())
+            }
+            None => serde_json::json!({}),
+        }));
         Agent {
             engine,
             topo,
@@ -570,6 +579,30 @@ impl Agent {
         let _g = self.lock();
         std::thread::sleep(d);
     }
+}
+
+/// The engine's grants by container key, as `/grants` shows them: the cpuset and memory
+/// nodes the engine wants in the runtime's terms (folded where a fold is set), whether the
+/// CPUs are the container's alone, and the pool.
+fn grants_json(e: &Engine, fold: Option<&HostFold>) -> serde_json::Value {
+    let topo = e.topology();
+    let mut out = serde_json::Map::new();
+    for (id, g) in e.grants() {
+        let (cpus, mems) = match fold {
+            Some(f) => (f.cpus(&g.cpus), g.mems.as_ref().map(|m| f.nodes(m))),
+            None => (g.cpus, g.mems),
+        };
+        out.insert(
+            id.to_string(),
+            serde_json::json!({
+                "cpus": cpus.to_string(),
+                "mems": mems.map(|m| m.to_string()).unwrap_or_default(),
+                "exclusive": g.is_exclusive(),
+                "pool": topo.pools.get(g.pool).map(|p| p.name.as_str()).unwrap_or(""),
+            }),
+        );
+    }
+    serde_json::Value::Object(out)
 }
 
 /// Sets from literals and sets shown as the runtime writes them, for tests.

@@ -85,6 +85,7 @@ pub struct Metrics {
     pub unconverged: Gauge,
     /// Where the per-pool figures come from at scrape time.
     usage: UsageSource,
+    grants: OnceLock<Box<GrantsFn>>,
     ready: AtomicBool,
 }
 
@@ -107,6 +108,10 @@ pub fn is_proxy_mode(mode: &str) -> bool {
 
 #[derive(Clone, Default)]
 struct UsageSource(Arc<OnceLock<Box<UsageFn>>>);
+
+/// Renders the grants (`/grants`): every container the engine holds, with the cpuset and
+/// memory nodes it wants for it in the runtime's terms, as JSON.
+pub type GrantsFn = dyn Fn() -> serde_json::Value + Send + Sync;
 
 impl std::fmt::Debug for UsageSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -286,6 +291,7 @@ impl Metrics {
             cpuset_writes,
             unconverged,
             usage,
+            grants: OnceLock::new(),
             ready: AtomicBool::new(false),
         }
     }
@@ -349,6 +355,18 @@ impl Metrics {
         let _ = self.usage.0.set(f);
     }
 
+    /// Sets where `/grants` is read from (once; later calls are ignored).
+    pub fn set_grants_source(&self, f: Box<GrantsFn>) {
+        let _ = self.grants.set(f);
+    }
+
+    /// The engine's grants as JSON (`{}` before the agent is set up).
+    pub fn grants(&self) -> serde_json::Value {
+        self.grants
+            .get()
+            .map_or_else(|| serde_json::json!({}), |f| f())
+    }
+
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
     }
@@ -367,11 +385,12 @@ impl Metrics {
     }
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until the process ends.
+/// Serves `/metrics`, `/healthz`, `/readyz` and `/grants` on `addr` until the process ends.
 pub async fn serve(addr: std::net::SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<()> {
     use axum::{http::StatusCode, routing::get, Router};
     let m1 = metrics.clone();
     let m2 = metrics.clone();
+    let m3 = metrics.clone();
     let app = Router::new()
         .route(
             "/metrics",
@@ -390,6 +409,18 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: Arc<Metrics>) -> anyhow:
         )
         .route("/healthz", get(|| async { "ok" }))
         .route(
+            "/grants",
+            get(move || {
+                let m = m3.clone();
+                async move {
+                    (
+                        [("content-type", "application/json")],
+                        m.grants().to_string(),
+                    )
+                }
+            }),
+        )
+        .route(
             "/readyz",
             get(move || {
                 let m = m2.clone();
@@ -403,7 +434,7 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: Arc<Metrics>) -> anyhow:
             }),
         );
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz and /grants");
     axum::serve(listener, app).await?;
     Ok(())
 }

@@ -26,8 +26,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// The longest a cpuset write may take before it counts as failed (a hung shim).
-pub const WRITE_DEADLINE: Duration = Duration::from_secs(5);
+/// The longest a cpuset write may take before it counts as failed (a hung shim). Short: a
+/// healthy runtime answers in milliseconds, and containerd 1.7 holds other containers'
+/// creates and starts while an update waits on a hung shim (docs/reliability.md).
+pub const WRITE_DEADLINE: Duration = Duration::from_secs(2);
+/// The shortest wait before a write that timed out is tried again (each try may hold the
+/// runtime's other work for up to [`WRITE_DEADLINE`]).
+pub const RETRY_AFTER_TIMEOUT: Duration = Duration::from_secs(10);
 /// First and longest wait before a failed write is tried again.
 pub const RETRY_MIN: Duration = Duration::from_millis(200);
 pub const RETRY_MAX: Duration = Duration::from_secs(30);
@@ -122,6 +127,8 @@ pub(super) struct Flight {
     hook_writing: bool,
     /// Failed writes in a row, and when the next may go.
     failures: u32,
+    /// The last failure was a timeout (a hung shim, most likely).
+    timed_out: bool,
     not_before: Option<Instant>,
 }
 
@@ -152,6 +159,11 @@ impl Flight {
     }
 
     fn retry_delay(&self) -> Duration {
+        let floor = if self.timed_out {
+            RETRY_AFTER_TIMEOUT
+        } else {
+            Duration::ZERO
+        };
         let mut delays = backon::ExponentialBuilder::default()
             .with_min_delay(RETRY_MIN)
             .with_max_delay(RETRY_MAX)
@@ -163,6 +175,7 @@ impl Flight {
         delays
             .nth(self.failures.saturating_sub(1).min(16) as usize)
             .unwrap_or(RETRY_MAX)
+            .max(floor)
     }
 }
 
@@ -309,6 +322,7 @@ impl Ledger {
             }
             Err(err) => {
                 e.flight.failures = e.flight.failures.saturating_add(1);
+                e.flight.timed_out = matches!(err, WriteError::Timeout(_));
                 let delay = e.flight.retry_delay();
                 e.flight.not_before = Some(Instant::now() + delay);
                 tracing::warn!(

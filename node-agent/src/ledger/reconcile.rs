@@ -82,15 +82,18 @@ impl Ledger {
     }
 
     /// A session starts: a change still pending belongs to a call that is gone (its handler was
-    /// dropped with its connection); the update is taken as done, and the read-back that
-    /// follows says what the runtime really holds.
+    /// dropped with its connection, or its confirmation will never come). It is taken as done
+    /// and the list says what the runtime really has: a create it does not list is released,
+    /// the read-back gives what it holds.
     fn end_calls_in_flight(&self, b: &mut Book) {
         for e in b.entries.values_mut() {
-            if let State::PendingUpdate { after_info, .. } =
-                std::mem::replace(&mut e.state, State::Committed)
-            {
-                e.info = *after_info;
-                e.flight.settle_hook_write(None);
+            match std::mem::replace(&mut e.state, State::Committed) {
+                State::PendingUpdate { after_info, .. } => {
+                    e.info = *after_info;
+                    e.flight.settle_hook_write(None);
+                }
+                State::Stopped => e.state = State::Stopped,
+                State::PendingCreate | State::Committed => {}
             }
         }
     }

@@ -11,8 +11,10 @@ use tap_engine::{CpuSet, NodeSet};
 
 /// The events kunpeng-tap subscribes to. Only events up to REMOVE_CONTAINER (11): a bit outside
 /// the runtime's valid mask (0x7FF up to NRI v0.9) fails the registration.
-pub const SUBSCRIBED_EVENTS: [Event; 5] = [
+pub const SUBSCRIBED_EVENTS: [Event; 6] = [
     Event::CREATE_CONTAINER,
+    // Sent when containerd created the container: confirms a create (see `NriPlugin`).
+    Event::POST_CREATE_CONTAINER,
     Event::UPDATE_CONTAINER,
     // Sent only when containerd applied an update: confirms a resize (see `NriPlugin`).
     Event::POST_UPDATE_CONTAINER,
@@ -200,7 +202,7 @@ mod tests {
     #[test]
     fn event_mask_stays_inside_the_v0_6_valid_mask() {
         let m = event_mask(&SUBSCRIBED_EVENTS);
-        assert_eq!(m, 0x8 | 0x80 | 0x100 | 0x200 | 0x400);
+        assert_eq!(m, 0x8 | 0x10 | 0x80 | 0x100 | 0x200 | 0x400);
         assert_eq!(m & !VALID_EVENTS_V0_9, 0);
         assert_eq!(event_bit(Event::RUN_POD_SANDBOX), 1);
         assert_eq!(event_bit(Event::REMOVE_CONTAINER), 0x400);

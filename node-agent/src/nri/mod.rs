@@ -97,6 +97,9 @@ impl Writer for RuntimeSlot {
             Ok(_) => Err(WriteError::Refused(
                 "UpdateContainers listed it as failed".into(),
             )),
+            Err(ttrpc::Error::RpcStatus(s)) if s.code() == ttrpc::Code::DEADLINE_EXCEEDED => {
+                Err(WriteError::Timeout(deadline))
+            }
             Err(e) => Err(WriteError::Unreachable(format!("UpdateContainers: {e}"))),
         }
     }
@@ -112,8 +115,10 @@ pub struct NriPlugin {
     /// This session's runtime client, handed to `slot` once synchronized.
     runtime: Mutex<Option<RuntimeClient>>,
     slot: Arc<RuntimeSlot>,
+    /// Creates answered and not yet confirmed by PostCreateContainer, by container id.
+    creates: Arc<Pending>,
     /// Resizes answered and not yet confirmed by PostUpdateContainer, by container id.
-    resizes: Arc<Mutex<HashMap<String, (u64, Ticket)>>>,
+    resizes: Arc<Pending>,
     /// Cancelled when the runtime is done with us (Shutdown) or the session ends.
     session: CancellationToken,
     synchronized: CancellationToken,
@@ -122,6 +127,68 @@ pub struct NriPlugin {
 /// How long an answered resize waits for containerd's PostUpdateContainer before it counts as
 /// refused (containerd sends it only when it applied the update).
 pub const RESIZE_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an answered create waits for containerd's PostCreateContainer before it counts as
+/// failed (its grant is released; a later sync or update adopts the container if it exists).
+pub const CREATE_CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Calls answered and not yet confirmed by the runtime, by container id, each with the ledger
+/// clock when it was answered (a newer call for the same container replaces an older one).
+#[derive(Default)]
+pub struct Pending(Mutex<HashMap<String, (u64, Ticket)>>);
+
+/// What a pending call is, for its timeout and log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unconfirmed {
+    /// A create containerd did not finish.
+    Create,
+    /// A resize containerd refused.
+    Resize,
+}
+
+impl Pending {
+    fn take(&self, id: &str) -> Option<Ticket> {
+        lock(&self.0).remove(id).map(|(_, t)| t)
+    }
+
+    fn clear(&self) {
+        lock(&self.0).clear();
+    }
+
+    /// Keeps `t` until confirmed; unconfirmed after its timeout, it is aborted (the grant of a
+    /// create released, a resize's previous grant restored). An older call of the same
+    /// container is aborted now.
+    fn hold(self: &Arc<Self>, ledger: &Arc<Ledger>, id: String, t: Ticket, what: Unconfirmed) {
+        let generation = ledger.now();
+        let older = lock(&self.0).insert(id.clone(), (generation, t));
+        if let Some((_, older)) = older {
+            ledger.abort(older);
+        }
+        let timeout = match what {
+            Unconfirmed::Create => CREATE_CONFIRM_TIMEOUT,
+            Unconfirmed::Resize => RESIZE_CONFIRM_TIMEOUT,
+        };
+        let (me, ledger) = (Arc::downgrade(self), ledger.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            let Some(me) = me.upgrade() else { return };
+            let expired = {
+                let mut m = lock(&me.0);
+                match m.get(&id) {
+                    Some((g, _)) if *g == generation => m.remove(&id),
+                    _ => None,
+                }
+            };
+            if let Some((_, t)) = expired {
+                tracing::warn!(container = %id, ?what, "containerd did not confirm it; undone");
+                ledger
+                    .agent()
+                    .metrics()
+                    .count_error("update", "unconfirmed");
+                ledger.abort(t);
+            }
+        });
+    }
+}
 
 impl NriPlugin {
     pub fn new(agent: Arc<Agent>) -> NriPlugin {
@@ -139,47 +206,27 @@ impl NriPlugin {
             pending_sync: Mutex::new((Vec::new(), Vec::new())),
             runtime: Mutex::new(None),
             slot,
+            creates: Arc::default(),
             resizes: Arc::default(),
             session: CancellationToken::new(),
             synchronized: CancellationToken::new(),
         }
     }
 
-    /// A resize containerd applied (PostUpdateContainer): its ticket is committed.
-    fn confirm_resize(&self, id: &str) {
-        let t = lock(&self.resizes).remove(id);
-        if let Some((_, t)) = t {
-            self.ledger.commit_update(t);
+    /// A create containerd finished (PostCreateContainer): its ticket is committed, and from
+    /// now on the convergence loop may update the container (an unsolicited update of a
+    /// container containerd is still creating wedges containerd 1.7's NRI).
+    fn confirm_create(&self, id: &str) {
+        if let Some(t) = self.creates.take(id) {
+            self.ledger.commit_create(t, Some(id.to_string()));
         }
     }
 
-    /// Keeps an answered resize until containerd confirms it. A resize containerd did not
-    /// confirm in time was refused (the kubelet retries): the container gets its previous
-    /// grant back. A newer resize of the same container ends the older one as refused.
-    fn await_confirmation(&self, id: String, t: Ticket) {
-        let generation = self.ledger.now();
-        if let Some((_, older)) = lock(&self.resizes).insert(id.clone(), (generation, t)) {
-            self.ledger.abort(older);
+    /// A resize containerd applied (PostUpdateContainer): its ticket is committed.
+    fn confirm_resize(&self, id: &str) {
+        if let Some(t) = self.resizes.take(id) {
+            self.ledger.commit_update(t);
         }
-        let (resizes, ledger) = (self.resizes.clone(), self.ledger.clone());
-        tokio::spawn(async move {
-            tokio::time::sleep(RESIZE_CONFIRM_TIMEOUT).await;
-            let expired = {
-                let mut r = lock(&resizes);
-                match r.get(&id) {
-                    Some((g, _)) if *g == generation => r.remove(&id),
-                    _ => None,
-                }
-            };
-            if let Some((_, t)) = expired {
-                tracing::warn!(container = %id, "containerd did not confirm the resize; its previous grant is restored");
-                ledger
-                    .agent()
-                    .metrics()
-                    .count_error("update", "unconfirmed");
-                ledger.abort(t);
-            }
-        });
     }
 }
 
@@ -203,17 +250,24 @@ impl NriPlugin {
         let id = info.id.clone();
         let ticket = self.ledger.begin_create(info).await;
         let adj = ticket.adjustment.clone();
-        // The runtime applies the answer as it creates the container; neighbours the decision
-        // changed are updated by the convergence loop afterwards.
-        self.ledger.commit_create(ticket, Some(id.clone()));
         if self.session.is_cancelled() {
             // A request of a connection that is gone (the runtime gave up on this plugin while
             // it hung, and the request waited in the socket): nobody applies the answer. The
             // next session's Synchronize may already have run, so the grant goes now.
             tracing::warn!(container = %id, "a create of a closed NRI session; its grant is released");
             self.agent.metrics().count_error("create", "stale_session");
-            self.ledger.release(&id, Release::Stopped);
+            self.ledger.abort(ticket);
             return Ok(CreateContainerResponse::new());
+        }
+        // The runtime applies the answer as it creates the container; committed when it says
+        // it did (PostCreateContainer). Neighbours the decision changed are updated by the
+        // convergence loop then.
+        if ticket.is_duplicate() {
+            self.ledger.commit_create(ticket, Some(id.clone()));
+        } else {
+            let ledger = &self.ledger;
+            self.creates
+                .hold(ledger, id.clone(), ticket, Unconfirmed::Create);
         }
         if let Some(a) = convert::adjustment(&adj) {
             resp.adjust = Some(a).into();
@@ -252,7 +306,8 @@ impl NriPlugin {
                 .await;
             let adj = ticket.adjustment.clone();
             // Committed when containerd confirms it applied the update (PostUpdateContainer).
-            self.await_confirmation(id.clone(), ticket);
+            self.resizes
+                .hold(&self.ledger, id.clone(), ticket, Unconfirmed::Resize);
             adj
         };
         if let Some(cpus) = adj.cpus {
@@ -333,7 +388,8 @@ impl proto::Plugin for NriPlugin {
         let ledger = self.ledger.clone();
         // Resizes of the last session that were never confirmed: what the runtime lists now
         // says what it holds.
-        lock(&self.resizes).clear();
+        self.creates.clear();
+        self.resizes.clear();
         let _ = self
             .ledger
             .decide("sync", move |_| reconcile(&ledger, &infos), |_, _| {})
@@ -395,6 +451,10 @@ impl proto::Plugin for NriPlugin {
                     ("stop", Release::Stopped)
                 };
                 hook_span(hook, "NRI").in_scope(|| self.ledger.release(&id, why));
+            }
+            Ok(Event::POST_CREATE_CONTAINER) => {
+                let id = req.container.get_or_default().id.clone();
+                hook_span("create", "NRI").in_scope(|| self.confirm_create(&id));
             }
             Ok(Event::POST_UPDATE_CONTAINER) => {
                 let id = req.container.get_or_default().id.clone();
@@ -685,7 +745,7 @@ mod tests {
         let mut cfg = ConfigureRequest::new();
         cfg.runtime_name = "fake".into();
         let r = plugin.configure(ctx(), &cfg).await.unwrap();
-        assert_eq!(r.events, 0x788);
+        assert_eq!(r.events, 0x798);
 
         // Five running containers on NUMA node 0 with bulky annotations: a request of ~70 KiB,
         // many frames.

@@ -1,0 +1,216 @@
+//! The invariant the convergence loop keeps (issue 20), checked against the real runtimes:
+//! at rest, (a) no shared container's cgroup cpuset meets an exclusive grant and (b) every
+//! container's cgroup cpuset equals the agent's books (`/grants`). The agent runs on this
+//! host's own sysfs, not folded, so the cpusets are the real ones.
+
+use anyhow::{bail, Context, Result};
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+/// How long the books and the runtime may take to agree after a phase: the loop's writes are
+/// immediate, a failed one is retried within seconds, a lost one is read back within 30 s.
+pub const SETTLE: Duration = Duration::from_secs(45);
+
+/// One container in the agent's books.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Booked {
+    pub cpus: BTreeSet<usize>,
+    pub exclusive: bool,
+}
+
+/// The agent's books, from its `/grants` endpoint, by container key.
+pub fn books(metrics_addr: &str) -> Result<HashMap<String, Booked>> {
+    let (status, body) = crate::docker::tcp_get(metrics_addr, "/grants")?;
+    anyhow::ensure!(status == 200, "/grants answered {status}: {body}");
+    let v: serde_json::Value = serde_json::from_str(&body).context("/grants is not JSON")?;
+    let mut out = HashMap::new();
+    for (k, g) in v.as_object().context("/grants is not an object")? {
+        let cpus = g["cpus"].as_str().context("grant without cpus")?;
+        out.insert(
+            k.clone(),
+            Booked {
+                cpus: parse_list(cpus)?,
+                exclusive: g["exclusive"].as_bool().unwrap_or(false),
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// A kernel CPU list (`0-3,8`).
+pub fn parse_list(s: &str) -> Result<BTreeSet<usize>> {
+    let mut out = BTreeSet::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.parse::<usize>()?..=b.parse::<usize>()?),
+            None => {
+                out.insert(part.parse()?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What the invariant finds wrong with `live` (container key -> cgroup cpuset of every running
+/// container the test made, all of which the agent places) against the books; empty at rest.
+pub fn violations(
+    books: &HashMap<String, Booked>,
+    live: &HashMap<String, BTreeSet<usize>>,
+) -> Vec<String> {
+    let exclusive: BTreeSet<usize> = books
+        .values()
+        .filter(|b| b.exclusive)
+        .flat_map(|b| b.cpus.iter().copied())
+        .collect();
+    let mut out = Vec::new();
+    for (key, cpus) in live {
+        let Some(b) = books.get(key) else {
+            out.push(format!("{key} runs on {cpus:?} with no grant"));
+            continue;
+        };
+        if !b.exclusive && !cpus.is_disjoint(&exclusive) {
+            out.push(format!(
+                "shared {key} runs on {cpus:?}, exclusive CPUs are {exclusive:?}"
+            ));
+        }
+        if *cpus != b.cpus {
+            out.push(format!(
+                "{key}: the cgroup has {cpus:?}, the books {:?}",
+                b.cpus
+            ));
+        }
+    }
+    for key in books.keys() {
+        if !live.contains_key(key) {
+            out.push(format!("{key} is in the books but not running"));
+        }
+    }
+    out
+}
+
+/// Waits until the invariant holds for what `live` reads, failing with the last violations
+/// after [`SETTLE`]. Returns how long it took.
+pub async fn wait_at_rest<F>(phase: &str, metrics_addr: &str, mut live: F) -> Result<Duration>
+where
+    F: AsyncFnMut() -> Result<HashMap<String, BTreeSet<usize>>>,
+{
+    let start = Instant::now();
+    let mut last = Vec::new();
+    while start.elapsed() < SETTLE {
+        let seen = live().await;
+        let b = books(metrics_addr);
+        match (seen, b) {
+            (Ok(seen), Ok(b)) => {
+                last = violations(&b, &seen);
+                if last.is_empty() {
+                    eprintln!(
+                        "{phase}: at rest after {:.1?} ({} containers, {} exclusive)",
+                        start.elapsed(),
+                        seen.len(),
+                        b.values().filter(|g| g.exclusive).count()
+                    );
+                    return Ok(start.elapsed());
+                }
+            }
+            (Err(e), _) | (_, Err(e)) => last = vec![format!("{e:#}")],
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    bail!("{phase}: not at rest after {SETTLE:?}: {last:#?}")
+}
+
+/// A small seeded generator (xorshift64*), so a failing churn can be replayed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let v = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        (v % n.max(1) as u64) as usize
+    }
+}
+
+/// The seed of a churn run: `TAP_CHURN_SEED`, else 1.
+pub fn seed() -> u64 {
+    std::env::var("TAP_CHURN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+}
+
+/// The agent flags that make it place on this host's own sysfs (no fixture, no fold).
+pub fn on_this_host(args: Vec<String>) -> Vec<String> {
+    args.into_iter()
+        .filter(|a| !a.starts_with("--sysfs-root") && a != "--fold-cpus-to-host")
+        .chain(["--sysfs-root=/sys".to_string()])
+        .collect()
+}
+
+/// The host has the two CPUs the churn needs (an exclusive CPU next to a shared one).
+pub fn host_has_two_cpus() -> Result<()> {
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online")?;
+    let n = parse_list(&online)?.len();
+    anyhow::ensure!(n >= 2, "the churn needs 2 online CPUs, this host has {n}");
+    Ok(())
+}
+
+/// The pid of the runtime shim serving `id` (a containerd shim is started with `-id <id>`: the
+/// sandbox's id under the CRI, the container's under dockerd).
+pub fn shim_pid(id: &str) -> Result<u32> {
+    for entry in std::fs::read_dir("/proc")? {
+        let entry = entry?;
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        let is_shim = args
+            .first()
+            .is_some_and(|a| a.windows(15).any(|w| w == b"containerd-shim"));
+        if is_shim
+            && args
+                .windows(2)
+                .any(|w| w[0] == b"-id" && w[1] == id.as_bytes())
+        {
+            return Ok(pid);
+        }
+    }
+    bail!("no shim serves {id}")
+}
+
+/// Stops a process (SIGSTOP) until dropped (SIGCONT): a hung shim.
+pub struct Frozen(pub u32);
+
+impl Frozen {
+    pub fn new(pid: u32) -> Result<Frozen> {
+        signal(pid, "STOP")?;
+        Ok(Frozen(pid))
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = signal(self.0, "CONT");
+    }
+}
+
+fn signal(pid: u32, sig: &str) -> Result<()> {
+    let st = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()?;
+    anyhow::ensure!(st.success(), "kill -{sig} {pid} failed");
+    Ok(())
+}

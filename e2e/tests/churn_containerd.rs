@@ -1,0 +1,294 @@
+//! The churn invariant (issue 20) on containerd, in NRI mode and as the CRI proxy: shared and
+//! exclusive containers created (two at a time) and removed in a seeded order, a container
+//! stopped behind the agent's back, an in-place resize, a hung shim, an agent restart and a
+//! containerd restart. After each phase, at rest: no shared container's cgroup cpuset meets
+//! an exclusive grant, every container's cgroup cpuset equals the agent's books, and no create
+//! failed or took longer than [`CREATE_BOUND`] (a create never waits on another container).
+//!
+//! The agent places on this host's own sysfs (two CPUs: one exclusive, one shared), not a
+//! folded fixture, so the cgroups show the real cpusets. `TAP_CHURN_SEED` replays a run.
+
+use anyhow::{ensure, Result};
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tap_e2e::churn::{self, Frozen, Rng};
+use tap_e2e::containerd::{
+    cgroup_cpuset, with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri,
+    PodSpec,
+};
+use tap_e2e::docker::{temp_dir, TapAgent};
+use tap_e2e::util::{skip_unless_enabled, RmDir};
+
+/// The longest a create may take through the agent: far below the kubelet's 2 min, and what a
+/// create waiting on a hung neighbour's update would exceed.
+const CREATE_BOUND: Duration = Duration::from_secs(5);
+/// containerd 1.7 holds other containers' creates and starts while an update waits on a hung
+/// shim: a create then may take up to the agent's write deadline more than before, no more.
+const HUNG_SHIM_EXTRA: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Nri,
+    CriProxy,
+}
+
+/// A container the test made: its sandbox, id and the agent's key for it.
+#[derive(Clone, Debug)]
+struct Made {
+    sandbox: String,
+    id: String,
+    key: String,
+    exclusive: bool,
+}
+
+struct Run {
+    mode: Mode,
+    /// The socket the test's creates go to (containerd's, or the proxy's).
+    front: PathBuf,
+    /// containerd's own CRI socket.
+    direct: PathBuf,
+    made: Vec<Made>,
+    next: usize,
+    slowest: Duration,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churn_nri() -> Result<()> {
+    churn("churn_nri", Mode::Nri).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churn_cri_proxy() -> Result<()> {
+    churn("churn_cri_proxy", Mode::CriProxy).await
+}
+
+async fn churn(test: &str, mode: Mode) -> Result<()> {
+    if skip_unless_enabled(test) {
+        return Ok(());
+    }
+    churn::host_has_two_cpus()?;
+    let t0 = Instant::now();
+    let dir = temp_dir("tap-churn")?;
+    let _rm = RmDir(dir.clone());
+    let opts = ContainerdOptions {
+        nri: mode == Mode::Nri,
+        ..Default::default()
+    };
+    let res = with_containerd(opts, &dir, async |ctd| phases(ctd, &dir, mode).await).await;
+    eprintln!("{test} took {:.1?}", t0.elapsed());
+    res
+}
+
+fn agent_args(ctd: &Containerd, dir: &Path, mode: Mode) -> Vec<String> {
+    let state = dir.join("state");
+    let args = match mode {
+        Mode::Nri => vec![
+            "--container-runtime-mode=NRI".to_string(),
+            format!("--nri-socket-path={}", ctd.nri_socket().display()),
+            format!("--state-dir={}", state.display()),
+        ],
+        Mode::CriProxy => ctd.cri_proxy_agent_args(&dir.join("proxy.sock"), "-", &state),
+    };
+    churn::on_this_host(args)
+}
+
+async fn phases(ctd: &mut Containerd, dir: &Path, mode: Mode) -> Result<()> {
+    let log = dir.join("agent.log");
+    let mut agent = TapAgent::start(&agent_args(ctd, dir, mode), &log)?;
+    let front = match mode {
+        Mode::Nri => ctd.cri_socket(),
+        Mode::CriProxy => dir.join("proxy.sock"),
+    };
+    let mut run = Run {
+        mode,
+        front,
+        direct: ctd.cri_socket(),
+        made: Vec::new(),
+        next: 0,
+        slowest: Duration::ZERO,
+    };
+    let res = async {
+        run.churn(churn::seed()).await?;
+        run.at_rest("churn", &agent).await?;
+        if mode == Mode::CriProxy {
+            run.stop_behind_the_back(ctd).await?;
+            run.at_rest("stopped behind the agent's back", &agent)
+                .await?;
+        }
+        run.resize().await?;
+        run.at_rest("in-place resize", &agent).await?;
+        run.hung_shim(&agent).await?;
+        run.at_rest("hung shim thawed", &agent).await?;
+        agent.stop();
+        agent = TapAgent::start(&agent_args(ctd, dir, mode), &log)?;
+        run.at_rest("agent restarted", &agent).await?;
+        ctd.restart()?;
+        run.at_rest("containerd restarted", &agent).await?;
+        ensure!(
+            run.slowest < CREATE_BOUND,
+            "the slowest create took {:?}",
+            run.slowest
+        );
+        eprintln!("slowest create: {:.1?}", run.slowest);
+        Ok(())
+    }
+    .await;
+    if res.is_err() {
+        eprintln!("--- agent log ---\n{}", agent.log_tail(60));
+    }
+    res
+}
+
+impl Run {
+    async fn cri(&self) -> Result<Cri> {
+        Cri::connect(&self.front).await
+    }
+
+    /// Runs one Pod with one container through the front socket, timed.
+    async fn run_one(&mut self, exclusive: bool) -> Result<(Cri, PodSpec, ContainerSpec)> {
+        self.next += 1;
+        let (qos, spec) = if exclusive {
+            (
+                CgroupQos::Guaranteed,
+                ContainerSpec::cpus("app", 1000, Some(1000)),
+            )
+        } else {
+            (
+                CgroupQos::Burstable,
+                ContainerSpec::cpus("app", 200, Some(1000)),
+            )
+        };
+        let pod = PodSpec::new(&format!("churn{}", self.next), qos);
+        Ok((self.cri().await?, pod, spec))
+    }
+
+    /// Creates two containers at once (each on its own connection), timing each.
+    async fn create_pair(&mut self, first: bool, second: bool) -> Result<()> {
+        let (mut c1, p1, s1) = self.run_one(first).await?;
+        let (mut c2, p2, s2) = self.run_one(second).await?;
+        let one = async move {
+            let t = Instant::now();
+            let sb = c1.run_pod(&p1).await?;
+            let id = c1.create_container(&sb, &s1).await?;
+            c1.start_container(&id).await?;
+            anyhow::Ok((sb, id, t.elapsed()))
+        };
+        let two = async move {
+            let t = Instant::now();
+            let sb = c2.run_pod(&p2).await?;
+            let id = c2.create_container(&sb, &s2).await?;
+            c2.start_container(&id).await?;
+            anyhow::Ok((sb, id, t.elapsed()))
+        };
+        let (a, b) = tokio::join!(one, two);
+        for ((sb, id, took), exclusive) in [(a?, first), (b?, second)] {
+            self.slowest = self.slowest.max(took);
+            let key = match self.mode {
+                Mode::Nri => id.clone(),
+                Mode::CriProxy => format!("{sb}/app/0"),
+            };
+            self.made.push(Made {
+                sandbox: sb,
+                id,
+                key,
+                exclusive,
+            });
+        }
+        Ok(())
+    }
+
+    /// Removes a container and its Pod as the kubelet does: the container first.
+    async fn remove(&mut self, i: usize) -> Result<()> {
+        let m = self.made.remove(i);
+        let mut cri = self.cri().await?;
+        cri.stop_container(&m.id).await?;
+        cri.remove_container(&m.id).await?;
+        cri.remove_pod(&m.sandbox).await
+    }
+
+    /// Seeded creates (two at a time, shared or exclusive) and removals.
+    async fn churn(&mut self, seed: u64) -> Result<()> {
+        let mut rng = Rng::new(seed);
+        for _ in 0..8 {
+            if self.made.len() >= 6 || (!self.made.is_empty() && rng.below(3) == 0) {
+                let i = rng.below(self.made.len());
+                self.remove(i).await?;
+            } else {
+                self.create_pair(rng.below(2) == 0, rng.below(2) == 0)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every running container the test made, by the agent's key, with its cgroup cpuset.
+    async fn live(&self) -> Result<HashMap<String, BTreeSet<usize>>> {
+        let mut cri = Cri::connect(&self.direct).await?;
+        let mut out = HashMap::new();
+        for m in &self.made {
+            let Ok(pid) = cri.pid(&m.id).await else {
+                continue;
+            };
+            out.insert(m.key.clone(), churn::parse_list(&cgroup_cpuset(pid)?)?);
+        }
+        Ok(out)
+    }
+
+    async fn at_rest(&self, phase: &str, agent: &TapAgent) -> Result<()> {
+        churn::wait_at_rest(phase, &agent.metrics_addr, async || self.live().await).await?;
+        Ok(())
+    }
+
+    /// An exclusive container stopped and removed on containerd directly (the proxy never
+    /// hears of it): the reconcile releases it and the shared containers widen again.
+    async fn stop_behind_the_back(&mut self, ctd: &Containerd) -> Result<()> {
+        if !self.made.iter().any(|m| m.exclusive) {
+            self.create_pair(true, false).await?;
+        }
+        let Some(i) = self.made.iter().position(|m| m.exclusive) else {
+            return Ok(());
+        };
+        let m = self.made.remove(i);
+        let mut direct = ctd.cri().await?;
+        direct.stop_container(&m.id).await?;
+        direct.remove_container(&m.id).await
+    }
+
+    /// A shared container resized in place through the front socket.
+    async fn resize(&mut self) -> Result<()> {
+        if !self.made.iter().any(|m| !m.exclusive) {
+            self.create_pair(false, false).await?;
+        }
+        let Some(m) = self.made.iter().find(|m| !m.exclusive).cloned() else {
+            return Ok(());
+        };
+        let mut cri = self.cri().await?;
+        let r = ContainerSpec::cpus("app", 500, Some(1500)).resources();
+        cri.update_resources(&m.id, r).await
+    }
+
+    /// A shared container's shim hangs (SIGSTOP) while an exclusive container is created: the
+    /// create must not wait for the shared container's update, which the loop retries once
+    /// the shim is back.
+    async fn hung_shim(&mut self, agent: &TapAgent) -> Result<()> {
+        while !self.made.is_empty() {
+            self.remove(0).await?;
+        }
+        self.create_pair(false, false).await?;
+        self.at_rest("before the hung shim", agent).await?;
+        let frozen = Frozen::new(churn::shim_pid(&self.made[0].sandbox)?)?;
+        let before = self.slowest;
+        self.slowest = Duration::ZERO;
+        self.create_pair(true, false).await?;
+        let during = self.slowest;
+        self.slowest = before;
+        eprintln!("creates while a shim hung took up to {during:.1?} (before: {before:.1?})");
+        ensure!(
+            during < before + HUNG_SHIM_EXTRA + Duration::from_secs(1),
+            "a create waited {during:?} while a neighbour's shim hung (before: {before:?})"
+        );
+        drop(frozen);
+        Ok(())
+    }
+}
