@@ -600,9 +600,7 @@ mod tests {
     use tap_engine::sysfs::discover_dir;
 
     fn fixture(name: &str) -> Arc<Topology> {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/fixtures/sysfs")
-            .join(name);
+        let root = tap_engine::testdata::fixture_dir(name);
         Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap())
     }
 

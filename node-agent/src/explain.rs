@@ -127,13 +127,11 @@ pub fn explain(agent: &Agent) -> String {
 mod tests {
     use super::*;
     use crate::metrics::Metrics;
-    use std::path::PathBuf;
     use std::sync::Arc;
     use tap_engine::{Engine, EngineConfig};
 
     fn agent(cluster_affinity: bool) -> Agent {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../fixtures/sysfs/synthetic-2s-4numa-96c-gpu");
+        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
         let raw = tap_engine::sysfs::discover_dir(&root).expect("fixture");
         let topo = Arc::new(Topology::build(&raw).expect("topology"));
         let cfg = EngineConfig {
