@@ -1,7 +1,8 @@
 //! Where the sysfs fixtures are, for tests, benches and examples.
 //!
 //! Every fixture the repository's tests, benches, examples and e2e tier read ships in the
-//! repository under `fixtures/sysfs/` (see the README there), so a plain clone tests itself.
+//! repository under `fixtures/sysfs/` (see the README there; the proc files that go with some
+//! of them under `fixtures/proc/`), so a plain clone tests itself.
 //! Code names a fixture by folder name and finds it here, never by a path of its own.
 
 use std::path::{Path, PathBuf};
@@ -14,6 +15,12 @@ pub fn fixtures_root() -> PathBuf {
 /// The sysfs root of fixture `name`: `fixtures/sysfs/<name>` in the repository.
 pub fn fixture_dir(name: &str) -> PathBuf {
     fixtures_root().join(name)
+}
+
+/// The proc root that goes with fixture `name` (`fixtures/proc/<name>`: the NVIDIA driver's
+/// GPU files, where the fixture has them), for `--proc-root`.
+pub fn proc_fixture_dir(name: &str) -> PathBuf {
+    fixtures_root().join("../proc").join(name)
 }
 
 /// The names of every fixture the repository ships (its folders), sorted.
