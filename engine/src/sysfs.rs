@@ -112,7 +112,8 @@ impl<S: FileSource + ?Sized> Reader<'_, S> {
 /// Options for discovery.
 #[derive(Debug, Clone, Default)]
 pub struct DiscoveryOptions {
-    /// Extra PCI devices (addresses) to report even if they are not display controllers.
+    /// Extra PCI devices (addresses) to report even if they are neither display controllers nor
+    /// processing accelerators.
     pub extra_devices: Vec<String>,
 }
 
