@@ -332,7 +332,8 @@ pub struct TopologySummary {
     /// Each NUMA node: its CPUs and memory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub numa_nodes: Vec<NumaNodeSummary>,
-    /// PCI display controllers (GPUs, NPUs) and the devices named in the agent's options.
+    /// PCI display controllers (GPUs, and the console VGAs of BMCs and virtual machines, which
+    /// are not GPUs), processing accelerators (NPUs) and the devices named in the agent's options.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceSummary>,
 }

@@ -568,9 +568,7 @@ impl ProxyEnv {
             ),
             format!(
                 "--sysfs-root={}",
-                crate::util::fixtures_dir()
-                    .join("synthetic-2s-4numa-96c-gpu")
-                    .display()
+                crate::util::fixture_dir("synthetic-2s-4numa-96c-gpu").display()
             ),
             "--fold-cpus-to-host".into(),
             format!("--state-dir={}", self.dir.join("state").display()),

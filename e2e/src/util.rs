@@ -23,18 +23,9 @@ pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The repository's sysfs fixtures folder (`fixtures/sysfs`): the e2e tier uses only
-/// fixtures the repository ships. For any fixture, in the repository or in `../shared`, use
-/// [`fixture_dir`].
-pub fn fixtures_dir() -> PathBuf {
-    workspace_root().join("fixtures/sysfs")
-}
-
-/// The sysfs root of fixture `name` (in the repository, else `../shared/fixtures/sysfs` or
-/// `TAP_FIXTURES`): [`tap_engine::testdata::fixture_dir`].
-pub fn fixture_dir(name: &str) -> PathBuf {
-    tap_engine::testdata::fixture_dir(name)
-}
+/// The sysfs root of fixture `name` in the repository (`fixtures/sysfs/<name>`): the engine's
+/// one helper, re-exported.
+pub use tap_engine::testdata::fixture_dir;
 
 /// Builds a binary of this workspace (`cargo build -p <package> --bin <bin>`) and returns its
 /// path under `CARGO_TARGET_DIR` (or `./target`); cargo's own lock makes concurrent calls safe.

@@ -11,7 +11,7 @@ use tap_e2e::containerd::{
     with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
 };
 use tap_e2e::docker::{temp_dir, TapAgent};
-use tap_e2e::util::{fixtures_dir, skip_unless_enabled, RmDir};
+use tap_e2e::util::{fixture_dir, skip_unless_enabled, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
@@ -20,7 +20,7 @@ fn agent_args(nri: &Path, dir: &Path) -> Vec<String> {
     vec![
         "--container-runtime-mode=NRI".into(),
         format!("--nri-socket-path={}", nri.display()),
-        format!("--sysfs-root={}", fixtures_dir().join(FIXTURE).display()),
+        format!("--sysfs-root={}", fixture_dir(FIXTURE).display()),
         "--fold-cpus-to-host".into(),
         format!("--state-dir={}", dir.join("state").display()),
         "--graceful-timeout=2s".into(),

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use tap_e2e::images::build_static;
-use tap_e2e::util::{fixtures_dir, skip_unless_enabled, workspace_root};
+use tap_e2e::util::{fixture_dir, skip_unless_enabled, workspace_root};
 
 fn dockerd_bin() -> String {
     std::env::var("TAP_DOCKERD").unwrap_or_else(|_| "/usr/sbin/dockerd".into())
@@ -294,7 +294,7 @@ fn agent_image_builds_from_dockerfile_and_runs_on_scratch() {
     // With the chart's security context (uid 0, every capability dropped, no privilege
     // escalation, read-only root) and a sysfs tree mounted read-only the way the chart mounts
     // the host's /sys: discovery and placement work inside the image.
-    let fixture = fixtures_dir().join("synthetic-2s-4numa-96c-gpu");
+    let fixture = fixture_dir("synthetic-2s-4numa-96c-gpu");
     let fixture = fixture.canonicalize().unwrap_or_else(|e| {
         panic!(
             "{}: {e} (the repository ships it in fixtures/sysfs)",

@@ -58,9 +58,7 @@ fn fold(fixture_cpus: &BTreeSet<usize>) -> BTreeSet<usize> {
 
 /// The fixture's CPUs of NUMA node `n`.
 fn node_cpus(n: usize) -> BTreeSet<usize> {
-    let p = util::fixtures_dir()
-        .join(FIXTURE)
-        .join(format!("devices/system/node/node{n}/cpulist"));
+    let p = util::fixture_dir(FIXTURE).join(format!("devices/system/node/node{n}/cpulist"));
     parse_list(&std::fs::read_to_string(&p).unwrap())
 }
 
@@ -97,7 +95,7 @@ impl Agent {
             .arg("--resource-policy=topology-aware")
             .arg(format!(
                 "--sysfs-root={}",
-                util::fixtures_dir().join(FIXTURE).display()
+                util::fixture_dir(FIXTURE).display()
             ))
             .arg("--fold-cpus-to-host")
             .arg(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"))

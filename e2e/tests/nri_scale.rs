@@ -27,7 +27,7 @@ async fn a_thousand_creates_are_answered_with_a_cpuset_and_accounted() -> Result
     }
     let dir = util::temp_dir("tap-nri-scale")?;
     let _rm = RmDir(dir.clone());
-    let fixture = util::fixtures_dir().join("synthetic-2s-4numa-96c-gpu");
+    let fixture = util::fixture_dir("synthetic-2s-4numa-96c-gpu");
     let AgentOnRuntime {
         agent,
         runtime,

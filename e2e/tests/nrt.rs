@@ -16,7 +16,7 @@ use tap_e2e::containerd::{
 };
 use tap_e2e::docker::TapAgent;
 use tap_e2e::kube::KubeCluster;
-use tap_e2e::util::{fixtures_dir, skip_unless_enabled};
+use tap_e2e::util::{fixture_dir, skip_unless_enabled};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
@@ -90,7 +90,7 @@ async fn scenario(k: &KubeCluster, ctd: &mut Containerd, dir: &Path) -> Result<(
     let args = vec![
         "--container-runtime-mode=NRI".to_string(),
         format!("--nri-socket-path={}", ctd.nri_socket().display()),
-        format!("--sysfs-root={}", fixtures_dir().join(FIXTURE).display()),
+        format!("--sysfs-root={}", fixture_dir(FIXTURE).display()),
         "--fold-cpus-to-host".into(),
         format!("--state-dir={}", dir.join("state").display()),
         "--reserved-cpus=0".into(),

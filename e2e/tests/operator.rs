@@ -403,7 +403,7 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
 
     step(t0, "label/priority/removal switches checked");
     // --- The agent's link on n1, with a sysfs fixture.
-    let fixture = util::fixtures_dir().join("synthetic-2s-4numa-96c-gpu");
+    let fixture = util::fixture_dir("synthetic-2s-4numa-96c-gpu");
     if !fixture.is_dir() {
         bail!("fixture {} missing", fixture.display());
     }

@@ -8,14 +8,12 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::sync::Arc;
 use tap_engine::sysfs::discover_dir;
 use tap_engine::{ContainerRequest, Engine, EngineConfig, PolicyKind, Qos, Topology};
 
 fn topo() -> Arc<Topology> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/fixtures/sysfs/synthetic-4s-8numa-smt-384t");
+    let root = tap_engine::testdata::fixture_dir("synthetic-4s-8numa-smt-384t");
     Arc::new(Topology::build(&discover_dir(&root).expect("fixture")).expect("topology"))
 }
 

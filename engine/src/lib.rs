@@ -2,6 +2,8 @@
 //!
 //! - [`cpuset`], [`nodeset`]: CPU and NUMA node sets in the kernel's list syntax.
 //! - [`topology`]: the machine model and its pool tree.
+//! - [`devices`]: which PCI devices are GPUs or NPUs, and which one a container's device
+//!   environment names.
 //! - [`sysfs`]: discovery of the model from a sysfs tree (behind a small file trait).
 //! - [`request`]: what is known about a container (QoS, CPU, memory, annotations).
 //! - [`types`]: what the engine and the policies share (configuration, decisions, loads).
@@ -15,6 +17,7 @@
 
 pub mod cpu_picker;
 pub mod cpuset;
+pub mod devices;
 pub mod engine;
 pub mod grant;
 pub mod nodeset;

@@ -16,6 +16,7 @@ mod parse;
 mod source;
 
 use crate::cpuset::{CpuSet, MAX_IDS};
+use crate::devices::is_accelerator_class;
 use crate::topology::{PciDevice, RawCpu, RawNode, RawTopology};
 use checks::NodeFiles;
 pub use error::{DiscoveryError, DiscoveryWarning};
@@ -111,7 +112,8 @@ impl<S: FileSource + ?Sized> Reader<'_, S> {
 /// Options for discovery.
 #[derive(Debug, Clone, Default)]
 pub struct DiscoveryOptions {
-    /// Extra PCI devices (addresses) to report even if they are not display controllers.
+    /// Extra PCI devices (addresses) to report even if they are neither display controllers nor
+    /// processing accelerators.
     pub extra_devices: Vec<String>,
 }
 
@@ -309,7 +311,8 @@ fn read_cpu<S: FileSource + ?Sized>(
     })
 }
 
-/// PCI devices: display controllers, and any device named in the options. A `numa_node` that
+/// PCI devices: display controllers and processing accelerators (GPUs, NPUs and the consoles
+/// [`crate::devices::classify`] tells apart), and any device named in the options. A `numa_node` that
 /// names no discovered node is a warning and the device gets no node.
 fn read_devices<S: FileSource + ?Sized>(
     r: &Reader<S>,
@@ -323,7 +326,7 @@ fn read_devices<S: FileSource + ?Sized>(
         let Some(class) = r.hex_opt(&format!("{base}/class"))? else {
             continue;
         };
-        let wanted = class >> 16 == 0x03 || opts.extra_devices.iter().any(|d| d == &addr);
+        let wanted = is_accelerator_class(class) || opts.extra_devices.iter().any(|d| d == &addr);
         if !wanted {
             continue;
         }
@@ -350,6 +353,7 @@ fn read_devices<S: FileSource + ?Sized>(
             vendor: r.hex_opt(&format!("{base}/vendor"))?.unwrap_or(0),
             device: r.hex_opt(&format!("{base}/device"))?.unwrap_or(0),
             numa_node,
+            uuid: None,
         });
     }
     Ok(devices)

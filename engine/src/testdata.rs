@@ -1,25 +1,37 @@
 //! Where the sysfs fixtures are, for tests, benches and examples.
 //!
-//! The repository ships the fixtures its README and its own tests need under `fixtures/sysfs/`
-//! (see the README there); the rest of the collection lives in `shared/fixtures/sysfs` beside
-//! the checkout (`../shared`), or where `TAP_FIXTURES` points.
+//! Every fixture the repository's tests, benches, examples and e2e tier read ships in the
+//! repository under `fixtures/sysfs/` (see the README there; the proc files that go with some
+//! of them under `fixtures/proc/`), so a plain clone tests itself.
+//! Code names a fixture by folder name and finds it here, never by a path of its own.
 
 use std::path::{Path, PathBuf};
 
-/// The workspace root (the folder holding `fixtures/`).
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+/// The repository's fixtures folder, `fixtures/sysfs` at the workspace root.
+pub fn fixtures_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/sysfs")
 }
 
-/// The sysfs root of fixture `name`: `fixtures/sysfs/<name>` in the repository when it ships
-/// that fixture, else `<TAP_FIXTURES or ../shared/fixtures/sysfs>/<name>`.
+/// The sysfs root of fixture `name`: `fixtures/sysfs/<name>` in the repository.
 pub fn fixture_dir(name: &str) -> PathBuf {
-    let in_repo = workspace_root().join("fixtures/sysfs").join(name);
-    if in_repo.is_dir() {
-        return in_repo;
+    fixtures_root().join(name)
+}
+
+/// The proc root that goes with fixture `name` (`fixtures/proc/<name>`: the NVIDIA driver's
+/// GPU files, where the fixture has them), for `--proc-root`.
+pub fn proc_fixture_dir(name: &str) -> PathBuf {
+    fixtures_root().join("../proc").join(name)
+}
+
+/// The names of every fixture the repository ships (its folders), sorted.
+pub fn fixture_names() -> std::io::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(fixtures_root())? {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            names.push(e.file_name().to_string_lossy().into_owned());
+        }
     }
-    std::env::var_os("TAP_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("../shared/fixtures/sysfs"))
-        .join(name)
+    names.sort();
+    Ok(names)
 }

@@ -10,6 +10,7 @@
 
 mod build;
 use crate::cpuset::CpuSet;
+use crate::devices::DeviceKind;
 use crate::nodeset::NodeSet;
 use serde::Serialize;
 use std::fmt;
@@ -42,18 +43,28 @@ pub struct RawNode {
 pub struct PciDevice {
     /// PCI address, e.g. `0000:3b:00.0`.
     pub address: String,
-    /// Class code, e.g. 0x030000 (VGA) or 0x030200 (3D controller).
+    /// Class code, e.g. 0x030000 (VGA), 0x030200 (3D controller), 0x120000 (processing
+    /// accelerator).
     pub class: u32,
     pub vendor: u32,
     pub device: u32,
     pub numa_node: Option<u32>,
+    /// The GPU's UUID (`GPU-…`) where the driver tells it (NVIDIA:
+    /// [`crate::devices::read_nvidia_uuids`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
 }
 
 impl PciDevice {
-    /// Display controllers (class 0x03xxxx): VGA, XGA and 3D controllers, i.e. GPUs and NPUs
-    /// that present as such.
+    /// What the device is: see [`crate::devices::classify`].
+    pub fn kind(&self) -> DeviceKind {
+        crate::devices::classify(self.class, self.vendor, self.device)
+    }
+
+    /// A GPU: a display or 3D controller (class 0x03) of any vendor, but not a console display
+    /// (a server BMC's VGA, a virtual machine's emulated one).
     pub fn is_gpu(&self) -> bool {
-        self.class >> 16 == 0x03
+        self.kind() == DeviceKind::Gpu
     }
 }
 

@@ -2,7 +2,6 @@
 //! one decision on the largest fixture with 1,000 containers placed.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tap_engine::{ContainerRequest, Engine, EngineConfig, PolicyKind, Qos, Topology};
@@ -31,8 +30,7 @@ fn allocations<T>(f: impl FnOnce() -> T) -> usize {
 
 #[test]
 fn decisions_allocate_almost_nothing() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/fixtures/sysfs/synthetic-4s-8numa-smt-384t");
+    let root = tap_engine::testdata::fixture_dir("synthetic-4s-8numa-smt-384t");
     let topo = Arc::new(Topology::build(&tap_engine::sysfs::discover_dir(&root).unwrap()).unwrap());
     for policy in [PolicyKind::TopologyAware, PolicyKind::NumaAware] {
         let mut e = Engine::new(

@@ -3,7 +3,6 @@
 //! request capacity holds the request, else the root. It keeps state of its own: the NUMA
 //! pools in order (built once from the topology) and a count of its decisions.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tap_engine::grant::Grant;
@@ -79,8 +78,7 @@ impl Policy for FirstFitNuma {
 }
 
 fn topo() -> Arc<Topology> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/fixtures/sysfs/synthetic-2s-4numa-96c-gpu");
+    let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
     Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap())
 }
 

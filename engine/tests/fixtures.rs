@@ -2,16 +2,12 @@
 //! against their `expected.json` (computed from the files independently) and against the pool
 //! counts containers/nri-plugins' own tests expect from the same dumps.
 
-use std::path::PathBuf;
 use tap_engine::sysfs::discover_dir;
+use tap_engine::testdata::fixture_dir;
 use tap_engine::{CpuSet, Level, Topology};
 
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/sysfs")
-}
-
 fn load(name: &str) -> Topology {
-    let raw = discover_dir(&fixtures().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let raw = discover_dir(&fixture_dir(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     Topology::build(&raw).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
@@ -27,7 +23,7 @@ const REAL: [&str; 5] = [
 fn real_dumps_match_expected_json() {
     for name in REAL {
         let t = load(name);
-        let text = std::fs::read_to_string(fixtures().join(name).join("expected.json")).unwrap();
+        let text = std::fs::read_to_string(fixture_dir(name).join("expected.json")).unwrap();
         let exp: serde_json::Value = serde_json::from_str(&text).unwrap();
         let set = |v: &serde_json::Value| CpuSet::parse(v.as_str().unwrap()).unwrap();
         assert_eq!(t.online, set(&exp["cpus_online"]), "{name}: online");

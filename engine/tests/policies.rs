@@ -1,7 +1,6 @@
 //! Policy behaviour on fixture topologies: the reference implementation's own expectations,
 //! and what we do beyond it (exclusive CPUs, memory binding, clusters, overrides, resize).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use tap_engine::request::Overrides;
 use tap_engine::sysfs::discover_dir;
@@ -11,9 +10,7 @@ use tap_engine::{
 };
 
 fn topo(name: &str) -> Arc<Topology> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/fixtures/sysfs")
-        .join(name);
+    let root = tap_engine::testdata::fixture_dir(name);
     Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap())
 }
 

@@ -1,14 +1,12 @@
 //! Undoing a decision exactly (an update the runtime refused): the engine gets back the state
 //! it had before, other containers' cpusets included.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use tap_engine::sysfs::discover_dir;
 use tap_engine::{ContainerRequest, Engine, EngineConfig, Outcome, Qos, Topology};
 
 fn engine() -> Engine {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/fixtures/sysfs/synthetic-2s-4numa-96c-gpu");
+    let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
     let topo = Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap());
     Engine::new(topo, EngineConfig::default())
 }

@@ -6,7 +6,6 @@
 
 use proptest::prelude::*;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use tap_engine::{
     ContainerRequest, CpuSet, Engine, EngineConfig, Existing, NodeSet, Outcome, PolicyKind, Qos,
@@ -25,11 +24,11 @@ const FIXTURES: [&str; 6] = [
 fn topologies() -> &'static Vec<Arc<Topology>> {
     static T: OnceLock<Vec<Arc<Topology>>> = OnceLock::new();
     T.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/sysfs");
         FIXTURES
             .iter()
             .map(|n| {
-                let raw = tap_engine::sysfs::discover_dir(&dir.join(n)).unwrap();
+                let raw =
+                    tap_engine::sysfs::discover_dir(&tap_engine::testdata::fixture_dir(n)).unwrap();
                 Arc::new(Topology::build(&raw).unwrap())
             })
             .collect()

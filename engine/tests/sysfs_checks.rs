@@ -11,9 +11,9 @@ use tap_engine::sysfs::{
     discover, discover_dir, discover_dir_with_warnings, discover_with_warnings, Discovery,
     DiscoveryError, DiscoveryOptions, DiscoveryWarning, MapSource,
 };
+use tap_engine::testdata::{fixture_dir, fixture_names};
 use tap_engine::Topology;
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/sysfs");
 const GPU96: &str = "synthetic-2s-4numa-96c-gpu";
 
 /// A fixture read into memory, to mutate: most tests run discovery on these.
@@ -28,7 +28,7 @@ impl Tree {
         assert_eq!(fixture, GPU96);
         let map = GPU.get_or_init(|| {
             let mut m = MapSource::default();
-            read_into(&Path::new(FIXTURES).join(fixture), "", &mut m);
+            read_into(&fixture_dir(fixture), &mut m);
             m
         });
         Tree { map: map.clone() }
@@ -69,16 +69,34 @@ impl Tree {
     }
 }
 
-fn read_into(dir: &Path, prefix: &str, m: &mut MapSource) {
+/// Reads the sysfs tree at `root` into `m` as a reader of `/sys` sees it: symlinks are followed
+/// (a `cpuN/nodeK` link to a directory shows that directory's files under the link's name),
+/// except a link to a directory the walk is already inside (the kernel's `node/nodeK/cpuN`
+/// back-links), which would loop.
+fn read_into(root: &Path, m: &mut MapSource) {
+    let mut inside = vec![fs::canonicalize(root).expect("canonicalize")];
+    read_tree(root, "", &mut inside, m);
+}
+
+fn read_tree(dir: &Path, prefix: &str, inside: &mut Vec<PathBuf>, m: &mut MapSource) {
     for e in fs::read_dir(dir).expect("read_dir") {
-        let e = e.expect("entry");
-        let rel = format!("{prefix}{}", e.file_name().to_string_lossy());
-        if e.file_type().expect("file type").is_dir() {
-            read_into(&e.path(), &format!("{rel}/"), m);
-        } else {
-            m.files
-                .insert(rel, fs::read_to_string(e.path()).expect("read"));
+        let path = e.expect("entry").path();
+        let name = path.file_name().expect("name").to_string_lossy();
+        let rel = format!("{prefix}{name}");
+        // `fs::metadata` follows links, as opening a path under /sys does.
+        let meta = fs::metadata(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        if !meta.is_dir() {
+            let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{rel}: {e}"));
+            m.files.insert(rel, text);
+            continue;
         }
+        let real = fs::canonicalize(&path).expect("canonicalize");
+        if inside.contains(&real) {
+            continue;
+        }
+        inside.push(real);
+        read_tree(&path, &format!("{rel}/"), inside, m);
+        inside.pop();
     }
 }
 
@@ -96,7 +114,7 @@ impl DiskTree {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
-        copy_dir(&Path::new(FIXTURES).join(fixture), &root);
+        copy_dir(&fixture_dir(fixture), &root);
         DiskTree { root }
     }
 }
@@ -107,12 +125,18 @@ impl Drop for DiskTree {
     }
 }
 
+/// Copies a tree, symlinks as symlinks (the fixtures' links are relative, so they resolve in
+/// the copy as in the original).
 fn copy_dir(from: &Path, to: &Path) {
     fs::create_dir_all(to).expect("mkdir");
     for e in fs::read_dir(from).expect("read_dir") {
         let e = e.expect("entry");
         let target = to.join(e.file_name());
-        if e.file_type().expect("file type").is_dir() {
+        let kind = e.file_type().expect("file type");
+        if kind.is_symlink() {
+            let link = fs::read_link(e.path()).expect("read_link");
+            std::os::unix::fs::symlink(link, &target).expect("symlink");
+        } else if kind.is_dir() {
             copy_dir(&e.path(), &target);
         } else {
             fs::copy(e.path(), &target).expect("copy");
@@ -453,19 +477,68 @@ fn no_node_directories_is_one_node_with_all_cpus() {
 
 #[test]
 fn every_fixture_discovers_without_warnings() {
-    let mut names: Vec<String> = fs::read_dir(FIXTURES)
-        .expect("fixtures")
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().is_dir())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
+    let names = fixture_names().expect("fixtures");
     assert!(names.len() >= 10, "{names:?}");
     for name in names {
-        let d = discover_dir_with_warnings(&Path::new(FIXTURES).join(&name))
+        let d = discover_dir_with_warnings(&fixture_dir(&name))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(d.warnings, vec![], "{name}");
     }
+}
+
+/// Every fixture keeps the kernel's symlinks (`cpuN/nodeK` to the node's directory, `cpuN/cpufreq`
+/// to its policy) and reads into memory through them: discovery on the copy in memory equals
+/// discovery on disk.
+#[test]
+fn fixtures_read_through_their_symlinks() {
+    let link = fixture_dir(GPU96).join("devices/system/cpu/cpu0/node0");
+    let kind = fs::symlink_metadata(&link).expect("cpu0/node0").file_type();
+    assert!(kind.is_symlink(), "{} is not a symlink", link.display());
+    for name in fixture_names().expect("fixtures") {
+        let mut m = MapSource::default();
+        read_into(&fixture_dir(&name), &mut m);
+        let on_disk = discover_dir(&fixture_dir(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let in_memory =
+            discover(&m, &DiscoveryOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(in_memory, on_disk, "{name}");
+        let node_link = m.files.keys().find(|k| {
+            k.starts_with("devices/system/cpu/cpu")
+                && k.contains("/node")
+                && k.ends_with("/cpulist")
+        });
+        assert!(
+            node_link.is_some(),
+            "{name}: no cpuN/nodeK link was read through"
+        );
+    }
+}
+
+/// Real sysfs also links each node to its CPUs (`node/nodeK/cpuN` -> `../../cpu/cpuN`), which
+/// with `cpuN/nodeK` makes a cycle: the walk follows each link once and stops where it would
+/// come back.
+#[test]
+fn back_links_are_followed_without_looping() {
+    let disk = DiskTree::copy_of(GPU96);
+    let cpulist = fs::read_to_string(disk.root.join("devices/system/node/node1/cpulist"))
+        .expect("node1 cpulist");
+    for cpu in tap_engine::CpuSet::parse(&cpulist).expect("cpulist").iter() {
+        let back = disk
+            .root
+            .join(format!("devices/system/node/node1/cpu{cpu}"));
+        std::os::unix::fs::symlink(format!("../../cpu/cpu{cpu}"), back).expect("symlink");
+    }
+    let mut m = MapSource::default();
+    read_into(&disk.root, &mut m);
+    let has = |k: &str| m.files.contains_key(k);
+    assert!(has("devices/system/node/node1/cpu24/topology/core_id"));
+    assert!(has("devices/system/cpu/cpu24/node1/cpu25/topology/core_id"));
+    assert!(!has(
+        "devices/system/cpu/cpu24/node1/cpu24/topology/core_id"
+    ));
+    assert!(!has("devices/system/node/node1/cpu24/node1/cpulist"));
+    let on_disk = discover_dir(&disk.root).unwrap_or_else(|e| panic!("{e}"));
+    let in_memory = discover(&m, &DiscoveryOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(in_memory, on_disk);
 }
 
 /// A small, valid tree in memory whose files the proptest replaces with garbage.

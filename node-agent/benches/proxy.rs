@@ -20,7 +20,6 @@ use node_agent::agent::Agent;
 use node_agent::cri_proxy::{serve, unix_channel, CriProxy};
 use node_agent::metrics::Metrics;
 use std::io::{Read, Write};
-use std::path::PathBuf;
 use std::sync::Arc;
 use tap_engine::sysfs::discover_dir;
 use tap_engine::{Engine, EngineConfig, Topology};
@@ -118,12 +117,7 @@ impl RuntimeService for Backend {
 }
 
 fn fixture_agent() -> Arc<Agent> {
-    let root = std::env::var_os("TAP_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/sysfs")
-        })
-        .join("synthetic-2s-4numa-96c-gpu");
+    let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
     let topo = Arc::new(Topology::build(&discover_dir(&root).expect("fixture")).expect("topology"));
     Arc::new(Agent::new(
         Engine::new(topo, EngineConfig::default()),

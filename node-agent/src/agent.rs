@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
+use tap_engine::devices::DeviceScheme;
 use tap_engine::grant::Grant;
 use tap_engine::request::{milli_cpu_from_quota, milli_cpu_from_shares, GRANT_KEY, KEY_PREFIX};
 use tap_engine::{
@@ -153,13 +154,9 @@ fn parsed<T>(
     }
 }
 
-/// Environment variables through which a container asks for accelerator devices; the value is
-/// a comma-separated list of indexes or `/dev/<name><index>` paths.
-pub const DEVICE_ENV_VARS: [&str; 3] = [
-    "VA_VISIBLE_DEVICES",
-    "VA_ALLOCATE_DEVICES",
-    "NVIDIA_VISIBLE_DEVICES",
-];
+/// Environment variables through which a container names its accelerator devices (NVIDIA,
+/// the reference's `VA_*`, Ascend): see [`tap_engine::devices::DeviceScheme`].
+pub use tap_engine::devices::DEVICE_ENV_VARS;
 
 pub struct Agent {
     /// Shared with the metrics, which read the per-pool figures at scrape time.
@@ -324,36 +321,21 @@ impl Agent {
         }
     }
 
-    /// NUMA nodes of the GPUs a container asks for through its environment. Index `i` (or
-    /// `/dev/vacc<i>`, `/dev/nvidia<i>`) is the i-th display controller by PCI address.
+    /// NUMA nodes of the devices a container names through its environment, each variable
+    /// over its own devices ([`DeviceScheme`]): `NVIDIA_VISIBLE_DEVICES=0` is the first NVIDIA
+    /// GPU, never the BMC's VGA. What does not name a device for sure names none.
     fn device_nodes(&self, env: &[String]) -> Vec<u32> {
-        let gpus: Vec<&tap_engine::topology::PciDevice> =
-            self.topo.devices.iter().filter(|d| d.is_gpu()).collect();
         let mut out = Vec::new();
         for e in env {
             let Some((k, v)) = e.split_once('=') else {
                 continue;
             };
-            if !DEVICE_ENV_VARS.contains(&k) {
+            let Some(scheme) = DeviceScheme::of_env(k) else {
                 continue;
-            }
-            for item in v.split(',') {
-                // The index is the item's trailing digits: `2`, `/dev/vacc2`, `nvidia2`.
-                let item = item.trim();
-                let digits = &item[item.trim_end_matches(|c: char| c.is_ascii_digit()).len()..];
-                let node = if item == "all" {
-                    None
-                } else {
-                    digits
-                        .parse::<usize>()
-                        .ok()
-                        .and_then(|i| gpus.get(i))
-                        .and_then(|d| d.numa_node)
-                };
-                if let Some(n) = node {
-                    if !out.contains(&n) {
-                        out.push(n);
-                    }
+            };
+            for d in tap_engine::devices::requested(scheme, v, &self.topo.devices) {
+                if let Some(n) = d.numa_node.filter(|n| !out.contains(n)) {
+                    out.push(n);
                 }
             }
         }
@@ -629,11 +611,14 @@ mod tests {
     use super::*;
     use tap_engine::sysfs::discover_dir;
 
+    /// Fixture `name`'s topology, with the NVIDIA GPU UUIDs of its proc files (where it has
+    /// them), as `Flags::load_topology` reads a host.
     fn fixture(name: &str) -> Arc<Topology> {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/fixtures/sysfs")
-            .join(name);
-        Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap())
+        let root = tap_engine::testdata::fixture_dir(name);
+        let mut raw = discover_dir(&root).unwrap();
+        let proc = tap_engine::sysfs::DirSource::new(tap_engine::testdata::proc_fixture_dir(name));
+        tap_engine::devices::read_nvidia_uuids(&proc, &mut raw.devices);
+        Arc::new(Topology::build(&raw).unwrap())
     }
 
     fn agent(name: &str) -> Agent {
@@ -703,6 +688,68 @@ mod tests {
         c.env.push("VA_VISIBLE_DEVICES=/dev/vacc0".into());
         // The fixture's GPU is on NUMA node 1 (CPUs 24-47).
         assert_eq!(shown(a.create(&c).cpus).as_deref(), Some("24-47"));
+    }
+
+    /// The GPU server fixture: an ASPEED BMC VGA at 0000:02:00.0 (node 0), NVIDIA GPUs
+    /// 0000:18, 2a, 3a, 5d on node 0 and 9a, ab, ba, db on node 1; the driver's proc file gives
+    /// the UUID of 0000:ab:00.0 (NVIDIA index 5) only.
+    const GPU_SERVER: &str = "synthetic-2s-2numa-32t-8gpu-bmc";
+    const GPU5_UUID: &str = "GPU-7f3a9c2e-4b1d-4e8a-9c6f-2d5b8e000001";
+
+    fn env(entry: &str) -> Vec<String> {
+        vec![entry.to_string()]
+    }
+
+    #[test]
+    fn nvidia_indexes_and_uuids_name_nvidia_gpus_not_the_bmc_vga() {
+        let a = agent(GPU_SERVER);
+        for (i, node) in [0, 0, 0, 0, 1, 1, 1, 1].into_iter().enumerate() {
+            let got = a.device_nodes(&env(&format!("NVIDIA_VISIBLE_DEVICES={i}")));
+            assert_eq!(got, vec![node], "NVIDIA_VISIBLE_DEVICES={i}");
+        }
+        let uuid = format!("NVIDIA_VISIBLE_DEVICES={GPU5_UUID}");
+        assert_eq!(a.device_nodes(&env(&uuid)), vec![1]);
+        // A UUID the host does not tell (another GPU's, unread), past the last GPU, all of
+        // them: no hint, never a guess.
+        for v in [
+            "GPU-7f3a9c2e-4b1d-4e8a-9c6f-2d5b8e000002",
+            "MIG-7f3a9c2e-4b1d-4e8a-9c6f-2d5b8e000003",
+            "8",
+            "all",
+            "none",
+            "void",
+            "nvidia1",
+        ] {
+            let got = a.device_nodes(&env(&format!("NVIDIA_VISIBLE_DEVICES={v}")));
+            assert!(got.is_empty(), "{v}: {got:?}");
+        }
+        // The container lands on its GPU's node: the first GPU of node 1 is index 4.
+        let mut c = burstable("c1", 4, 8);
+        c.env.push("NVIDIA_VISIBLE_DEVICES=4".into());
+        assert_eq!(shown(a.create(&c).cpus).as_deref(), Some("8-15,24-31"));
+    }
+
+    #[test]
+    fn ascend_npus_are_found_and_a_bmc_vga_is_no_va_device() {
+        // Huawei's BMC VGA (19e5:1711) at 0000:05:00.0 on node 0; Ascend NPUs at 0000:01, 02
+        // (node 0), 41, 42 (node 1), 81, 82 (node 2), c1, c2 (node 3).
+        let a = agent("synthetic-2s-4numa-32c-8npu-bmc");
+        for (i, node) in [0, 0, 1, 1, 2, 2, 3, 3].into_iter().enumerate() {
+            let got = a.device_nodes(&env(&format!("ASCEND_VISIBLE_DEVICES={i}")));
+            assert_eq!(got, vec![node], "ASCEND_VISIBLE_DEVICES={i}");
+        }
+        let got = a.device_nodes(&env("ASCEND_VISIBLE_DEVICES=/dev/davinci3,davinci6-7"));
+        assert_eq!(got, vec![1, 3]);
+        for e in [
+            "VA_VISIBLE_DEVICES=0",
+            "VA_ALLOCATE_DEVICES=/dev/vacc0",
+            "NVIDIA_VISIBLE_DEVICES=0",
+        ] {
+            assert!(a.device_nodes(&env(e)).is_empty(), "{e}");
+        }
+        let mut c = burstable("c1", 4, 8);
+        c.env.push("ASCEND_VISIBLE_DEVICES=5".into());
+        assert_eq!(shown(a.create(&c).cpus).as_deref(), Some("16-23"));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 
 use crate::agent::{Agent, ContainerInfo, PodInfo};
 use std::fmt::Write as _;
-use tap_engine::topology::{Level, Topology};
+use tap_engine::devices::{DeviceKind, DeviceScheme};
+use tap_engine::topology::{Level, PciDevice, Topology};
 
 /// Sample containers: (name, QoS cgroup, request CPUs, limit CPUs).
 const SAMPLES: [(&str, &str, u64, Option<u64>); 5] = [
@@ -44,6 +45,61 @@ fn pool_tree(topo: &Topology, clusters: bool) -> String {
     out
 }
 
+/// The PCI devices: each GPU or NPU with what names it (`VA_VISIBLE_DEVICES=0`, ...) and its
+/// NUMA node; console displays (a BMC's or a virtual machine's VGA) on one line, as not GPUs.
+fn device_lines(topo: &Topology) -> String {
+    let mut out = String::new();
+    let mut consoles = Vec::new();
+    for dev in &topo.devices {
+        let kind = dev.kind();
+        let ids = format!("{:04x}:{:04x}", dev.vendor, dev.device);
+        if kind == DeviceKind::Console {
+            consoles.push(format!("{} ({ids})", dev.address));
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "  pci {} {kind} {ids} class {:#08x} ({}) numa node {}",
+            dev.address,
+            dev.class,
+            names_of(dev, &topo.devices),
+            dev.numa_node
+                .map_or_else(|| "unknown".to_string(), |n| n.to_string())
+        );
+    }
+    if !consoles.is_empty() {
+        let _ = writeln!(
+            out,
+            "  not GPUs (a BMC's or virtual machine's VGA): {}",
+            consoles.join(", ")
+        );
+    }
+    out
+}
+
+/// How a container names `dev`: `NVIDIA_VISIBLE_DEVICES=0 or GPU-…, VA_VISIBLE_DEVICES=1`.
+fn names_of(dev: &PciDevice, all: &[PciDevice]) -> String {
+    let names: Vec<String> = DeviceScheme::ALL
+        .iter()
+        .filter_map(|s| {
+            let i = s
+                .devices(all)
+                .iter()
+                .position(|d| d.address == dev.address)?;
+            let uuid = match (s, &dev.uuid) {
+                (DeviceScheme::Nvidia, Some(u)) => format!(" or {u}"),
+                _ => String::new(),
+            };
+            Some(format!("{}={i}{uuid}", s.env_var()))
+        })
+        .collect();
+    if names.is_empty() {
+        "no device variable".into()
+    } else {
+        names.join(", ")
+    }
+}
+
 pub fn explain(agent: &Agent) -> String {
     let topo = agent.topology();
     let cfg = agent.config();
@@ -70,16 +126,7 @@ pub fn explain(agent: &Agent) -> String {
             d.join(" ")
         );
     }
-    for dev in &topo.devices {
-        let _ = writeln!(
-            out,
-            "  pci {} class {:#08x} numa node {}",
-            dev.address,
-            dev.class,
-            dev.numa_node
-                .map_or_else(|| "unknown".to_string(), |n| n.to_string())
-        );
-    }
+    out.push_str(&device_lines(topo));
     let _ = writeln!(out, "pool tree:");
     out.push_str(&pool_tree(topo, cfg.cluster_affinity));
     let _ = writeln!(
@@ -127,13 +174,11 @@ pub fn explain(agent: &Agent) -> String {
 mod tests {
     use super::*;
     use crate::metrics::Metrics;
-    use std::path::PathBuf;
     use std::sync::Arc;
     use tap_engine::{Engine, EngineConfig};
 
     fn agent(cluster_affinity: bool) -> Agent {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../fixtures/sysfs/synthetic-2s-4numa-96c-gpu");
+        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
         let raw = tap_engine::sysfs::discover_dir(&root).expect("fixture");
         let topo = Arc::new(Topology::build(&raw).expect("topology"));
         let cfg = EngineConfig {
@@ -152,7 +197,9 @@ mod tests {
     fn samples_say_pool_and_reason_and_the_tree_follows_the_settings() {
         let out = explain(&agent(false));
         assert!(
-            out.contains("pci 0000:10:00.0 class 0x030000 numa node 1"),
+            out.contains(
+                "pci 0000:10:00.0 gpu 1002:67c7 class 0x030000 (VA_VISIBLE_DEVICES=0) numa node 1"
+            ),
             "{out}"
         );
         assert!(!out.contains("Some("), "debug formatting: {out}");

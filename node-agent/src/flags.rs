@@ -141,6 +141,17 @@ pub struct Flags {
     )]
     pub sysfs_root: PathBuf,
 
+    /// Root of the proc tree the NVIDIA driver's GPU files are read from
+    /// (`driver/nvidia/gpus/<address>/information`), so that `NVIDIA_VISIBLE_DEVICES=GPU-<uuid>`
+    /// finds its GPU.
+    #[arg(
+        help_heading = "Policy",
+        long,
+        default_value = "/proc",
+        env = "TAP_PROC_ROOT"
+    )]
+    pub proc_root: PathBuf,
+
     /// Print the discovered topology tree and sample decisions, then exit.
     #[arg(help_heading = "Testing and debugging", long)]
     pub explain: bool,
@@ -219,12 +230,13 @@ impl Flags {
         tap_bin_support::init_logging(self.verbose, self.log_format);
     }
 
-    /// Discovers the topology under `--sysfs-root` and builds its model. What discovery worked
-    /// around (asymmetric or short NUMA distance rows, ...) is logged as warnings.
+    /// Discovers the topology under `--sysfs-root` (and the NVIDIA GPUs' UUIDs under
+    /// `--proc-root`) and builds its model. What discovery worked around (asymmetric or short
+    /// NUMA distance rows, ...) is logged as warnings.
     pub fn load_topology(&self) -> anyhow::Result<std::sync::Arc<tap_engine::Topology>> {
         use anyhow::Context;
-        let found =
-            tap_engine::sysfs::discover_dir_with_warnings(&self.sysfs_root).with_context(|| {
+        let mut found = tap_engine::sysfs::discover_dir_with_warnings(&self.sysfs_root)
+            .with_context(|| {
                 format!(
                     "discovering the topology under {}",
                     self.sysfs_root.display()
@@ -233,6 +245,8 @@ impl Flags {
         for w in &found.warnings {
             tracing::warn!(sysfs_root = %self.sysfs_root.display(), "sysfs: {w}");
         }
+        let proc = tap_engine::sysfs::DirSource::new(&self.proc_root);
+        tap_engine::devices::read_nvidia_uuids(&proc, &mut found.raw.devices);
         let topo =
             tap_engine::Topology::build(&found.raw).context("building the topology model")?;
         Ok(std::sync::Arc::new(topo))

@@ -38,8 +38,7 @@ fn readme_first_command_runs_as_written() {
     let out = Command::new(cargo)
         .current_dir(workspace_root())
         .args(&words[1..])
-        // What a newcomer's shell has: no test-only overrides.
-        .env_remove("TAP_FIXTURES")
+        // What a newcomer's shell has: no log override.
         .env_remove("TAP_LOG")
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())

@@ -149,8 +149,7 @@ mod tests {
     use crate::sim::{simulate, standard_policies, Machine};
 
     fn machine() -> Machine {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../fixtures/sysfs/synthetic-2s-4numa-96c-gpu");
+        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
         let raw = tap_engine::sysfs::discover_dir(&root).expect("fixture");
         Machine::new("fixture", &raw).expect("machine")
     }

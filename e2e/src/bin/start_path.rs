@@ -29,7 +29,7 @@ use tap_e2e::containerd::{
 };
 use tap_e2e::docker::{terminate, TapAgent};
 use tap_e2e::stats::{ms, ms_delta, Summary};
-use tap_e2e::util::{self, fixtures_dir, RmDir};
+use tap_e2e::util::{self, fixture_dir, RmDir};
 
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
 /// Where hack/e2e/setup-nri-plugins.sh puts the Go plugin.
@@ -296,7 +296,7 @@ fn nri_args(ctd: &Containerd, dir: &Path) -> Vec<String> {
         "--container-runtime-mode=NRI".into(),
         format!("--nri-socket-path={}", ctd.nri_socket().display()),
         "--resource-policy=topology-aware".into(),
-        format!("--sysfs-root={}", fixtures_dir().join(FIXTURE).display()),
+        format!("--sysfs-root={}", fixture_dir(FIXTURE).display()),
         "--fold-cpus-to-host".into(),
         format!("--state-dir={}", dir.join("state").display()),
     ]

@@ -44,9 +44,7 @@ pub(crate) fn host_cpus() -> Vec<usize> {
 
 /// The fixture's CPUs of NUMA node `n`.
 pub(crate) fn node_cpus(n: usize) -> BTreeSet<usize> {
-    let p = util::fixtures_dir()
-        .join(FIXTURE)
-        .join(format!("devices/system/node/node{n}/cpulist"));
+    let p = util::fixture_dir(FIXTURE).join(format!("devices/system/node/node{n}/cpulist"));
     parse_list(&std::fs::read_to_string(p).unwrap())
 }
 
@@ -462,7 +460,7 @@ pub(crate) fn scratch_images(dir: &Path) -> Result<(PathBuf, PathBuf)> {
                 mode: 0o755,
             }],
             vec![ImageFile {
-                source: util::fixtures_dir().join(FIXTURE),
+                source: util::fixture_dir(FIXTURE),
                 dest: IMAGE_FIXTURE.into(),
                 mode: 0o755,
             }],

@@ -105,13 +105,11 @@ pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised) -> Value
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
     use std::sync::Arc;
     use tap_engine::{ContainerRequest, EngineConfig, Outcome, Qos, Topology};
 
     fn engine(memory_topology: bool) -> Engine {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../fixtures/sysfs/synthetic-2s-4numa-96c-gpu");
+        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
         let raw = tap_engine::sysfs::discover_dir(&root).expect("fixture");
         let topo = Arc::new(Topology::build(&raw).expect("topology"));
         Engine::new(

@@ -9,8 +9,7 @@ use tap_engine::sysfs::discover_dir;
 use tap_engine::{Engine, EngineConfig, Topology};
 
 fn agent() -> Arc<Agent> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/fixtures/sysfs/synthetic-2s-4numa-96c-gpu");
+    let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
     let topo = Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap());
     Arc::new(Agent::new(
         Engine::new(topo, EngineConfig::default()),

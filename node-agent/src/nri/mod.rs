@@ -630,12 +630,8 @@ mod tests {
     use tap_engine::{Engine, EngineConfig, Topology};
 
     fn test_agent() -> Arc<Agent> {
-        let base = std::env::var_os("TAP_FIXTURES")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/sysfs")
-            });
-        let raw = discover_dir(&base.join("synthetic-2s-4numa-96c-gpu")).unwrap();
+        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
+        let raw = discover_dir(&root).unwrap();
         let topo = Arc::new(Topology::build(&raw).unwrap());
         Arc::new(Agent::new(
             Engine::new(topo, EngineConfig::default()),
