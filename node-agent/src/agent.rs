@@ -246,7 +246,8 @@ impl Agent {
             message,
         };
         if !self.notes.offer(n) {
-            self.metrics.count_error(hook, "event_dropped");
+            self.metrics
+                .count_error(hook, crate::metrics::ErrorKind::EventDropped);
         }
     }
 
@@ -284,7 +285,8 @@ impl Agent {
                     .or_else(|| p.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
                 tracing::error!(hook, %msg, "placement engine failed; leaving the container unchanged");
-                self.metrics.count_error(hook, "panic");
+                self.metrics
+                    .count_error(hook, crate::metrics::ErrorKind::Panic);
                 None
             }
         }
@@ -295,7 +297,8 @@ impl Agent {
         let (overrides, warnings) = Overrides::from_pod(&c.pod.labels, &c.pod.annotations, &c.name);
         for w in &warnings {
             tracing::warn!(pod = %c.pod.name, namespace = %c.pod.namespace, container = %c.name, "{w}");
-            self.metrics.count_error("create", "annotation");
+            self.metrics
+                .count_error("create", crate::metrics::ErrorKind::Annotation);
         }
         let qos = c
             .qos

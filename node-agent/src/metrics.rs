@@ -45,6 +45,73 @@ pub struct ErrorLabels {
     pub kind: String,
 }
 
+/// What went wrong, for `tap_errors_total{kind}` (every problem is failed open).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// a Pod annotation or label with a bad value (ignored).
+    Annotation,
+    /// a Pod Event dropped (its queue was full).
+    EventDropped,
+    /// a Pod Event the API server refused.
+    Event,
+    /// the placement engine panicked (caught).
+    Panic,
+    /// the kubelet gave up on a create before the runtime answered.
+    Abandoned,
+    /// a runtime request the proxy could not decode (forwarded unchanged).
+    Request,
+    /// a body too large to rewrite (forwarded unchanged).
+    TooLarge,
+    /// a decision task failed.
+    Internal,
+    /// a decision or a cpuset write missed its deadline.
+    Timeout,
+    /// an update while another change of the container is in flight.
+    Busy,
+    /// the state file could not be read or written.
+    State,
+    /// a runtime message without what the agent needs (no container id).
+    Input,
+    /// a create of an NRI session that is gone.
+    StaleSession,
+    /// a create or resize containerd did not confirm.
+    Unconfirmed,
+    /// the proxy served before its restore was done (calls pass unadjusted).
+    NotReady,
+    /// the runtime could not be reached.
+    Runtime,
+    /// the runtime refused a cpuset write.
+    Refused,
+    /// the runtime does not know the container of a cpuset write.
+    NotFound,
+}
+
+impl ErrorKind {
+    /// The `kind` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Annotation => "annotation",
+            ErrorKind::EventDropped => "event_dropped",
+            ErrorKind::Event => "event",
+            ErrorKind::Panic => "panic",
+            ErrorKind::Abandoned => "abandoned",
+            ErrorKind::Request => "request",
+            ErrorKind::TooLarge => "too_large",
+            ErrorKind::Internal => "internal",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Busy => "busy",
+            ErrorKind::State => "state",
+            ErrorKind::Input => "input",
+            ErrorKind::StaleSession => "stale_session",
+            ErrorKind::Unconfirmed => "unconfirmed",
+            ErrorKind::NotReady => "not_ready",
+            ErrorKind::Runtime => "runtime",
+            ErrorKind::Refused => "refused",
+            ErrorKind::NotFound => "not_found",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: String,
@@ -313,11 +380,11 @@ impl Metrics {
             .observe(d.as_secs_f64());
     }
 
-    pub fn count_error(&self, hook: &str, kind: &str) {
+    pub fn count_error(&self, hook: &str, kind: ErrorKind) {
         self.errors
             .get_or_create(&ErrorLabels {
                 hook: hook.to_string(),
-                kind: kind.to_string(),
+                kind: kind.as_str().to_string(),
             })
             .inc();
     }
@@ -451,7 +518,7 @@ mod tests {
             "/runtime.v1.RuntimeService/Version",
             Duration::from_micros(50),
         );
-        m.count_error("create", "annotation");
+        m.count_error("create", crate::metrics::ErrorKind::Annotation);
         let text = m.render();
         for name in [
             "tap_proxy_up",
@@ -472,9 +539,10 @@ mod tests {
     #[test]
     fn documented_metric_names_are_the_exported_ones() {
         let m = Metrics::for_mode("Docker");
-        m.count_error("create", "annotation");
+        m.count_error("create", crate::metrics::ErrorKind::Annotation);
         m.count_placement("numa", false);
         m.count_reconcile(true);
+        m.count_cpuset_write("ok");
         m.observe_hook("create", "Docker", Duration::from_micros(5));
         m.observe_proxy("/v1.41/containers/create", Duration::from_micros(5));
         m.set_usage_source(Box::new(|| EngineFigures {

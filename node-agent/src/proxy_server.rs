@@ -96,7 +96,7 @@ where
             }
             Err(e) => {
                 tracing::warn!("cannot rebuild state from {runtime} yet: {e:#}");
-                metrics.count_error("sync", "runtime");
+                metrics.count_error("sync", crate::metrics::ErrorKind::Runtime);
                 tokio::select! {
                     _ = shutdown.cancelled() => return false,
                     _ = tokio::time::sleep(delay) => {}
@@ -148,7 +148,7 @@ where
                 bound_s = RESTORE_BOUND.as_secs(),
                 "the runtime has not answered the restore yet; serving, and forwarding every call unadjusted until it does"
             );
-            metrics.count_error("sync", "not_ready");
+            metrics.count_error("sync", crate::metrics::ErrorKind::NotReady);
             Startup::Restoring(task)
         }
     }

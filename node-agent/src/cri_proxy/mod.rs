@@ -217,12 +217,8 @@ impl LedgerRuntime for CriProxy {
                     verbose: true,
                 })
                 .await;
-            let st = match status {
-                Ok(st) => st.into_inner(),
-                // Removed between the list and its status.
-                Err(s) if s.code() == Code::NotFound => continue,
-                // Anything else says nothing about whether it still runs: no list this time.
-                Err(s) => anyhow::bail!("ContainerStatus {}: {}", c.id, s.message()),
+            let Some(st) = listed(&c.id, status.map(|s| s.into_inner()))? else {
+                continue;
             };
             let md = c.metadata.clone().unwrap_or_default();
             let mut info = ContainerInfo {
@@ -257,6 +253,17 @@ impl LedgerRuntime for CriProxy {
             });
         }
         Ok(out)
+    }
+}
+
+/// A listed container's status: `None` when it was removed between the list and its status
+/// call (NotFound); any other error fails the whole list, since it says nothing about whether
+/// the container still runs (a transient error is never taken as "gone").
+fn listed<T>(id: &str, status: Result<T, Status>) -> anyhow::Result<Option<T>> {
+    match status {
+        Ok(st) => Ok(Some(st)),
+        Err(s) if s.code() == Code::NotFound => Ok(None),
+        Err(s) => anyhow::bail!("ContainerStatus {id}: {:?} {}", s.code(), s.message()),
     }
 }
 
@@ -409,7 +416,9 @@ impl CriProxy {
             Ok(m) => Some(m),
             Err(e) => {
                 tracing::warn!(path = %call.head.uri.path(), "forwarded without adjustment: {e}");
-                self.agent().metrics().count_error(hook, "request");
+                self.agent()
+                    .metrics()
+                    .count_error(hook, crate::metrics::ErrorKind::Request);
                 None
             }
         }
@@ -507,7 +516,10 @@ impl CriProxy {
                         "the kubelet gave up on this create before the runtime answered; \
                          its grant is released (the container is never started)"
                     );
-                    ledger.agent().metrics().count_error("create", "abandoned");
+                    ledger
+                        .agent()
+                        .metrics()
+                        .count_error("create", crate::metrics::ErrorKind::Abandoned);
                     ledger.release(&key, Release::Stopped);
                 }
             }
@@ -658,6 +670,24 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Finding 5 of issue 20: only NotFound means the container is gone; a transient error
+    /// (unavailable, deadline, internal) fails the list instead of releasing a live container.
+    #[test]
+    fn only_not_found_means_gone() {
+        assert_eq!(listed("c", Ok::<u8, Status>(1)).unwrap(), Some(1));
+        assert_eq!(
+            listed::<u8>("c", Err(Status::not_found("gone"))).unwrap(),
+            None
+        );
+        for s in [
+            Status::unavailable("connection reset"),
+            Status::deadline_exceeded("slow"),
+            Status::internal("shim"),
+        ] {
+            assert!(listed::<u8>("c", Err(s)).is_err());
+        }
+    }
 
     #[test]
     fn metric_labels_are_cri_method_names() {

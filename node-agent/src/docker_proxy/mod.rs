@@ -267,12 +267,8 @@ impl LedgerRuntime for DockerProxy {
             let (s, inspect) = self
                 .call(Method::GET, &format!("/containers/{id}/json"), None)
                 .await?;
-            match s {
-                s if s.is_success() => {}
-                // Removed between the list and its inspection.
-                StatusCode::NOT_FOUND => continue,
-                // Anything else says nothing about whether it still runs: no list this time.
-                s => anyhow::bail!("inspecting {id}: {s} {inspect}"),
+            if !inspected(&id, s, &inspect)? {
+                continue;
             }
             let sandbox = labels
                 .get(LABEL_SANDBOX_ID)
@@ -285,6 +281,17 @@ impl LedgerRuntime for DockerProxy {
             }
         }
         Ok(out)
+    }
+}
+
+/// Whether a listed container's inspection describes it: `false` when it was removed between
+/// the list and the inspection (404); any other failure fails the whole list, since it says
+/// nothing about whether the container still runs (never taken as "gone").
+fn inspected(id: &str, status: StatusCode, body: &Value) -> anyhow::Result<bool> {
+    match status {
+        s if s.is_success() => Ok(true),
+        StatusCode::NOT_FOUND => Ok(false),
+        s => anyhow::bail!("inspecting {id}: {s} {body}"),
     }
 }
 
@@ -374,7 +381,9 @@ impl DockerProxy {
                     path = %parts.uri.path(),
                     "body too large to rewrite; forwarded unmodified"
                 );
-                self.agent().metrics().count_error(hook, "too_large");
+                self.agent()
+                    .metrics()
+                    .count_error(hook, crate::metrics::ErrorKind::TooLarge);
                 let req = Request::from_parts(parts, resumed(prefix, rest));
                 Err(match self.send(req).await {
                     Ok(r) => r.map(|b| b.boxed()),
@@ -630,4 +639,25 @@ pub async fn run(
     agent.metrics().proxy_up.set(0);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Finding 5 of issue 20: only a 404 means the container is gone; a 500 or 503 from dockerd
+    /// fails the list instead of releasing a live container.
+    #[test]
+    fn only_404_means_gone() {
+        let body = json!({});
+        assert!(inspected("c", StatusCode::OK, &body).unwrap());
+        assert!(!inspected("c", StatusCode::NOT_FOUND, &body).unwrap());
+        for s in [
+            StatusCode::INTERNAL_SERVER_ERROR,
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::CONFLICT,
+        ] {
+            assert!(inspected("c", s, &body).is_err(), "{s}");
+        }
+    }
 }

@@ -99,7 +99,7 @@ pub async fn publish(
     let mut bucket = Bucket::new(RATE, BURST, Instant::now());
     while let Some(n) = rx.recv().await {
         if !bucket.take(Instant::now()) {
-            metrics.count_error(n.hook, "event_dropped");
+            metrics.count_error(n.hook, crate::metrics::ErrorKind::EventDropped);
             continue;
         }
         let sent = tokio::time::timeout(
@@ -111,9 +111,9 @@ pub async fn publish(
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 tracing::debug!(pod = %n.pod_name, namespace = %n.namespace, "recording the Pod Event: {e}");
-                metrics.count_error(n.hook, "event");
+                metrics.count_error(n.hook, crate::metrics::ErrorKind::Event);
             }
-            Err(_) => metrics.count_error(n.hook, "event"),
+            Err(_) => metrics.count_error(n.hook, crate::metrics::ErrorKind::Event),
         }
     }
 }

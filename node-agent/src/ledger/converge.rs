@@ -55,13 +55,14 @@ pub enum WriteError {
 }
 
 impl WriteError {
-    /// The `kind` label of `tap_errors_total`.
-    pub fn kind(&self) -> &'static str {
+    /// The `kind` of `tap_errors_total`.
+    pub fn kind(&self) -> crate::metrics::ErrorKind {
+        use crate::metrics::ErrorKind;
         match self {
-            WriteError::Refused(_) => "refused",
-            WriteError::NotFound => "not_found",
-            WriteError::Unreachable(_) => "runtime",
-            WriteError::Timeout(_) => "timeout",
+            WriteError::Refused(_) => ErrorKind::Refused,
+            WriteError::NotFound => ErrorKind::NotFound,
+            WriteError::Unreachable(_) => ErrorKind::Runtime,
+            WriteError::Timeout(_) => ErrorKind::Timeout,
         }
     }
 }
@@ -332,7 +333,7 @@ impl Ledger {
                     "cpuset update failed: {err}"
                 );
                 self.agent.metrics().count_error("update", err.kind());
-                self.agent.metrics().count_cpuset_write(err.kind());
+                self.agent.metrics().count_cpuset_write(err.kind().as_str());
             }
         }
         drop(b);

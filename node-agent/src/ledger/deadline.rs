@@ -59,7 +59,9 @@ impl Deadline {
                     hook,
                     "decision failed: {e}; leaving the container unchanged"
                 );
-                agent.metrics().count_error(hook, "internal");
+                agent
+                    .metrics()
+                    .count_error(hook, crate::metrics::ErrorKind::Internal);
                 None
             }
             Err(_) => {
@@ -68,7 +70,9 @@ impl Deadline {
                     budget_ms = budget.as_millis() as u64,
                     "decision missed its deadline; answering without adjustment"
                 );
-                agent.metrics().count_error(hook, "timeout");
+                agent
+                    .metrics()
+                    .count_error(hook, crate::metrics::ErrorKind::Timeout);
                 let a = agent.clone();
                 tokio::spawn(async move {
                     if let Ok(v) = task.await {

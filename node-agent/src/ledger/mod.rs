@@ -457,7 +457,9 @@ impl Ledger {
             };
             if !matches!(e.state, State::Committed) {
                 tracing::warn!(container = %key, "an update while another change is in flight; forwarded unchanged");
-                self.agent.metrics().count_error("update", "busy");
+                self.agent
+                    .metrics()
+                    .count_error("update", crate::metrics::ErrorKind::Busy);
                 return pass(key);
             }
             record_on_span(&e.info);
@@ -560,7 +562,9 @@ impl Ledger {
         if let Some(f) = &self.file {
             if let Err(e) = f.save(records) {
                 tracing::warn!("cannot store the grant records: {e}");
-                self.agent.metrics().count_error("update", "state");
+                self.agent
+                    .metrics()
+                    .count_error("update", crate::metrics::ErrorKind::State);
             }
         }
     }

@@ -47,7 +47,9 @@ impl Ledger {
                         moved_to = ?aside,
                         "{e}; rebuilding the grants from the records stored in the containers"
                     );
-                    self.agent.metrics().count_error("sync", "state");
+                    self.agent
+                        .metrics()
+                        .count_error("sync", crate::metrics::ErrorKind::State);
                     Records::new()
                 }
             };

@@ -183,7 +183,7 @@ impl Pending {
                 ledger
                     .agent()
                     .metrics()
-                    .count_error("update", "unconfirmed");
+                    .count_error("update", crate::metrics::ErrorKind::Unconfirmed);
                 ledger.abort(t);
             }
         });
@@ -244,7 +244,9 @@ impl NriPlugin {
         let mut resp = CreateContainerResponse::new();
         if info.id.is_empty() {
             tracing::warn!("CreateContainer without a container id; leaving it unchanged");
-            self.agent.metrics().count_error("create", "input");
+            self.agent
+                .metrics()
+                .count_error("create", crate::metrics::ErrorKind::Input);
             return Ok(resp);
         }
         let id = info.id.clone();
@@ -255,7 +257,9 @@ impl NriPlugin {
             // it hung, and the request waited in the socket): nobody applies the answer. The
             // next session's Synchronize may already have run, so the grant goes now.
             tracing::warn!(container = %id, "a create of a closed NRI session; its grant is released");
-            self.agent.metrics().count_error("create", "stale_session");
+            self.agent
+                .metrics()
+                .count_error("create", crate::metrics::ErrorKind::StaleSession);
             self.ledger.abort(ticket);
             return Ok(CreateContainerResponse::new());
         }
