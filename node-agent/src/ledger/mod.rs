@@ -148,17 +148,18 @@ struct Book {
 }
 
 impl Book {
-    /// The key of a container from a key, a runtime id, or a unique id prefix of 4+ hex digits
-    /// (the Docker API accepts all three).
+    /// The key of a container from a runtime id, a key, or a unique runtime id prefix, in
+    /// dockerd's order (a full id first, then a name, then a prefix; a name given with its
+    /// leading `/` too).
     fn resolve(&self, id: &str) -> Option<String> {
-        let id = id.trim_start_matches('/');
-        if self.entries.contains_key(id) {
-            return Some(id.to_string());
-        }
         if let Some(k) = self.ids.get(id) {
             return Some(k.clone());
         }
-        if id.len() >= 4 && id.chars().all(|c| c.is_ascii_hexdigit()) {
+        let name = id.trim_start_matches('/');
+        if self.entries.contains_key(name) {
+            return Some(name.to_string());
+        }
+        if !id.is_empty() && id.chars().all(|c| c.is_ascii_hexdigit()) {
             let mut hits = self.ids.iter().filter(|(full, _)| full.starts_with(id));
             if let (Some((_, k)), None) = (hits.next(), hits.next()) {
                 return Some(k.clone());

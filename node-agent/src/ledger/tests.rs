@@ -182,7 +182,10 @@ fn ids_resolve_by_key_full_id_and_unique_prefix() {
     assert_eq!(b.resolve("/k8s_a").as_deref(), Some("k8s_a"));
     assert_eq!(b.resolve("abcdef0123").as_deref(), Some("k8s_a"));
     assert_eq!(b.resolve("abcd").as_deref(), Some("k8s_a"));
-    assert_eq!(b.resolve("abc"), None); // too short
+    assert_eq!(b.resolve("abc"), None); // ambiguous
+                                        // dockerd's order: a full id wins over a name that happens to equal it.
+    b.ids.insert("k8s_a".into(), "k8s_b".into());
+    assert_eq!(b.resolve("k8s_a").as_deref(), Some("k8s_b"));
     assert_eq!(b.resolve("abcf").as_deref(), Some("k8s_b"));
     assert_eq!(b.resolve("ab00"), None);
     assert_eq!(b.resolve("other"), None);

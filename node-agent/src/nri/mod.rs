@@ -119,6 +119,8 @@ pub struct NriPlugin {
     creates: Arc<Pending>,
     /// Resizes answered and not yet confirmed by PostUpdateContainer, by container id.
     resizes: Arc<Pending>,
+    /// How long creates and resizes wait for their confirmation.
+    confirm: ConfirmTimeouts,
     /// Cancelled when the runtime is done with us (Shutdown) or the session ends.
     session: CancellationToken,
     synchronized: CancellationToken,
@@ -130,6 +132,22 @@ pub const RESIZE_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an answered create waits for containerd's PostCreateContainer before it counts as
 /// failed (its grant is released; a later sync or update adopts the container if it exists).
 pub const CREATE_CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long an answered call waits for containerd's confirmation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfirmTimeouts {
+    pub create: Duration,
+    pub resize: Duration,
+}
+
+impl Default for ConfirmTimeouts {
+    fn default() -> Self {
+        ConfirmTimeouts {
+            create: CREATE_CONFIRM_TIMEOUT,
+            resize: RESIZE_CONFIRM_TIMEOUT,
+        }
+    }
+}
 
 /// Calls answered and not yet confirmed by the runtime, by container id, each with the ledger
 /// clock when it was answered (a newer call for the same container replaces an older one).
@@ -157,16 +175,18 @@ impl Pending {
     /// Keeps `t` until confirmed; unconfirmed after its timeout, it is aborted (the grant of a
     /// create released, a resize's previous grant restored). An older call of the same
     /// container is aborted now.
-    fn hold(self: &Arc<Self>, ledger: &Arc<Ledger>, id: String, t: Ticket, what: Unconfirmed) {
+    fn hold(
+        self: &Arc<Self>,
+        ledger: &Arc<Ledger>,
+        id: String,
+        t: Ticket,
+        (what, timeout): (Unconfirmed, Duration),
+    ) {
         let generation = ledger.now();
         let older = lock(&self.0).insert(id.clone(), (generation, t));
         if let Some((_, older)) = older {
             ledger.abort(older);
         }
-        let timeout = match what {
-            Unconfirmed::Create => CREATE_CONFIRM_TIMEOUT,
-            Unconfirmed::Resize => RESIZE_CONFIRM_TIMEOUT,
-        };
         let (me, ledger) = (Arc::downgrade(self), ledger.clone());
         tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
@@ -208,6 +228,7 @@ impl NriPlugin {
             slot,
             creates: Arc::default(),
             resizes: Arc::default(),
+            confirm: ConfirmTimeouts::default(),
             session: CancellationToken::new(),
             synchronized: CancellationToken::new(),
         }
@@ -270,8 +291,12 @@ impl NriPlugin {
             self.ledger.commit_create(ticket, Some(id.clone()));
         } else {
             let ledger = &self.ledger;
-            self.creates
-                .hold(ledger, id.clone(), ticket, Unconfirmed::Create);
+            self.creates.hold(
+                ledger,
+                id.clone(),
+                ticket,
+                (Unconfirmed::Create, self.confirm.create),
+            );
         }
         if let Some(a) = convert::adjustment(&adj) {
             resp.adjust = Some(a).into();
@@ -310,8 +335,12 @@ impl NriPlugin {
                 .await;
             let adj = ticket.adjustment.clone();
             // Committed when containerd confirms it applied the update (PostUpdateContainer).
-            self.resizes
-                .hold(&self.ledger, id.clone(), ticket, Unconfirmed::Resize);
+            self.resizes.hold(
+                &self.ledger,
+                id.clone(),
+                ticket,
+                (Unconfirmed::Resize, self.confirm.resize),
+            );
             adj
         };
         if let Some(cpus) = adj.cpus {
@@ -840,6 +869,49 @@ mod tests {
             .map(|p| p.request_milli)
             .sum();
         assert_eq!(used, 4000);
+    }
+
+    /// Finding 7 of issue 20: a resize containerd refuses (no PostUpdateContainer) is not
+    /// recorded as done: the container gets its previous grant back; a confirmed one is kept.
+    #[tokio::test]
+    async fn a_resize_counts_only_when_containerd_confirms_it() {
+        let agent = test_agent();
+        let mut plugin = NriPlugin::new(agent.clone());
+        plugin.confirm.resize = Duration::from_millis(50);
+        let mut c = convert::container_info(Some(&pod()), &burstable("c", 0));
+        c.cpus = tap_engine::CpuSet::parse("0-23").ok();
+        reconcile(&plugin.ledger, &[c]);
+        let before = agent.snapshot().grant("c").cloned().expect("restored");
+        let resize = |cpus: u64| {
+            let mut req = UpdateContainerRequest::new();
+            req.pod = Some(pod()).into();
+            req.container = Some(burstable("c", 0)).into();
+            let mut r = req.container.linux.resources.clone().unwrap();
+            r.cpu
+                .mut_or_insert_default()
+                .shares
+                .mut_or_insert_default()
+                .value = cpus * 1024;
+            r.cpu
+                .mut_or_insert_default()
+                .quota
+                .mut_or_insert_default()
+                .value = (cpus * 100_000) as i64;
+            req.linux_resources = Some(r).into();
+            req
+        };
+        // Refused: containerd never confirms; after the timeout the old grant is back.
+        let _ = plugin.on_update_container(resize(40)).await.unwrap();
+        assert_ne!(agent.snapshot().grant("c"), Some(&before), "reserved");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(agent.snapshot().grant("c"), Some(&before), "rolled back");
+        // Confirmed: kept.
+        let _ = plugin.on_update_container(resize(40)).await.unwrap();
+        // containerd's PostUpdateContainer.
+        plugin.confirm_resize("c");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let after = agent.snapshot().grant("c").cloned().expect("granted");
+        assert_eq!(after.request_milli, 40_000);
     }
 
     #[tokio::test]
