@@ -144,6 +144,31 @@ pub fn seed() -> u64 {
         .unwrap_or(1)
 }
 
+/// How long the soak goes on after the phases: `TAP_CHURN_SECONDS` (0, no soak, by default).
+/// `TAP_E2E=1 TAP_CHURN_SECONDS=600 cargo test -p tap-e2e --test churn_docker` soaks 10 min.
+pub fn soak_seconds() -> Duration {
+    Duration::from_secs(
+        std::env::var("TAP_CHURN_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+    )
+}
+
+/// Seeded rounds (`round(seed, n)`: a churn and a check at rest) for [`soak_seconds`].
+pub async fn soak(mut round: impl AsyncFnMut(u64, u64) -> Result<()>) -> Result<()> {
+    let (until, t0) = (soak_seconds(), Instant::now());
+    let mut n = 0u64;
+    while t0.elapsed() < until {
+        n += 1;
+        round(seed().wrapping_add(n), n).await?;
+    }
+    if n > 0 {
+        eprintln!("soak: {n} rounds, each at rest, in {:.0?}", t0.elapsed());
+    }
+    Ok(())
+}
+
 /// The agent flags that make it place on this host's own sysfs (no fixture, no fold).
 pub fn on_this_host(args: Vec<String>) -> Vec<String> {
     args.into_iter()

@@ -125,6 +125,7 @@ async fn phases(ctd: &mut Containerd, dir: &Path, mode: Mode) -> Result<()> {
         run.at_rest("agent restarted", &agent).await?;
         ctd.restart()?;
         run.at_rest("containerd restarted", &agent).await?;
+        run.soak(&agent).await?;
         ensure!(
             run.slowest < CREATE_BOUND,
             "the slowest create took {:?}",
@@ -141,6 +142,15 @@ async fn phases(ctd: &mut Containerd, dir: &Path, mode: Mode) -> Result<()> {
 }
 
 impl Run {
+    /// More seeded churn rounds, each checked at rest, for [`churn::soak_seconds`].
+    async fn soak(&mut self, agent: &TapAgent) -> Result<()> {
+        churn::soak(async |seed, n| {
+            self.churn(seed).await?;
+            self.at_rest(&format!("soak round {n}"), agent).await
+        })
+        .await
+    }
+
     async fn cri(&self) -> Result<Cri> {
         Cri::connect(&self.front).await
     }

@@ -81,6 +81,7 @@ impl Run {
             self.at_rest("agent restarted", &agent).await?;
             self.restart_dockerd()?;
             self.at_rest("dockerd restarted", &agent).await?;
+            self.soak(&agent).await?;
             ensure!(
                 self.slowest < CREATE_BOUND,
                 "the slowest create took {:?}",
@@ -94,6 +95,15 @@ impl Run {
             eprintln!("--- agent log ---\n{}", agent.log_tail(60));
         }
         res
+    }
+
+    /// More seeded churn rounds, each checked at rest, for [`churn::soak_seconds`].
+    async fn soak(&mut self, agent: &TapAgent) -> Result<()> {
+        churn::soak(async |seed, n| {
+            self.churn(seed).await?;
+            self.at_rest(&format!("soak round {n}"), agent).await
+        })
+        .await
     }
 
     /// A Pod sandbox and its container through the proxy, timed.

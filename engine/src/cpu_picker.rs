@@ -8,7 +8,7 @@ use crate::topology::PoolId;
 /// Takes `n` exclusive CPUs from pool `id`: whole free cores first, packed into the cluster (or
 /// NUMA node) with the fewest free CPUs; a remainder smaller than a core comes from an already
 /// split core first. `None` when the pool cannot give `n` CPUs without leaving a pool that has
-/// shared containers with no CPU.
+/// shared containers with no CPU, or the machine with no shared CPU at all.
 pub fn pick_exclusive(e: &StateView<'_>, id: PoolId, n: usize) -> Option<CpuSet> {
     let topo = e.topology();
     let pool = &topo.pools[id];
@@ -53,7 +53,11 @@ pub fn pick_exclusive(e: &StateView<'_>, id: PoolId, n: usize) -> Option<CpuSet>
     // are passed over, so packing into the fullest cluster cannot starve it and fail the whole
     // pool while other cores are free. Whenever the plain packed pick keeps every such set a
     // CPU, this picks exactly the same CPUs.
-    let mut guarded: Vec<CpuSet> = Vec::with_capacity(topo.pools.len() + topo.nodes.len());
+    // The machine always keeps one shared CPU, shared containers or not (as the kubelet's
+    // static policy keeps its shared pool): a container placed later, or one left unadjusted,
+    // always has a CPU that is no one's exclusively.
+    let mut guarded: Vec<CpuSet> = Vec::with_capacity(topo.pools.len() + topo.nodes.len() + 1);
+    guarded.push(e.shared_cpus(&topo.online));
     guarded.extend(
         topo.pools
             .iter()

@@ -345,3 +345,29 @@ fn full_machine_falls_back_to_the_root() {
     assert_eq!(p.reason, Reason::Fallback);
     assert_eq!(p.pool, 0);
 }
+
+/// Exclusive grants never take the machine's last shared CPU, even with no shared container
+/// yet: a container placed later, or one left unadjusted (which runs on every CPU), never ends
+/// up on a CPU that is someone's exclusively (found by the churn test on a 2-CPU host).
+#[test]
+fn exclusive_grants_always_leave_the_machine_a_shared_cpu() {
+    let mut e = engine("desktop-1socket-1numa-20cpu-smt2", EngineConfig::default());
+    let mut exclusive = 0;
+    for i in 0..20 {
+        let mut g = c(&format!("g{i}"), 2.0, 2.0);
+        g.qos = Some(Qos::Guaranteed);
+        if let Outcome::Placed(p) = e.create(&g) {
+            if p.exclusive {
+                exclusive += p.cpus.len();
+            }
+        }
+        assert!(
+            !e.shared_cpus(&e.topology().online).is_empty(),
+            "after g{i} the machine has no shared CPU: taken {}",
+            e.taken()
+        );
+    }
+    assert_eq!(exclusive, 18, "all but one core's CPUs went exclusive");
+    let later = e.create(&c("late", 0.5, 1.0));
+    assert!(matches!(later, Outcome::Placed(_)), "{later:?}");
+}
