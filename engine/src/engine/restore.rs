@@ -37,9 +37,9 @@ impl Engine {
         let mut report = RestoreReport::default();
         let resolved = self.resolve_grants(existing, &mut report);
         let exclusive = self.adopt(resolved, &mut report);
-        self.demote_starving_exclusives();
+        let demoted = self.demote_starving_exclusives(existing);
         let mut updates: Vec<CpusetUpdate> = self
-            .refresh_shared(&exclusive)
+            .refresh_shared(&exclusive.union(&demoted))
             .into_iter()
             .filter(|u| !existing.iter().any(|e| *e.request.id == *u.container_id))
             .collect();
@@ -124,9 +124,11 @@ impl Engine {
         adopted
     }
 
-    /// Step 3, a safety net for inferred grants: an exclusive grant that would leave a shared
-    /// one with no CPU becomes shared itself.
-    fn demote_starving_exclusives(&mut self) {
+    /// Step 3, a safety net for inferred grants: an exclusive grant adopted now that would
+    /// leave a shared one with no CPU becomes shared itself (grants the engine already held are
+    /// never touched). Returns the exclusive CPUs given back.
+    fn demote_starving_exclusives(&mut self, existing: &[Existing]) -> CpuSet {
+        let mut given_back = CpuSet::new();
         loop {
             let starving = self.grants.values().find_map(|g| {
                 let cpus = self.shared_cpus(&g.span);
@@ -136,7 +138,9 @@ impl Engine {
             let Some(id) = self
                 .grants
                 .iter()
-                .filter(|(_, g)| g.exclusive.intersects(&span))
+                .filter(|(id, g)| {
+                    g.exclusive.intersects(&span) && existing.iter().any(|e| *e.request.id == ***id)
+                })
                 .map(|(id, _)| Arc::clone(id))
                 .min()
             else {
@@ -145,11 +149,14 @@ impl Engine {
             if let Some(mut g) = self.take(&id) {
                 self.uncharge(&g);
                 self.set_taken(self.taken.difference(&g.exclusive));
+                given_back = given_back.union(&g.exclusive);
                 g.exclusive = CpuSet::new();
+                g.cpus = CpuSet::new();
                 self.charge(&g);
                 self.put(id, g);
             }
         }
+        given_back
     }
 
     /// Step 4: the cpusets of the restored containers, and an update for each whose live cpuset

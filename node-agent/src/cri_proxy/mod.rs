@@ -655,13 +655,15 @@ pub async fn run(
             .clone()
             .converge(shared.clone(), shutdown.clone()),
     );
-    let reconciler = tokio::spawn(proxy.ledger().clone().keep_reconciled(
-        shared,
-        RECONCILE_EVERY,
-        shutdown.clone(),
-    ));
+    let (ledger, stop) = (proxy.ledger().clone(), shutdown.clone());
+    let reconciler = tokio::spawn(async move {
+        // The periodic comparison starts once the state is restored (it would adopt every
+        // container before the state file's records are read).
+        restorer.finish().await;
+        ledger.keep_reconciled(shared, RECONCILE_EVERY, stop).await
+    });
     serve(proxy, listener, shutdown, flags.graceful_timeout).await;
-    let _ = tokio::join!(reconciler, converger, restorer.finish());
+    let _ = tokio::join!(reconciler, converger);
     agent.metrics().proxy_up.set(0);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
     Ok(())

@@ -604,11 +604,13 @@ pub async fn run(
             .clone()
             .converge(proxy.clone(), shutdown.clone()),
     );
-    let reconciler = tokio::spawn(proxy.ledger().clone().keep_reconciled(
-        proxy.clone(),
-        RECONCILE_EVERY,
-        shutdown.clone(),
-    ));
+    let (ledger, rt, stop) = (proxy.ledger().clone(), proxy.clone(), shutdown.clone());
+    let reconciler = tokio::spawn(async move {
+        // The periodic comparison starts once the state is restored (it would adopt every
+        // container before the state file's records are read).
+        restorer.finish().await;
+        ledger.keep_reconciled(rt, RECONCILE_EVERY, stop).await
+    });
     serve_connections(
         listener,
         shutdown,
@@ -635,7 +637,7 @@ pub async fn run(
         },
     )
     .await;
-    let _ = tokio::join!(reconciler, converger, restorer.finish());
+    let _ = tokio::join!(reconciler, converger);
     agent.metrics().proxy_up.set(0);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
     Ok(())

@@ -6,7 +6,8 @@
 //!   [`DirtyQueue`]; nothing else sends cpuset updates of containers.
 //! - The worker takes the dirty containers that are committed, not being written and not
 //!   waiting for a retry, compares, and writes the difference through the mode's [`Writer`]
-//!   under [`WRITE_DEADLINE`], a few at a time, one write per container at a time.
+//!   under [`WRITE_DEADLINE`], up to four at once, one write per container at a time; a pass
+//!   ends when its batch is answered (so a hung write delays later marks by the deadline).
 //! - A result counts only for the generation it was computed for: an entry changed while its
 //!   write was out (its `seq` moved, or a hook's own call for it was forwarded meanwhile) is
 //!   marked unknown and compared again, so a stale result never overwrites a newer one.
@@ -90,7 +91,7 @@ impl DirtyQueue {
             k.insert(key);
         }
         drop(k);
-        // Also when nothing new was added: a key already marked may have become committed.
+        // Even when every key was marked already: one may have become committed since.
         if any {
             self.wake.notify_one();
         }
@@ -114,6 +115,21 @@ impl DirtyQueue {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+impl Ledger {
+    /// The runtime is reachable again (a new NRI session): writes waiting for a retry go now,
+    /// their backoff forgotten, and every committed container is compared.
+    pub fn retry_now(&self) {
+        {
+            let mut b = self.book();
+            for e in b.entries.values_mut() {
+                e.flight.failures = 0;
+                e.flight.not_before = None;
+            }
+        }
+        self.sweep();
     }
 }
 
@@ -277,7 +293,7 @@ impl Ledger {
                     continue;
                 }
             }
-            if e.flight.writing || e.flight.hook_writing {
+            if e.flight.busy() {
                 continue;
             }
             if let Some(t) = e.flight.not_before.filter(|t| *t > now) {
@@ -322,6 +338,12 @@ impl Ledger {
                 self.agent.metrics().count_cpuset_write("ok");
             }
             Err(err) => {
+                // A write that timed out or was cut off may still land later: what the runtime
+                // holds is unknown until a later write or read-back says. A refusal changed
+                // nothing.
+                if matches!(err, WriteError::Timeout(_) | WriteError::Unreachable(_)) {
+                    e.applied = None;
+                }
                 e.flight.failures = e.flight.failures.saturating_add(1);
                 e.flight.timed_out = matches!(err, WriteError::Timeout(_));
                 let delay = e.flight.retry_delay();

@@ -415,6 +415,11 @@ impl Ledger {
                 let Some(e) = b.entries.get_mut(&t.key) else {
                     return;
                 };
+                // Only a change still pending is undone (a stop may have come in between).
+                if !matches!(e.state, State::PendingUpdate { .. }) {
+                    e.flight.settle_hook_write(None);
+                    return;
+                }
                 let State::PendingUpdate {
                     before,
                     before_info,
@@ -508,6 +513,12 @@ impl Ledger {
         let Some(e) = b.entries.get_mut(&t.key) else {
             return;
         };
+        // Only a change still pending is committed (a stop may have come in between: the
+        // container stays stopped, and a start adopts it anew).
+        if !matches!(e.state, State::PendingUpdate { .. }) {
+            e.flight.settle_hook_write(None);
+            return;
+        }
         let State::PendingUpdate { after_info, .. } =
             std::mem::replace(&mut e.state, State::Committed)
         else {

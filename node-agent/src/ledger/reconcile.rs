@@ -72,7 +72,7 @@ impl Ledger {
             self.end_calls_in_flight(&mut b);
         }
         let mut touched = self.release_missing(&mut b, &live, since, how, &mut report);
-        touched.extend(self.adopt_unknown(&mut b, &listed, how, &mut report));
+        touched.extend(self.adopt_unknown(&mut b, &listed, since, how, &mut report));
         self.learn_runtime_ids(&mut b, &listed);
         if how.reads_cpusets() {
             touched.extend(self.read_back(&mut b, &listed, since));
@@ -117,8 +117,8 @@ impl Ledger {
             .iter()
             .filter(|(_, e)| match e.state {
                 State::Committed | State::Stopped => e.seq < since,
-                State::PendingCreate => session,
-                State::PendingUpdate { .. } => false,
+                // At a session start none is left pending (`end_calls_in_flight`).
+                State::PendingCreate | State::PendingUpdate { .. } => false,
             })
             .map(|(k, _)| k.clone());
         let orphans = if session {
@@ -157,15 +157,17 @@ impl Ledger {
         &self,
         b: &mut Book,
         listed: &[Listed],
+        since: u64,
         how: Listing,
         report: &mut ReconcileReport,
     ) -> Vec<String> {
+        // A stop recorded after the list was taken is newer than the list: left alone.
         let unknown: Vec<&Listed> = listed
             .iter()
             .filter(|l| {
                 b.entries
                     .get(&l.info.id)
-                    .is_none_or(|e| matches!(e.state, State::Stopped))
+                    .is_none_or(|e| matches!(e.state, State::Stopped) && e.seq < since)
             })
             .collect();
         // A session start always goes through the engine's restore (it logs what it adopted).

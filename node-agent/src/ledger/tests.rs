@@ -678,3 +678,59 @@ async fn a_read_back_corrects_a_write_the_runtime_lost() {
     let again = l.pending_updates();
     assert_eq!(again, written, "the lost write is wanted again");
 }
+
+/// A stop that comes while a resize is forwarded: the resize's answer must not turn the stopped
+/// entry back into a running one (it would never be adopted again when started).
+#[tokio::test]
+async fn a_resize_answered_after_a_stop_leaves_the_container_stopped() {
+    let l = Ledger::new(agent(), None);
+    let adj = created(&l, container("d", "burstable", 4, 8), "idd").await;
+    for commit in [true, false] {
+        let t = l
+            .begin_update("idd", |i| i.cpu_shares = Some(6 * 1024))
+            .await;
+        l.release("idd", Release::Stopped);
+        if commit {
+            l.commit_update(t);
+        } else {
+            l.abort(t);
+        }
+        assert!(l.agent().snapshot().grant("d").is_none());
+        let since = l.now();
+        let mut live = container("d", "burstable", 4, 8);
+        live.cpus = adj.cpus;
+        live.annotations
+            .insert(GRANT_KEY.into(), adj.record.clone().unwrap());
+        let report = l.reconcile(
+            vec![Listed {
+                runtime_id: "idd".into(),
+                info: live,
+            }],
+            since,
+            Listing::Live,
+        );
+        assert_eq!(
+            report.adopted, 1,
+            "started again: adopted (commit: {commit})"
+        );
+        l.release("idd", Release::Stopped);
+    }
+}
+
+/// A write that timed out may still land: what the runtime holds is unknown, so the loop
+/// writes what the engine wants again even if it equals what was last confirmed.
+#[tokio::test]
+async fn a_write_that_timed_out_is_not_taken_as_known() {
+    let l = Ledger::new(agent(), None);
+    let _ = one_shared_per_node(&l).await;
+    let _ = created(&l, container("g", "guaranteed", 4, 4), "idg").await;
+    let due = l.take_due(std::time::Instant::now());
+    assert_eq!(due.writes.len(), 1);
+    for d in due.writes {
+        l.settle(d, Err(WriteError::Timeout(converge::WRITE_DEADLINE)));
+    }
+    // The exclusive container goes away: the engine wants the old cpuset back, which is
+    // what the runtime had before the write that timed out.
+    l.release("idg", Release::Removed);
+    assert_eq!(l.pending_updates().len(), 1, "unknown: written again");
+}

@@ -90,7 +90,9 @@ impl Writer for RuntimeSlot {
         };
         let mut req = UpdateContainersRequest::new();
         req.update = vec![convert::container_update(u)];
-        let deadline = crate::ledger::converge::WRITE_DEADLINE;
+        // The loop's own deadline decides (a timeout, with its longer retry floor); ttrpc's is
+        // a backstop a little later.
+        let deadline = crate::ledger::converge::WRITE_DEADLINE + Duration::from_secs(1);
         let ctx = ttrpc::context::with_timeout(deadline.as_nanos() as i64);
         match client.update_containers(ctx, &req).await {
             Ok(resp) if resp.failed.is_empty() => Ok(()),
@@ -243,11 +245,13 @@ impl NriPlugin {
         }
     }
 
-    /// A resize containerd applied (PostUpdateContainer): its ticket is committed.
+    /// A resize containerd applied (PostUpdateContainer): its ticket is committed (or the
+    /// create of a container first seen in an update).
     fn confirm_resize(&self, id: &str) {
         if let Some(t) = self.resizes.take(id) {
             self.ledger.commit_update(t);
         }
+        self.confirm_create(id);
     }
 }
 
@@ -317,11 +321,19 @@ impl NriPlugin {
             return Ok(UpdateContainerResponse::new());
         }
         let mut resp = UpdateContainerResponse::new();
+        // A resize of this container still unconfirmed was refused: containerd confirms an
+        // update before it answers the kubelet, and the kubelet retries only after that.
+        if let Some(older) = self.resizes.take(&id) {
+            self.ledger.abort(older);
+        }
         let adj = if self.ledger.resolve(&id).is_none() {
-            // Not seen yet (created before a restart and missed by the sync): place it now.
+            // Not seen yet (created before a restart and missed by the sync): placed now, and
+            // committed when containerd confirms the update (PostUpdateContainer).
             let ticket = self.ledger.begin_create(info).await;
             let adj = ticket.adjustment.clone();
-            self.ledger.commit_create(ticket, Some(id.clone()));
+            let unconfirmed = (Unconfirmed::Create, self.confirm.create);
+            self.creates
+                .hold(&self.ledger, id.clone(), ticket, unconfirmed);
             adj
         } else {
             let r = req.linux_resources.clone();
@@ -421,6 +433,8 @@ impl proto::Plugin for NriPlugin {
         let ledger = self.ledger.clone();
         // Resizes of the last session that were never confirmed: what the runtime lists now
         // says what it holds.
+        // (Each session has its own plugin, so these are empty here; the calls of a session
+        // that is gone were dropped with it, and this Synchronize's list settles them.)
         self.creates.clear();
         self.resizes.clear();
         let _ = self
@@ -429,8 +443,9 @@ impl proto::Plugin for NriPlugin {
             .await;
         self.synchronized.cancel();
         self.agent.metrics().set_ready(true);
-        // From now on the convergence loop may send this session its updates.
+        // From now on the convergence loop may send this session its updates, at once.
         self.slot.set(lock(&self.runtime).clone());
+        self.ledger.retry_now();
         Ok(SynchronizeResponse::new())
     }
 
@@ -912,6 +927,14 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let after = agent.snapshot().grant("c").cloned().expect("granted");
         assert_eq!(after.request_milli, 40_000);
+        // The kubelet retries a resize containerd refused (no confirmation yet): the retry is
+        // placed and confirmed, not passed over as "busy".
+        let _ = plugin.on_update_container(resize(20)).await.unwrap();
+        let _ = plugin.on_update_container(resize(30)).await.unwrap();
+        plugin.confirm_resize("c");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let retried = agent.snapshot().grant("c").cloned().expect("granted");
+        assert_eq!(retried.request_milli, 30_000);
     }
 
     #[tokio::test]
