@@ -34,8 +34,9 @@ fn the_proxy_socket_is_bound_within_a_bound_when_the_runtime_never_answers() -> 
     let proxy = dir.join("proxy.sock");
     let metrics = format!("127.0.0.1:{}", free_port()?);
     let log = dir.join("agent.log");
+    let bin = util::agent_binary()?;
     let started = Instant::now();
-    let mut agent = Command::new(util::agent_binary()?)
+    let mut agent = Command::new(bin)
         .args([
             "--container-runtime-mode=Containerd".to_string(),
             format!("--runtime-proxy-endpoint={}", proxy.display()),
@@ -72,7 +73,7 @@ fn the_proxy_socket_is_bound_within_a_bound_when_the_runtime_never_answers() -> 
         ensure!(ready == 503, "/readyz answered {ready} before any restore");
         let (health, _) = tcp_get(&metrics, "/healthz")?;
         ensure!(health == 200, "/healthz answered {health}");
-        let text = std::fs::read_to_string(&log)?;
+        let text = std::fs::read_to_string(dir.join("agent.err"))?;
         ensure!(
             text.contains("forwarding every call unadjusted"),
             "no fail-open line in the log:\n{text}"
@@ -81,5 +82,10 @@ fn the_proxy_socket_is_bound_within_a_bound_when_the_runtime_never_answers() -> 
     })();
     terminate(&mut agent, Duration::from_secs(10));
     drop(held);
+    if res.is_err() {
+        let out = std::fs::read_to_string(&log).unwrap_or_default();
+        let err = std::fs::read_to_string(dir.join("agent.err")).unwrap_or_default();
+        eprintln!("--- agent log ---\n{out}\n--- stderr ---\n{err}");
+    }
     res
 }

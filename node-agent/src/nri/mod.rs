@@ -90,20 +90,27 @@ impl Writer for RuntimeSlot {
         };
         let mut req = UpdateContainersRequest::new();
         req.update = vec![convert::container_update(u)];
-        // The loop's own deadline decides (a timeout, with its longer retry floor); ttrpc's is
-        // a backstop a little later.
-        let deadline = crate::ledger::converge::WRITE_DEADLINE + Duration::from_secs(1);
+        // The same deadline goes to containerd, which gives up on the update then (a shorter
+        // wait for the creates it holds meanwhile than the loop's timeout plus a margin).
+        let deadline = crate::ledger::converge::WRITE_DEADLINE;
         let ctx = ttrpc::context::with_timeout(deadline.as_nanos() as i64);
         match client.update_containers(ctx, &req).await {
             Ok(resp) if resp.failed.is_empty() => Ok(()),
             Ok(_) => Err(WriteError::Refused(
                 "UpdateContainers listed it as failed".into(),
             )),
-            Err(ttrpc::Error::RpcStatus(s)) if s.code() == ttrpc::Code::DEADLINE_EXCEEDED => {
-                Err(WriteError::Timeout(deadline))
-            }
+            Err(e) if is_deadline(&e) => Err(WriteError::Timeout(deadline)),
             Err(e) => Err(WriteError::Unreachable(format!("UpdateContainers: {e}"))),
         }
+    }
+}
+
+/// Whether a ttrpc error is a missed deadline (the client's own, or the server's status).
+fn is_deadline(e: &ttrpc::Error) -> bool {
+    match e {
+        ttrpc::Error::RpcStatus(s) => s.code() == ttrpc::Code::DEADLINE_EXCEEDED,
+        ttrpc::Error::Others(m) => m.contains("deadline"),
+        _ => false,
     }
 }
 
