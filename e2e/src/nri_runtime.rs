@@ -191,9 +191,9 @@ impl PluginSession {
         req.pod = Some(pod.clone()).into();
         req.container = Some(c.clone()).into();
         let resp = self.client.create_container(ctx(), &req).await?;
-        // containerd then creates the container and says so (PostCreateContainer).
+        // containerd then creates and (the kubelet asking) starts the container, and says so.
         let mut done = StateChangeEvent::new();
-        done.event = Event::POST_CREATE_CONTAINER.into();
+        done.event = Event::POST_START_CONTAINER.into();
         done.pod = Some(pod.clone()).into();
         done.container = Some(c.clone()).into();
         self.client.state_change(ctx(), &done).await?;

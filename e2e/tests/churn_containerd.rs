@@ -118,8 +118,13 @@ async fn phases(ctd: &mut Containerd, dir: &Path, mode: Mode) -> Result<()> {
         }
         run.resize().await?;
         run.at_rest("in-place resize", &agent).await?;
-        run.hung_shim(&agent).await?;
-        run.at_rest("hung shim thawed", &agent).await?;
+        if mode == Mode::CriProxy {
+            // NRI: the shrunk neighbours' updates ride on the create's answer, which containerd
+            // applies before it answers the kubelet, so a neighbour's hung shim holds the
+            // create (docs/reliability.md says why NRI does not send them on their own).
+            run.hung_shim(&agent).await?;
+            run.at_rest("hung shim thawed", &agent).await?;
+        }
         agent.stop();
         agent = TapAgent::start(&agent_args(ctd, dir, mode), &log)?;
         run.at_rest("agent restarted", &agent).await?;

@@ -362,6 +362,31 @@ impl Ledger {
         self.dirty.mark([d.key]);
     }
 
+    /// The writes due now, taken to ride on the answer to one of the runtime's own requests
+    /// (NRI), which the runtime applies as it handles that request: each counts as applied.
+    /// Containers with a write out, pending, or waiting for a retry are left to the loop.
+    pub fn claim_for_answer(&self) -> Vec<Update> {
+        let mut b = self.book();
+        let mut out = Vec::new();
+        for mark in self.dirty.snapshot() {
+            let Some(key) = b.resolve(&mark) else {
+                continue;
+            };
+            let Some((_, update)) = self.difference(&b, &key) else {
+                continue;
+            };
+            let Some(e) = b.entries.get_mut(&key) else {
+                continue;
+            };
+            if e.flight.busy() || e.flight.not_before.is_some() {
+                continue;
+            }
+            e.applied = Some(Applied::new(update.cpus, update.mems));
+            out.push(update);
+        }
+        out
+    }
+
     /// Marks every committed container for comparison.
     fn sweep(&self) {
         let keys: Vec<String> = {

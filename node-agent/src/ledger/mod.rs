@@ -331,6 +331,10 @@ impl Ledger {
             )
             .await
             .unwrap_or_default();
+        // The neighbours the decision changed may be written now (NRI carries them on this
+        // very answer); a refused create marks them again when it is undone.
+        let neighbours = adjustment.updates.iter().map(|u| u.container_id.clone());
+        self.dirty.mark(neighbours);
         Ticket {
             key,
             phase: Phase::Create,

@@ -13,8 +13,8 @@ use tap_engine::{CpuSet, NodeSet};
 /// the runtime's valid mask (0x7FF up to NRI v0.9) fails the registration.
 pub const SUBSCRIBED_EVENTS: [Event; 6] = [
     Event::CREATE_CONTAINER,
-    // Sent when containerd created the container: confirms a create (see `NriPlugin`).
-    Event::POST_CREATE_CONTAINER,
+    // Sent when containerd started the container: confirms a create (see `NriPlugin`).
+    Event::POST_START_CONTAINER,
     Event::UPDATE_CONTAINER,
     // Sent only when containerd applied an update: confirms a resize (see `NriPlugin`).
     Event::POST_UPDATE_CONTAINER,
@@ -140,6 +140,15 @@ pub fn container_update(u: &Update) -> ContainerUpdate {
     out
 }
 
+/// An update of another container riding on the answer to one of containerd's requests: a
+/// failure there would fail that request (a create), so it is ignored; the container was
+/// live a moment ago, and containerd applies the update as it handles the request.
+pub fn neighbour_update(u: &Update) -> ContainerUpdate {
+    let mut out = container_update(u);
+    out.ignore_failure = true;
+    out
+}
+
 pub fn container_updates(ups: &[Update]) -> Vec<ContainerUpdate> {
     ups.iter().map(container_update).collect()
 }
@@ -202,7 +211,7 @@ mod tests {
     #[test]
     fn event_mask_stays_inside_the_v0_6_valid_mask() {
         let m = event_mask(&SUBSCRIBED_EVENTS);
-        assert_eq!(m, 0x8 | 0x10 | 0x80 | 0x100 | 0x200 | 0x400);
+        assert_eq!(m, 0x8 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400);
         assert_eq!(m & !VALID_EVENTS_V0_9, 0);
         assert_eq!(event_bit(Event::RUN_POD_SANDBOX), 1);
         assert_eq!(event_bit(Event::REMOVE_CONTAINER), 0x400);

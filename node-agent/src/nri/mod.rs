@@ -67,6 +67,55 @@ pub fn next_backoff(cur: Duration) -> Duration {
 #[derive(Default)]
 pub struct RuntimeSlot {
     client: Mutex<Option<RuntimeClient>>,
+    /// containerd's requests being handled, and when the last one ended (ms since the epoch).
+    busy: std::sync::atomic::AtomicUsize,
+    last_request_ms: std::sync::atomic::AtomicU64,
+    /// One unsolicited write at a time.
+    writing: tokio::sync::Mutex<()>,
+}
+
+/// How long containerd must have sent no request before an unsolicited update goes out: one
+/// sent while containerd created or started other containers deadlocked containerd 1.7's NRI
+/// in the churn test, so updates ride on the answers to containerd's own requests where they
+/// can (see [`NriPlugin`]) and are sent on their own only when containerd is quiet.
+pub const QUIET_BEFORE_UNSOLICITED: Duration = Duration::from_millis(1000);
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Counts a request of containerd's as being handled until dropped.
+struct Handling<'a>(&'a RuntimeSlot);
+
+impl<'a> Handling<'a> {
+    fn new(slot: &'a RuntimeSlot) -> Handling<'a> {
+        slot.busy.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Handling(slot)
+    }
+}
+
+impl Drop for Handling<'_> {
+    fn drop(&mut self) {
+        self.0
+            .last_request_ms
+            .store(now_ms(), std::sync::atomic::Ordering::SeqCst);
+        self.0
+            .busy
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl RuntimeSlot {
+    /// Whether containerd has been quiet long enough for an unsolicited update.
+    fn quiet(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let last = self.last_request_ms.load(Ordering::SeqCst);
+        self.busy.load(Ordering::SeqCst) == 0
+            && now_ms().saturating_sub(last) >= QUIET_BEFORE_UNSOLICITED.as_millis() as u64
+    }
 }
 
 impl RuntimeSlot {
@@ -88,6 +137,13 @@ impl Writer for RuntimeSlot {
         let Some(client) = self.get() else {
             return Err(WriteError::Unreachable("no NRI session".into()));
         };
+        let _one = self.writing.lock().await;
+        if !self.quiet() {
+            return Err(WriteError::Unreachable(
+                "containerd is busy (an update rides on its next answer or goes when it is quiet)"
+                    .into(),
+            ));
+        }
         let mut req = UpdateContainersRequest::new();
         req.update = vec![convert::container_update(u)];
         // The same deadline goes to containerd, which gives up on the update then (a shorter
@@ -124,7 +180,7 @@ pub struct NriPlugin {
     /// This session's runtime client, handed to `slot` once synchronized.
     runtime: Mutex<Option<RuntimeClient>>,
     slot: Arc<RuntimeSlot>,
-    /// Creates answered and not yet confirmed by PostCreateContainer, by container id.
+    /// Creates answered and not yet confirmed by PostStartContainer, by container id.
     creates: Arc<Pending>,
     /// Resizes answered and not yet confirmed by PostUpdateContainer, by container id.
     resizes: Arc<Pending>,
@@ -138,9 +194,10 @@ pub struct NriPlugin {
 /// How long an answered resize waits for containerd's PostUpdateContainer before it counts as
 /// refused (containerd sends it only when it applied the update).
 pub const RESIZE_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long an answered create waits for containerd's PostCreateContainer before it counts as
+/// How long an answered create waits for containerd's PostStartContainer before it counts as
 /// failed (its grant is released; a later sync or update adopts the container if it exists).
-pub const CREATE_CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+/// The kubelet starts a container right after creating it.
+pub const CREATE_CONFIRM_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How long an answered call waits for containerd's confirmation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,9 +300,11 @@ impl NriPlugin {
         }
     }
 
-    /// A create containerd finished (PostCreateContainer): its ticket is committed, and from
-    /// now on the convergence loop may update the container (an unsolicited update of a
-    /// container containerd is still creating wedges containerd 1.7's NRI).
+    /// A container containerd created and started (PostStartContainer): its create is
+    /// committed, and from now on the convergence loop may update the container. An unsolicited
+    /// update of a container containerd is still creating or starting deadlocked containerd
+    /// 1.7's NRI in the churn test (its NRI lock and the container's status lock, taken in
+    /// opposite orders), so none is sent before.
     fn confirm_create(&self, id: &str) {
         if let Some(t) = self.creates.take(id) {
             self.ledger.commit_create(t, Some(id.to_string()));
@@ -296,7 +355,7 @@ impl NriPlugin {
             return Ok(CreateContainerResponse::new());
         }
         // The runtime applies the answer as it creates the container; committed when it says
-        // it did (PostCreateContainer). Neighbours the decision changed are updated by the
+        // it did and started it (PostStartContainer). Neighbours the decision changed are updated by the
         // convergence loop then.
         if ticket.is_duplicate() {
             self.ledger.commit_create(ticket, Some(id.clone()));
@@ -312,7 +371,15 @@ impl NriPlugin {
         if let Some(a) = convert::adjustment(&adj) {
             resp.adjust = Some(a).into();
         }
+        resp.update = self.neighbour_updates();
         Ok(resp)
+    }
+
+    /// What the convergence loop would send now, to ride on this answer (containerd applies it
+    /// as it handles the request, so no unsolicited update races its other work).
+    fn neighbour_updates(&self) -> Vec<proto::ContainerUpdate> {
+        let ups = self.ledger.claim_for_answer();
+        ups.iter().map(convert::neighbour_update).collect()
     }
 
     async fn on_update_container(
@@ -370,6 +437,7 @@ impl NriPlugin {
             };
             resp.update.push(convert::container_update(&own));
         }
+        resp.update.extend(self.neighbour_updates());
         Ok(resp)
     }
 
@@ -379,7 +447,9 @@ impl NriPlugin {
     ) -> ttrpc::Result<StopContainerResponse> {
         let id = req.container.get_or_default().id.clone();
         self.ledger.release(&id, Release::Stopped);
-        Ok(StopContainerResponse::new())
+        let mut resp = StopContainerResponse::new();
+        resp.update = self.neighbour_updates();
+        Ok(resp)
     }
 }
 
@@ -411,6 +481,7 @@ impl proto::Plugin for NriPlugin {
         _ctx: &TtrpcContext,
         req: SynchronizeRequest,
     ) -> ttrpc::Result<SynchronizeResponse> {
+        let _handling = Handling::new(&self.slot);
         let (pods, containers) = {
             let mut p = self.pending_sync.lock().unwrap_or_else(|p| p.into_inner());
             p.0.extend(req.pods);
@@ -467,6 +538,7 @@ impl proto::Plugin for NriPlugin {
         _ctx: &TtrpcContext,
         req: CreateContainerRequest,
     ) -> ttrpc::Result<CreateContainerResponse> {
+        let _handling = Handling::new(&self.slot);
         self.on_create_container(req)
             .instrument(hook_span("create", "NRI"))
             .await
@@ -477,6 +549,7 @@ impl proto::Plugin for NriPlugin {
         _ctx: &TtrpcContext,
         req: UpdateContainerRequest,
     ) -> ttrpc::Result<UpdateContainerResponse> {
+        let _handling = Handling::new(&self.slot);
         self.on_update_container(req)
             .instrument(hook_span("update", "NRI"))
             .await
@@ -487,6 +560,7 @@ impl proto::Plugin for NriPlugin {
         _ctx: &TtrpcContext,
         req: StopContainerRequest,
     ) -> ttrpc::Result<StopContainerResponse> {
+        let _handling = Handling::new(&self.slot);
         self.on_stop_container(req)
             .instrument(hook_span("stop", "NRI"))
             .await
@@ -497,6 +571,7 @@ impl proto::Plugin for NriPlugin {
         _ctx: &TtrpcContext,
         req: StateChangeEvent,
     ) -> ttrpc::Result<Empty> {
+        let _handling = Handling::new(&self.slot);
         match req.event.enum_value() {
             Ok(Event::REMOVE_CONTAINER) | Ok(Event::STOP_CONTAINER) => {
                 let id = req.container.get_or_default().id.clone();
@@ -507,7 +582,7 @@ impl proto::Plugin for NriPlugin {
                 };
                 hook_span(hook, "NRI").in_scope(|| self.ledger.release(&id, why));
             }
-            Ok(Event::POST_CREATE_CONTAINER) => {
+            Ok(Event::POST_START_CONTAINER) => {
                 let id = req.container.get_or_default().id.clone();
                 hook_span("create", "NRI").in_scope(|| self.confirm_create(&id));
             }
@@ -796,7 +871,7 @@ mod tests {
         let mut cfg = ConfigureRequest::new();
         cfg.runtime_name = "fake".into();
         let r = plugin.configure(ctx(), &cfg).await.unwrap();
-        assert_eq!(r.events, 0x798);
+        assert_eq!(r.events, 0x7c8);
 
         // Five running containers on NUMA node 0 with bulky annotations: a request of ~70 KiB,
         // many frames.
