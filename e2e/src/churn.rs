@@ -7,6 +7,20 @@ use anyhow::{bail, Context, Result};
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
+/// The longest a create may take through the agent in a churn test: far below the kubelet's
+/// 2 min, and what a create waiting on a hung neighbour's update would exceed.
+pub const CREATE_BOUND: Duration = Duration::from_secs(5);
+
+/// The end of a churn test: every create (faults aside) was within [`CREATE_BOUND`].
+pub fn check_slowest_create(slowest: Duration) -> Result<()> {
+    anyhow::ensure!(
+        slowest < CREATE_BOUND,
+        "the slowest create took {slowest:?}"
+    );
+    eprintln!("slowest create: {slowest:.1?}");
+    Ok(())
+}
+
 /// How long the books and the runtime may take to agree after a phase: the loop's writes are
 /// immediate, a failed one is retried within seconds, a lost one is read back within 30 s.
 pub const SETTLE: Duration = Duration::from_secs(45);

@@ -3,7 +3,7 @@
 //! stopped behind the agent's back, an in-place resize, a hung shim, an agent restart and a
 //! containerd restart. After each phase, at rest: no shared container's cgroup cpuset meets
 //! an exclusive grant, every container's cgroup cpuset equals the agent's books, and no create
-//! failed or took longer than [`CREATE_BOUND`] (a create never waits on another container).
+//! failed or took longer than [`churn::CREATE_BOUND`] (a create never waits on another container).
 //!
 //! The agent places on this host's own sysfs (two CPUs: one exclusive, one shared), not a
 //! folded fixture, so the cgroups show the real cpusets. `TAP_CHURN_SEED` replays a run.
@@ -20,9 +20,6 @@ use tap_e2e::containerd::{
 use tap_e2e::docker::{temp_dir, TapAgent};
 use tap_e2e::util::{skip_unless_enabled, RmDir};
 
-/// The longest a create may take through the agent: far below the kubelet's 2 min, and what a
-/// create waiting on a hung neighbour's update would exceed.
-const CREATE_BOUND: Duration = Duration::from_secs(5);
 /// containerd 1.7 holds other containers' creates and starts while an update waits on a hung
 /// shim: a create then may take up to the agent's write deadline more than before, no more.
 const HUNG_SHIM_EXTRA: Duration = Duration::from_secs(2);
@@ -131,13 +128,7 @@ async fn phases(ctd: &mut Containerd, dir: &Path, mode: Mode) -> Result<()> {
         ctd.restart()?;
         run.at_rest("containerd restarted", &agent).await?;
         run.soak(&agent).await?;
-        ensure!(
-            run.slowest < CREATE_BOUND,
-            "the slowest create took {:?}",
-            run.slowest
-        );
-        eprintln!("slowest create: {:.1?}", run.slowest);
-        Ok(())
+        churn::check_slowest_create(run.slowest)
     }
     .await;
     if res.is_err() {

@@ -14,9 +14,6 @@ use tap_e2e::churn::{self, Frozen, Rng};
 use tap_e2e::docker::{cgroup_cpuset, docker, temp_dir, Dockerd, ProxyEnv, TapAgent};
 use tap_e2e::util::{print_logs_on_failure, skip_unless_enabled, RmDir};
 
-/// The longest a create may take through the proxy (as in churn_containerd.rs).
-const CREATE_BOUND: Duration = Duration::from_secs(5);
-
 #[derive(Clone, Debug)]
 struct Made {
     sandbox: String,
@@ -82,13 +79,7 @@ impl Run {
             self.restart_dockerd()?;
             self.at_rest("dockerd restarted", &agent).await?;
             self.soak(&agent).await?;
-            ensure!(
-                self.slowest < CREATE_BOUND,
-                "the slowest create took {:?}",
-                self.slowest
-            );
-            eprintln!("slowest create: {:.1?}", self.slowest);
-            Ok(())
+            churn::check_slowest_create(self.slowest)
         }
         .await;
         if res.is_err() {

@@ -232,11 +232,20 @@ impl Ledger {
     }
 
     /// Containers whose runtime cpuset differs from the engine's, for the
-    /// `tap_unconverged_containers` gauge.
+    /// `tap_unconverged_containers` gauge. Only marked containers can differ (every change
+    /// marks what it affects, and the sweep marks the rest), so only they are compared: the
+    /// worker reads this after every pass.
     pub fn unconverged(&self) -> usize {
         let b = self.book();
-        b.entries
-            .keys()
+        let mut keys: Vec<String> = self
+            .dirty
+            .snapshot()
+            .iter()
+            .filter_map(|k| b.resolve(k))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys.iter()
             .filter(|k| self.difference(&b, k).is_some())
             .count()
     }

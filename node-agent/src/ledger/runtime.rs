@@ -3,6 +3,7 @@
 //! reading back what the runtime holds.
 
 use super::{Ledger, Listed, Listing};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -85,19 +86,21 @@ impl Ledger {
         // the kubelet will remove; it is adopted at start-up only.
         let lacking = live.iter().any(|l| l.running && self.lacks(&l.key));
         let full = lacking || how == Listing::Live;
+        // What the comparison covers: running containers, and created ones the book has.
+        let kept: HashSet<String> = live
+            .iter()
+            .filter(|l| l.running || !self.lacks(&l.key))
+            .map(|l| l.key.clone())
+            .collect();
         let listed: Vec<Listed> = if full {
-            let keep = |l: &Listed| {
-                live.iter()
-                    .any(|x| x.key == l.info.id && (x.running || !self.lacks(&x.key)))
-            };
             bounded("describing the runtime's containers", rt.list())
                 .await?
                 .into_iter()
-                .filter(keep)
+                .filter(|l| kept.contains(&l.info.id))
                 .collect()
         } else {
             live.into_iter()
-                .filter(|l| l.running || !self.lacks(&l.key))
+                .filter(|l| kept.contains(&l.key))
                 .map(|l| Listed {
                     info: self
                         .info(&l.key)
