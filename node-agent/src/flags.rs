@@ -23,6 +23,14 @@ impl RuntimeMode {
     }
 }
 
+/// `--nri-unsolicited-updates`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnsolicitedUpdates {
+    Auto,
+    Always,
+    Never,
+}
+
 /// `--node-resource-topology`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum NrtMode {
@@ -180,6 +188,13 @@ pub struct Flags {
     /// NRI plugin index: orders the plugins containerd calls (two digits, lower first).
     #[arg(help_heading = "Runtime", long, default_value = "10")]
     pub nri_plugin_index: String,
+
+    /// NRI: whether the agent sends cpuset updates of running containers on its own
+    /// (unsolicited `UpdateContainers`). `auto`: only to containerd 2.4 or later; older
+    /// containerd releases can deadlock their NRI on one (containerd issue 13733), so there the
+    /// updates ride on the answers to containerd's own requests. `always`, `never`.
+    #[arg(help_heading = "Runtime", long, value_enum, default_value = "auto")]
+    pub nri_unsolicited_updates: UnsolicitedUpdates,
 
     /// This node's name (NodeTopology object); defaults to the hostname.
     #[arg(help_heading = "Kube link", long, env = "NODE_NAME")]

@@ -68,9 +68,23 @@ impl WriteError {
     }
 }
 
+/// How a writer reaches the runtime now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// Through calls of its own: the loop sends due writes.
+    OwnCalls,
+    /// Only on the answers to the runtime's own requests (NRI where unsolicited updates are not
+    /// safe): due writes stay marked until the next answer takes them
+    /// ([`Ledger::claim_for_answer`]).
+    AnswersOnly,
+}
+
 /// How a mode writes a container's cpuset (and memory nodes), and only those.
 #[async_trait::async_trait]
 pub trait Writer: Send + Sync {
+    fn channel(&self) -> Channel {
+        Channel::OwnCalls
+    }
     async fn write_cpuset(&self, u: &Update) -> Result<(), WriteError>;
 }
 
@@ -379,9 +393,17 @@ impl Ledger {
         let mut out = Vec::new();
         for mark in self.dirty.snapshot() {
             let Some(key) = b.resolve(&mark) else {
+                self.dirty.clear(&mark);
                 continue;
             };
             let Some((_, update)) = self.difference(&b, &key) else {
+                // Settled, as the loop would find it (pending ones are marked at their end).
+                if b.entries
+                    .get(&key)
+                    .is_some_and(|e| matches!(e.state, State::Committed))
+                {
+                    self.dirty.clear(&mark);
+                }
                 continue;
             };
             let Some(e) = b.entries.get_mut(&key) else {
@@ -391,6 +413,7 @@ impl Ledger {
                 continue;
             }
             e.applied = Some(Applied::new(update.cpus, update.mems));
+            self.dirty.clear(&mark);
             out.push(update);
         }
         out
@@ -440,7 +463,10 @@ impl Ledger {
                 self.sweep();
                 last_sweep = Instant::now();
             }
-            let (next_retry, sent) = self.converge_once(w.as_ref()).await;
+            let (next_retry, sent) = match w.channel() {
+                Channel::OwnCalls => self.converge_once(w.as_ref()).await,
+                Channel::AnswersOnly => (None, false),
+            };
             self.agent()
                 .metrics()
                 .unconverged

@@ -25,7 +25,7 @@ mod reconcile;
 pub mod runtime;
 pub mod state_file;
 
-pub use converge::{DirtyQueue, WriteError, Writer};
+pub use converge::{Channel, DirtyQueue, WriteError, Writer};
 pub use reconcile::Listing;
 
 use crate::agent::{Adjustment, Agent, ContainerInfo};

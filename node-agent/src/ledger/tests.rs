@@ -734,3 +734,53 @@ async fn a_write_that_timed_out_is_not_taken_as_known() {
     l.release("idg", Release::Removed);
     assert_eq!(l.pending_updates().len(), 1, "unknown: written again");
 }
+
+/// A writer that reaches the runtime only on answers (NRI on a containerd whose NRI deadlocks
+/// on unsolicited updates): the loop sends nothing, and each answer takes what is due.
+struct AnswersOnly(Recorder);
+
+#[async_trait::async_trait]
+impl Writer for AnswersOnly {
+    fn channel(&self) -> Channel {
+        Channel::AnswersOnly
+    }
+    async fn write_cpuset(&self, u: &Update) -> Result<(), WriteError> {
+        self.0.write_cpuset(u).await
+    }
+}
+
+#[tokio::test]
+async fn without_calls_of_its_own_an_exclusive_create_shrinks_its_neighbours_on_its_own_answer() {
+    let l = Arc::new(Ledger::new(agent(), None));
+    let w = Arc::new(AnswersOnly(Recorder::default()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let worker = tokio::spawn(l.clone().converge(w.clone(), stop.clone()));
+    let mut shared = Vec::new();
+    for i in 0..4 {
+        let key = format!("s{i}");
+        let adj = created(&l, container(&key, "burstable", 2, 4), &format!("ids{i}")).await;
+        shared.push(adj.cpus.expect("placed"));
+    }
+    assert!(l.claim_for_answer().is_empty(), "nothing due yet");
+    // The exclusive create's own answer carries the shrink of the shared container it meets,
+    // so containerd applies it before the exclusive container exists.
+    let g = l.begin_create(container("g", "guaranteed", 4, 4)).await;
+    let mine = g.adjustment.cpus.expect("exclusive");
+    let on_answer = l.claim_for_answer();
+    assert_eq!(on_answer.len(), 1, "{on_answer:?}");
+    assert!(!on_answer[0].cpus.intersects(&mine));
+    assert!(l.claim_for_answer().is_empty(), "taken once");
+    l.commit_create(g, Some("idg".into()));
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(w.0.writes().is_empty(), "the loop sent nothing of its own");
+    assert_eq!(l.unconverged(), 0);
+    assert_no_shared_on_exclusive(&l);
+    // Removing it gives the CPUs back on the next answer (a StopContainer's).
+    l.release("idg", Release::Stopped);
+    let back = l.claim_for_answer();
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert!(mine.is_subset(&back[0].cpus));
+    stop.cancel();
+    let _ = worker.await;
+    assert!(w.0.writes().is_empty());
+}
