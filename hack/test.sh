@@ -15,6 +15,9 @@ fi
 bash hack/ensure-protoc.sh
 
 unit() {
+  # rust-version (Cargo.toml) is no older than any locked dependency needs (clippy's
+  # incompatible_msrv, below, checks the workspace's own code against it).
+  bash hack/check-rust-version.sh
   cargo fmt --all --check
   cargo clippy --workspace --all-targets -- -D warnings
   # The product never panics on its own (docs/reliability.md): its libraries and binaries,
