@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The project's test command (README): `bash hack/test.sh [unit|e2e|all]` (default all).
+# The project's test command (README): `bash hack/test.sh [unit|arm64|e2e|all]` (default all:
+# unit, arm64, e2e).
 #   unit: cargo fmt --check, cargo clippy -D warnings (the product's own code also without
 #         unwrap/expect/panic/todo/unimplemented), cargo test --workspace
+#   arm64: builds the agent for aarch64 (static musl) in a Debian trixie chroot and runs the
+#         engine's and the agent's tests under qemu-user, and the arm64 agent's --explain
+#         against the amd64 one (hack/build-arm64.sh --agent-only --test; root)
 #   e2e:  installs and starts real components (hack/e2e/*.sh) and runs the e2e tier (TAP_E2E=1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +32,10 @@ unit() {
   cargo test --workspace
 }
 
+arm64() {
+  bash hack/build-arm64.sh --agent-only --test
+}
+
 e2e() {
   for s in hack/e2e/setup-*.sh; do
     [ -e "$s" ] || continue
@@ -39,7 +47,8 @@ e2e() {
 
 case "$tier" in
   unit) unit ;;
+  arm64) arm64 ;;
   e2e) e2e ;;
-  all) unit; e2e ;;
-  *) echo "usage: hack/test.sh [unit|e2e|all]" >&2; exit 2 ;;
+  all) unit; arm64; e2e ;;
+  *) echo "usage: hack/test.sh [unit|arm64|e2e|all]" >&2; exit 2 ;;
 esac
