@@ -11,6 +11,8 @@
 #                    agent's --explain with the amd64 release agent's (built with the host's
 #                    cargo into its usual target dir), byte for byte, on the Kunpeng 920-shaped
 #                    fixtures synthetic-2s-4numa-96c-gpu and synthetic-2s-4numa-32c-8npu-bmc
+#     --amd64-profile dev|release   the amd64 agent --test compares with (default release;
+#                    the test tier uses dev, which its unit tier has built already)
 #     --copy-to DIR  copy the stripped binaries to DIR as well
 #
 # Output (stripped): /var/cache/kunpeng-tap/arm64/out/{kunpeng-tap,kunpeng-tap-operator}.
@@ -62,12 +64,14 @@ ARGS=("$@")
 agent_only=${TAP_ARM64_AGENT_ONLY:-0}
 run_tests=0
 copy_to=
+amd64_profile=release
 while [ $# -gt 0 ]; do
   case "$1" in
     --agent-only) agent_only=1 ;;
     --test) run_tests=1 ;;
     --copy-to) copy_to=${2:?--copy-to needs a directory}; shift ;;
-    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    --amd64-profile) amd64_profile=${2:?--amd64-profile needs dev or release}; shift ;;
+    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "build-arm64: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -361,9 +365,14 @@ binfmt_off
 trap - EXIT
 
 phase "--explain arm64 vs amd64"
-# The amd64 release agent, built with the host's own toolchain into its usual target dir.
-(cd "$SRC" && nice -n 19 cargo build -q --release --locked -p node-agent --bin kunpeng-tap)
-amd64_bin="${CARGO_TARGET_DIR:-$SRC/target}/release/kunpeng-tap"
+# The amd64 agent, built with the host's own toolchain into its usual target dir.
+case "$amd64_profile" in
+  release) (cd "$SRC" && nice -n 19 cargo build -q --release --locked -p node-agent --bin kunpeng-tap)
+    amd64_bin="${CARGO_TARGET_DIR:-$SRC/target}/release/kunpeng-tap" ;;
+  dev) (cd "$SRC" && nice -n 19 cargo build -q --locked -p node-agent --bin kunpeng-tap)
+    amd64_bin="${CARGO_TARGET_DIR:-$SRC/target}/debug/kunpeng-tap" ;;
+  *) die "--amd64-profile: dev or release, not $amd64_profile" ;;
+esac
 [ -x "$amd64_bin" ] || die "$amd64_bin missing after cargo build"
 qemu="$ROOT/usr/bin/qemu-aarch64" # a static binary: runs on the host too
 for f in "${FIXTURES[@]}"; do
@@ -381,6 +390,6 @@ for f in "${FIXTURES[@]}"; do
     diff -u "$OUT/explain-$f.amd64.txt" "$OUT/explain-$f.arm64.txt" | head -40 >&2 || true
     die "--explain on $f differs between arm64 and amd64"
   fi
-  say "--explain on $f: identical on arm64 and amd64 ($(wc -l < "$OUT/explain-$f.arm64.txt") lines, $(stat -c %s "$OUT/explain-$f.arm64.txt") bytes; $OUT/explain-$f.arm64.txt)"
+  say "--explain on $f: identical on arm64 and amd64 ($amd64_profile build) ($(wc -l < "$OUT/explain-$f.arm64.txt") lines, $(stat -c %s "$OUT/explain-$f.arm64.txt") bytes; $OUT/explain-$f.arm64.txt)"
 done
 print_timings
