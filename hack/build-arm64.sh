@@ -318,7 +318,7 @@ fi
 # --- tests ---------------------------------------------------------------------------------------
 phase "check binaries"
 for b in "${bins[@]}"; do
-  desc=$(file -b "$OUT/$b")
+  desc=$(chroot "$ROOT" file -b - < "$OUT/$b") # the chroot's file(1): the host may have none
   echo "  $b: $desc"
   case "$desc" in
     *"ARM aarch64"*) ;;
@@ -328,6 +328,7 @@ for b in "${bins[@]}"; do
     *"statically linked"* | *"static-pie linked"*) ;;
     *) die "$b is not statically linked" ;;
   esac
+  "$ROOT/usr/bin/qemu-aarch64" "$OUT/$b" --version >/dev/null || die "$b --version failed under qemu"
 done
 
 phase "tests under qemu (build)"
