@@ -53,9 +53,10 @@ PKGS=(
 )
 CHROOT_STAMP=.kunpeng-tap-chroot-v1
 UNWIND_STAMP=/opt/musl-unwind/.v1
-# Where the checkout and the caches appear inside the chroot (fixed paths: Cargo's
-# fingerprints then stay valid whatever folder the checkout is in).
-C_SRC=/src
+# Where the caches appear inside the chroot. The checkout appears at its own path (C_SRC, set
+# below): Cargo tells a workspace's crates by path and their freshness by mtime, so two
+# checkouts sharing one path in the shared target dir could pass one's artifacts off as the
+# other's. Dependencies are shared by all checkouts, as in a host's shared target dir.
 C_TARGET=/tap/target
 C_CARGO=/tap/cargo
 FIXTURES=(synthetic-2s-4numa-96c-gpu synthetic-2s-4numa-32c-8npu-bmc)
@@ -77,11 +78,16 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-SRC=$(cd "$(dirname "$0")/.." && pwd)
+SRC=$(cd "$(dirname "$0")/.." && pwd -P)
+C_SRC=$SRC
 say() { echo "build-arm64: $*"; }
 die() { echo "build-arm64: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (chroot, mounts)"
 [ "$(uname -m)" = x86_64 ] || die "runs on an x86_64 (amd64) Debian host; this is $(uname -m)"
+case "$SRC" in
+  / | /usr | /usr/* | /etc* | /proc* | /dev* | /sys* | /tap* | /bin* | /sbin* | /lib* | /opt/musl-unwind*)
+    die "the checkout ($SRC) is in a path the chroot uses itself" ;;
+esac
 
 # Everything below runs in a private mount namespace: the bind mounts into the chroot vanish
 # with this process, whatever way it ends, and nobody else sees them.
