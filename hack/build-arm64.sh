@@ -53,10 +53,8 @@ PKGS=(
 )
 CHROOT_STAMP=.kunpeng-tap-chroot-v1
 UNWIND_STAMP=/opt/musl-unwind/.v1
-# Where the caches appear inside the chroot. The checkout appears at its own path (C_SRC, set
-# below): Cargo tells a workspace's crates by path and their freshness by mtime, so two
-# checkouts sharing one path in the shared target dir could pass one's artifacts off as the
-# other's. Dependencies are shared by all checkouts, as in a host's shared target dir.
+# Where the caches appear inside the chroot; the checkout appears at its own path (C_SRC, set
+# below), so paths in messages are the host's.
 C_TARGET=/tap/target
 C_CARGO=/tap/cargo
 FIXTURES=(synthetic-2s-4numa-96c-gpu synthetic-2s-4numa-32c-8npu-bmc)
@@ -261,6 +259,22 @@ mount --bind "$CACHE/target" "$ROOT$C_TARGET"
 mount --bind "$CACHE/cargo" "$ROOT$C_CARGO"
 mount -t proc proc "$ROOT/proc"
 mount --bind /dev "$ROOT/dev"
+
+# One target dir serves every checkout (dependencies are built once). Cargo judges a workspace
+# crate fresh when its artifact is newer than its sources: after a build from another checkout
+# with newer files, an older checkout's crates would pass for built. So when the checkout is not
+# the one built last, the workspace crates' fingerprints go and they are compiled again.
+last_src=$(cat "$CACHE/target/.last-checkout" 2>/dev/null || true)
+if [ "$last_src" != "$SRC" ]; then
+  for toml in "$SRC"/*/Cargo.toml; do
+    n=$(awk -F'"' '/^name = /{print $2; exit}' "$toml")
+    [ -n "$n" ] || continue
+    find "$CACHE/target" -maxdepth 4 -type d -path '*/.fingerprint/*' \
+      -name "$n-????????????????" -exec rm -rf {} +
+  done
+  [ -z "$last_src" ] || say "last built from $last_src: the workspace's crates are rebuilt for $SRC"
+  echo "$SRC" > "$CACHE/target/.last-checkout"
+fi
 
 # Runs a command in the chroot, in the checkout, with a clean environment.
 in_chroot() {
