@@ -411,6 +411,6 @@ for f in "${FIXTURES[@]}"; do
     diff -u "$OUT/explain-$f.amd64.txt" "$OUT/explain-$f.arm64.txt" | head -40 >&2 || true
     die "--explain on $f differs between arm64 and amd64"
   fi
-  say "--explain on $f: identical on arm64 and amd64 ($amd64_profile build) ($(wc -l < "$OUT/explain-$f.arm64.txt") lines, $(stat -c %s "$OUT/explain-$f.arm64.txt") bytes; $OUT/explain-$f.arm64.txt)"
+  say "--explain on $f: identical on arm64 and on amd64 (its $amd64_profile build; $(wc -l < "$OUT/explain-$f.arm64.txt") lines, $(stat -c %s "$OUT/explain-$f.arm64.txt") bytes; $OUT/explain-$f.arm64.txt)"
 done
 print_timings
