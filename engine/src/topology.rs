@@ -318,17 +318,27 @@ impl Topology {
         let mut out = String::new();
         for p in self.walk() {
             out.push_str(&format!(
-                "{}{} [{}] cpus {} ({}) mems {} mem {} GiB\n",
+                "{}{} [{}] cpus {} ({}) mems {} mem {}\n",
                 "  ".repeat(p.depth as usize),
                 p.name,
                 p.level,
                 p.cpus,
                 p.cpus.len(),
                 p.mems,
-                p.memory_bytes >> 30
+                memory_text(p.memory_bytes)
             ));
         }
         out
+    }
+}
+
+/// A pool's memory for people: whole GiB from 10 GiB up, MiB below (a small node or a test
+/// guest's 512 MiB node would read "0 GiB").
+pub fn memory_text(bytes: u64) -> String {
+    if bytes >= 10 << 30 {
+        format!("{} GiB", bytes >> 30)
+    } else {
+        format!("{} MiB", bytes >> 20)
     }
 }
 
@@ -591,5 +601,18 @@ mod tests {
             Topology::build(&RawTopology::default()),
             Err(TopologyError::NoCpus)
         );
+    }
+}
+
+#[cfg(test)]
+mod memory_text_tests {
+    use super::memory_text;
+
+    #[test]
+    fn small_pools_read_in_mib_large_ones_in_gib() {
+        assert_eq!(memory_text(503 << 20), "503 MiB");
+        assert_eq!(memory_text((9 << 30) + (512 << 20)), "9728 MiB");
+        assert_eq!(memory_text(128 << 30), "128 GiB");
+        assert_eq!(memory_text(0), "0 MiB");
     }
 }

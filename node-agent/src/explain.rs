@@ -26,14 +26,14 @@ fn pool_tree(topo: &Topology, clusters: bool) -> String {
         }
         let _ = writeln!(
             out,
-            "{}{} [{}] cpus {} ({}) mems {} mem {} GiB",
+            "{}{} [{}] cpus {} ({}) mems {} mem {}",
             "  ".repeat(p.depth as usize),
             p.name,
             p.level,
             p.cpus,
             p.cpus.len(),
             p.mems,
-            p.memory_bytes >> 30
+            tap_engine::topology::memory_text(p.memory_bytes)
         );
     }
     if hidden > 0 {
