@@ -528,6 +528,7 @@ pub async fn run(
     let converger = tokio::spawn(ledger.clone().converge(slot.clone(), shutdown.clone()));
     let end = serve_sessions(flags, &agent, &ledger, &slot, &shutdown).await;
     let _ = converger.await;
+    ledger.flush_records();
     end
 }
 
