@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 
 /// Where setup-vm.sh keeps the x86 guest's kernel (`kimg/`, the unpacked Debian package).
 pub const X86_CACHE: &str = "/var/cache/kunpeng-tap/vm/x86";
-/// The busybox of the initramfs (setup-containerd.sh).
-const BUSYBOX: &str = "/var/cache/kunpeng-tap/containerd/root/bin/busybox";
-/// The modules the init loads, relative to the kernel's `kernel/` folder.
+/// The arm64 guest's kernel (`kimg/`) and busybox (`bb/`).
+pub const ARM64_CACHE: &str = "/var/cache/kunpeng-tap/vm/arm64";
+/// The modules the inits load, relative to the kernel's `kernel/` folder; the ones a kernel
+/// has built in are not there and are skipped.
 const MODULES: &[&str] = &[
     "drivers/virtio/virtio.ko",
     "drivers/virtio/virtio_ring.ko",
@@ -33,7 +34,59 @@ const MODULES: &[&str] = &[
     "fs/9p/9p.ko",
     "fs/overlayfs/overlay.ko",
 ];
-const INIT: &str = include_str!("../vm/init.sh");
+/// A guest's architecture: what it boots and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// Runs the host's own binaries from its `/` (9p, read-only, with an overlay).
+    X86,
+    /// QEMU `virt` with `-cpu max`; busybox and what the test copies into the exchange folder.
+    Arm64,
+}
+
+impl Arch {
+    fn cache(self) -> &'static Path {
+        Path::new(match self {
+            Arch::X86 => X86_CACHE,
+            Arch::Arm64 => ARM64_CACHE,
+        })
+    }
+
+    fn busybox(self) -> PathBuf {
+        match self {
+            // The one setup-containerd.sh unpacks.
+            Arch::X86 => PathBuf::from("/var/cache/kunpeng-tap/containerd/root/bin/busybox"),
+            Arch::Arm64 => self.cache().join("bb/bin/busybox"),
+        }
+    }
+
+    fn init(self) -> &'static str {
+        match self {
+            Arch::X86 => include_str!("../vm/init.sh"),
+            Arch::Arm64 => include_str!("../vm/init-arm64.sh"),
+        }
+    }
+
+    fn qemu(self) -> &'static str {
+        match self {
+            Arch::X86 => "qemu-system-x86_64",
+            Arch::Arm64 => "qemu-system-aarch64",
+        }
+    }
+
+    fn machine_args(self) -> &'static [&'static str] {
+        match self {
+            Arch::X86 => &["-accel", "tcg", "-cpu", "max"],
+            Arch::Arm64 => &["-M", "virt", "-accel", "tcg", "-cpu", "max"],
+        }
+    }
+
+    fn console(self) -> &'static str {
+        match self {
+            Arch::X86 => "ttyS0",
+            Arch::Arm64 => "ttyAMA0",
+        }
+    }
+}
 
 /// One NUMA node of a guest: its CPUs (first, last) and memory.
 #[derive(Debug, Clone, Copy)]
@@ -46,6 +99,8 @@ pub struct Node {
 #[derive(Debug, Clone)]
 pub struct Shape {
     pub sockets: u32,
+    /// Clusters per socket (arm64 `virt` only; 0: not given).
+    pub clusters: u32,
     pub cores_per_socket: u32,
     pub nodes: Vec<Node>,
     /// (from, to, distance) for each pair of different nodes, both ways.
@@ -72,9 +127,31 @@ impl Shape {
         }
         Shape {
             sockets: 2,
+            clusters: 0,
             cores_per_socket: 4,
             nodes,
             distances,
+        }
+    }
+
+    /// A Kunpeng-like arm64 guest: 8 vCPUs in 2 sockets of 2 clusters of 2 cores, one NUMA
+    /// node per socket (512 MiB each), distance 20 across.
+    pub fn arm64_two_sockets_four_clusters() -> Shape {
+        Shape {
+            sockets: 2,
+            clusters: 2,
+            cores_per_socket: 4,
+            nodes: vec![
+                Node {
+                    cpus: (0, 3),
+                    mem_mib: 512,
+                },
+                Node {
+                    cpus: (4, 7),
+                    mem_mib: 512,
+                },
+            ],
+            distances: vec![(0, 1, 20), (1, 0, 20)],
         }
     }
 
@@ -97,17 +174,32 @@ impl Shape {
             .map_or(20, |(_, _, d)| *d)
     }
 
-    fn qemu_args(&self) -> Vec<String> {
-        let mut a = vec![
-            "-m".to_string(),
-            format!("{}M", self.mem_mib()),
-            "-smp".into(),
+    fn smp(&self) -> String {
+        if self.clusters > 0 {
+            format!(
+                "{},sockets={},clusters={},cores={},threads=1",
+                self.cpus(),
+                self.sockets,
+                self.clusters,
+                self.cores_per_socket / self.clusters.max(1)
+            )
+        } else {
             format!(
                 "{},sockets={},cores={},threads=1",
                 self.cpus(),
                 self.sockets,
                 self.cores_per_socket
-            ),
+            )
+        }
+    }
+
+    /// The QEMU arguments of the shape (memory, CPUs, NUMA nodes and distances).
+    pub fn qemu_args(&self) -> Vec<String> {
+        let mut a = vec![
+            "-m".to_string(),
+            format!("{}M", self.mem_mib()),
+            "-smp".into(),
+            self.smp(),
         ];
         for (i, n) in self.nodes.iter().enumerate() {
             a.push("-object".into());
@@ -140,9 +232,9 @@ pub struct GuestRun {
     pub wall: Duration,
 }
 
-/// Fails (never skips) when setup-vm.sh has not run.
-pub fn check_installed() -> Result<PathBuf> {
-    let kernel = std::fs::read_dir(Path::new(X86_CACHE).join("kimg/boot"))
+/// The guest kernel; fails (never skips) when setup-vm.sh has not run.
+pub fn check_installed(arch: Arch) -> Result<PathBuf> {
+    let kernel = std::fs::read_dir(arch.cache().join("kimg/boot"))
         .context("no guest kernel: run hack/e2e/setup-vm.sh")?
         .filter_map(|e| e.ok())
         .map(|e| e.path())
@@ -152,7 +244,7 @@ pub fn check_installed() -> Result<PathBuf> {
                 .is_some_and(|n| n.starts_with("vmlinuz-"))
         })
         .context("no vmlinuz: run hack/e2e/setup-vm.sh")?;
-    for tool in ["qemu-system-x86_64", "cpio", "gzip"] {
+    for tool in [arch.qemu(), "cpio", "gzip"] {
         let ok = Command::new("sh")
             .args(["-c", &format!("command -v {tool}")])
             .stdout(Stdio::null())
@@ -162,8 +254,11 @@ pub fn check_installed() -> Result<PathBuf> {
             bail!("{tool} is missing: run hack/e2e/setup-vm.sh");
         }
     }
-    if !Path::new(BUSYBOX).exists() {
-        bail!("{BUSYBOX} is missing: run hack/e2e/setup-containerd.sh");
+    if !arch.busybox().exists() {
+        bail!(
+            "{} is missing: run hack/e2e/setup-containerd.sh and setup-vm.sh",
+            arch.busybox().display()
+        );
     }
     Ok(kernel)
 }
@@ -179,23 +274,26 @@ pub fn exchange_dir() -> Result<PathBuf> {
 }
 
 /// Builds the initramfs (busybox, init, modules) into `dir`.
-fn initramfs(kernel: &Path, dir: &Path) -> Result<PathBuf> {
+fn initramfs(arch: Arch, kernel: &Path, dir: &Path) -> Result<PathBuf> {
     let kver = kernel
         .file_name()
         .and_then(|n| n.to_str())
         .and_then(|n| n.strip_prefix("vmlinuz-"))
         .context("kernel file name")?;
-    let kmods = Path::new(X86_CACHE).join(format!("kimg/lib/modules/{kver}/kernel"));
+    let kmods = arch.cache().join(format!("kimg/lib/modules/{kver}/kernel"));
     let root = dir.join("initramfs");
     let _ = std::fs::remove_dir_all(&root);
     for sub in ["bin", "proc", "sys", "dev", "mods"] {
         std::fs::create_dir_all(root.join(sub))?;
     }
-    std::fs::copy(BUSYBOX, root.join("bin/busybox"))?;
-    std::fs::write(root.join("init"), INIT)?;
+    std::fs::copy(arch.busybox(), root.join("bin/busybox"))?;
+    std::fs::write(root.join("init"), arch.init())?;
     set_mode(&root.join("init"), 0o755)?;
     for m in MODULES {
         let src = kmods.join(m);
+        if !src.exists() {
+            continue; // built in
+        }
         let name = src.file_name().context("module name")?;
         std::fs::copy(&src, root.join("mods").join(name))
             .with_context(|| format!("copying {}", src.display()))?;
@@ -225,20 +323,32 @@ fn set_mode(p: &Path, mode: u32) -> Result<()> {
 /// Boots an x86 guest of `shape`, runs `script` (sh) in it and waits until it powers off or
 /// `timeout` passes (then QEMU is killed and the run has no `rc`).
 pub fn run_x86(shape: &Shape, script: &str, timeout: Duration) -> Result<GuestRun> {
-    let kernel = check_installed()?;
     let dir = exchange_dir()?;
-    let initrd = initramfs(&kernel, &dir)?;
+    run(Arch::X86, shape, &dir, script, timeout)
+}
+
+/// Boots a guest of `arch` and `shape` with `dir` as its exchange folder (where the caller may
+/// have put files for it), runs `script` in it and waits as [`run_x86`] does.
+pub fn run(
+    arch: Arch,
+    shape: &Shape,
+    dir: &Path,
+    script: &str,
+    timeout: Duration,
+) -> Result<GuestRun> {
+    let kernel = check_installed(arch)?;
+    let initrd = initramfs(arch, &kernel, dir)?;
     std::fs::write(dir.join("run.sh"), script)?;
-    let console_path = dir.join("console.log");
-    let console = std::fs::File::create(&console_path)?;
-    let started = Instant::now();
-    let mut child = Command::new("qemu-system-x86_64")
-        .args(["-accel", "tcg", "-cpu", "max", "-nographic", "-no-reboot"])
-        .args(["-nic", "none"])
-        .args(shape.qemu_args())
-        .arg("-virtfs")
-        .arg("local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap")
-        .arg("-virtfs")
+    let console = std::fs::File::create(dir.join("console.log"))?;
+    let mut cmd = Command::new(arch.qemu());
+    cmd.args(arch.machine_args())
+        .args(["-nographic", "-no-reboot", "-nic", "none"])
+        .args(shape.qemu_args());
+    if arch == Arch::X86 {
+        cmd.arg("-virtfs")
+            .arg("local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap");
+    }
+    cmd.arg("-virtfs")
         .arg(format!(
             "local,path={},mount_tag=xchg,security_model=none,multidevs=remap",
             dir.display()
@@ -249,14 +359,17 @@ pub fn run_x86(shape: &Shape, script: &str, timeout: Duration) -> Result<GuestRu
         .arg(&initrd)
         .arg("-append")
         .arg(format!(
-            "console=ttyS0 panic=-1 loglevel=3 xchg={}",
+            "console={} panic=-1 loglevel=3 xchg={}",
+            arch.console(),
             dir.display()
         ))
         .stdin(Stdio::null())
         .stdout(console.try_clone()?)
-        .stderr(console)
+        .stderr(console);
+    let started = Instant::now();
+    let mut child = cmd
         .spawn()
-        .context("starting qemu-system-x86_64")?;
+        .with_context(|| format!("starting {}", arch.qemu()))?;
     loop {
         if child.try_wait()?.is_some() {
             break;
@@ -274,7 +387,7 @@ pub fn run_x86(shape: &Shape, script: &str, timeout: Duration) -> Result<GuestRu
         log: read("run.log"),
         console: read("console.log"),
         wall: started.elapsed(),
-        dir,
+        dir: dir.to_path_buf(),
     })
 }
 
@@ -329,5 +442,13 @@ mod tests {
         assert!(args.contains("dist,src=1,dst=2,val=20"), "{args}");
         assert_eq!(s.distance(2, 2), 10);
         assert_eq!(s.mem_mib(), 2048);
+        let a = Shape::arm64_two_sockets_four_clusters()
+            .qemu_args()
+            .join(" ");
+        assert!(
+            a.contains("-smp 8,sockets=2,clusters=2,cores=2,threads=1"),
+            "{a}"
+        );
+        assert!(a.contains("node,nodeid=1,cpus=4-7,memdev=m1"), "{a}");
     }
 }

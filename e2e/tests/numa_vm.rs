@@ -565,3 +565,177 @@ fn node_of(nodes: &GuestNodes, pid: u32) -> Result<u32> {
         .exactly(&cpus)
         .with_context(|| format!("cpuset {cpus:?} is not one NUMA node's CPUs"))
 }
+
+// ---- arm64 guest -------------------------------------------------------------------------------
+
+/// The static arm64 agent: `TAP_ARM64_AGENT`, else what hack/build-arm64.sh built.
+fn arm64_agent() -> Result<PathBuf> {
+    let p = std::env::var_os("TAP_ARM64_AGENT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/kunpeng-tap/arm64/out/kunpeng-tap"));
+    ensure!(
+        p.exists(),
+        "{} is missing: run hack/build-arm64.sh",
+        p.display()
+    );
+    Ok(p)
+}
+
+/// The files of the guest's sysfs the agent reads, copied as they are (node meminfo: its
+/// MemTotal line), with the kernel's `cpuN/nodeK` links: a fixture of the live arm64 kernel.
+const CAPTURE_SYSFS: &str = r#"
+S=/sys/devices/system; O=/xchg/sysfs/devices/system
+mkdir -p $O/cpu $O/node
+for f in online possible present isolated offline; do [ -f $S/cpu/$f ] && cat $S/cpu/$f > $O/cpu/$f; done
+for c in $S/cpu/cpu[0-9]*; do
+  n=${c##*/}; mkdir -p $O/cpu/$n/topology $O/cpu/$n/regs/identification
+  for f in $c/topology/*; do [ -f $f ] && cat $f > $O/cpu/$n/topology/${f##*/}; done
+  for f in midr_el1 revidr_el1; do [ -f $c/regs/identification/$f ] && cat $c/regs/identification/$f > $O/cpu/$n/regs/identification/$f; done
+  for l in $c/node[0-9]*; do [ -e $l ] && ln -s ../../node/${l##*/} $O/cpu/$n/${l##*/}; done
+done
+for f in online possible has_cpu has_memory has_normal_memory; do [ -f $S/node/$f ] && cat $S/node/$f > $O/node/$f; done
+for d in $S/node/node[0-9]*; do
+  n=${d##*/}; mkdir -p $O/node/$n
+  cat $d/cpulist > $O/node/$n/cpulist; cat $d/distance > $O/node/$n/distance
+  grep MemTotal $d/meminfo > $O/node/$n/meminfo
+done
+"#;
+
+/// The arm64 agent on a live arm64 kernel shaped like a Kunpeng (2 sockets, 2 clusters of 2
+/// cores each, 2 NUMA nodes): its pool tree shows what QEMU was given, a small container with
+/// cluster affinity lands on a cluster, and the guest's sysfs, captured, is the repository's
+/// fixture `qemu-arm64-2s-4cluster-2numa` (and the host's agent explains it the same way).
+#[test]
+fn arm64_guest_topology() -> Result<()> {
+    if util::skip_unless_enabled("arm64_guest_topology") {
+        return Ok(());
+    }
+    let agent = arm64_agent()?;
+    let dir = vm::exchange_dir()?;
+    std::fs::copy(&agent, dir.join("kunpeng-tap"))?;
+    let script = format!(
+        "cd /xchg\n\
+         ./kunpeng-tap --explain --topology-cluster-affinity --resource-policy=topology-aware > explain.txt 2> explain.err\n\
+         echo $? > explain.rc\n\
+         {CAPTURE_SYSFS}\n\
+         exit $(cat explain.rc)\n"
+    );
+    let shape = Shape::arm64_two_sockets_four_clusters();
+    let run = vm::run(
+        vm::Arch::Arm64,
+        &shape,
+        &dir,
+        &script,
+        Duration::from_secs(300),
+    )?;
+    let explain = std::fs::read_to_string(dir.join("explain.txt")).unwrap_or_default();
+    println!(
+        "arm64 guest ran {:.1} s wall, rc {:?}\n{explain}",
+        run.wall.as_secs_f64(),
+        run.rc
+    );
+    ensure!(
+        run.rc == Some(0),
+        "the arm64 agent failed in the guest (rc {:?}):\n{}\n{}\n--- console\n{}",
+        run.rc,
+        run.log,
+        std::fs::read_to_string(dir.join("explain.err")).unwrap_or_default(),
+        tail(&run.console, 30)
+    );
+    check_arm64_explain(&explain)?;
+    let captured = dir.join("sysfs");
+    compare_with_fixture(&captured)?;
+    // The host's (x86) agent reads the captured tree as the arm64 agent read the live one.
+    let host = Command::new(util::agent_binary()?)
+        .args([
+            "--explain",
+            "--topology-cluster-affinity",
+            "--resource-policy=topology-aware",
+        ])
+        .arg(format!("--sysfs-root={}", captured.display()))
+        .output()?;
+    let host_text = String::from_utf8_lossy(&host.stdout);
+    ensure!(
+        host_text == explain,
+        "the host's agent explains the captured sysfs differently:\n{host_text}\n--- guest:\n{explain}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn check_arm64_explain(explain: &str) -> Result<()> {
+    for want in [
+        "topology: 8 CPUs online, 2 sockets,",
+        "2 NUMA nodes, 4 clusters, 8 cores",
+        "numa node 0: cpus [0-3]",
+        "numa node 1: cpus [4-7]",
+        "distances [20 10]",
+    ] {
+        ensure!(
+            explain.contains(want),
+            "--explain lacks {want:?}:\n{explain}"
+        );
+    }
+    let clusters: Vec<&str> = explain
+        .lines()
+        .filter(|l| l.contains("[cluster] cpus"))
+        .collect();
+    ensure!(clusters.len() == 4, "4 cluster pools expected:\n{explain}");
+    for (i, cpus) in ["0-1", "2-3", "4-5", "6-7"].iter().enumerate() {
+        ensure!(
+            clusters[i].contains(&format!("cpus {cpus} (2)")),
+            "cluster {i} is not CPUs {cpus}: {}",
+            clusters[i]
+        );
+    }
+    let small = explain
+        .lines()
+        .find(|l| l.trim_start().starts_with("burstable-1-2"))
+        .context("no burstable-1-2 sample")?;
+    ensure!(
+        small.contains("(cluster") && small.contains("fits one cluster"),
+        "a 1-2 CPU container did not get a cluster: {small}"
+    );
+    Ok(())
+}
+
+/// The captured tree equals the fixture in the repository, file by file.
+fn compare_with_fixture(captured: &Path) -> Result<()> {
+    let fixture = util::fixture_dir("qemu-arm64-2s-4cluster-2numa");
+    let (got, want) = (tree(captured)?, tree(&fixture)?);
+    let missing: Vec<_> = want.keys().filter(|k| !got.contains_key(*k)).collect();
+    let extra: Vec<_> = got.keys().filter(|k| !want.contains_key(*k)).collect();
+    let differ: Vec<_> = want
+        .iter()
+        .filter(|(k, v)| got.get(*k).is_some_and(|g| g != *v))
+        .map(|(k, _)| k)
+        .collect();
+    ensure!(
+        missing.is_empty() && extra.is_empty() && differ.is_empty(),
+        "the guest's sysfs differs from fixtures/sysfs/qemu-arm64-2s-4cluster-2numa \
+         (copy {} there if QEMU or the kernel changed): missing {missing:?}, extra {extra:?}, differ {differ:?}",
+        captured.display()
+    );
+    Ok(())
+}
+
+/// Relative path → content (a symlink: "-> target").
+fn tree(root: &Path) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
+            let p = e?.path();
+            let rel = p.strip_prefix(root)?.display().to_string();
+            let meta = std::fs::symlink_metadata(&p)?;
+            if meta.file_type().is_symlink() {
+                out.insert(rel, format!("-> {}", std::fs::read_link(&p)?.display()));
+            } else if meta.is_dir() {
+                stack.push(p);
+            } else {
+                out.insert(rel, std::fs::read_to_string(&p)?);
+            }
+        }
+    }
+    Ok(out)
+}

@@ -127,3 +127,25 @@ fn synthetic_shapes() {
     // Sibling of CPU 0 is CPU 48.
     assert_eq!(t.cores[0].to_string(), "0,48");
 }
+
+/// The live arm64 kernel's sysfs (QEMU `virt`, 2 sockets x 2 clusters x 2 cores, a NUMA node per
+/// socket), captured by the NUMA guest tier: sockets, nodes and clusters as QEMU was told.
+#[test]
+fn the_arm64_guest_capture_has_qemus_sockets_nodes_and_clusters() {
+    let name = "qemu-arm64-2s-4cluster-2numa";
+    let t = load(name);
+    assert_eq!(t.online, CpuSet::parse("0-7").unwrap());
+    assert_eq!(t.sockets, 2);
+    assert_eq!(t.nodes.len(), 2);
+    assert_eq!(t.node(0).unwrap().cpus, CpuSet::parse("0-3").unwrap());
+    assert_eq!(t.node(1).unwrap().cpus, CpuSet::parse("4-7").unwrap());
+    let d: Vec<u32> = t.node(1).unwrap().distances.iter().map(|(_, d)| *d).collect();
+    assert_eq!(d, vec![20, 10]);
+    let clusters: Vec<String> = t
+        .pools
+        .iter()
+        .filter(|p| p.level == Level::Cluster)
+        .map(|p| p.cpus.to_string())
+        .collect();
+    assert_eq!(clusters, vec!["0-1", "2-3", "4-5", "6-7"]);
+}

@@ -6,8 +6,10 @@ use tap_engine::devices::{DeviceKind, DeviceScheme};
 use tap_engine::topology::{Level, PciDevice, Topology};
 
 /// Sample containers: (name, QoS cgroup, request CPUs, limit CPUs).
-const SAMPLES: [(&str, &str, u64, Option<u64>); 5] = [
+const SAMPLES: [(&str, &str, u64, Option<u64>); 6] = [
     ("burstable-4-8", "burstable", 4, Some(8)),
+    // Small enough for one cluster (a Kunpeng's 4 cores, a test guest's 2).
+    ("burstable-1-2", "burstable", 1, Some(2)),
     ("burstable-25-35", "burstable", 25, Some(35)),
     ("burstable-50-60", "burstable", 50, Some(60)),
     ("guaranteed-4", "", 4, Some(4)),
