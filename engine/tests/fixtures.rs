@@ -139,7 +139,13 @@ fn the_arm64_guest_capture_has_qemus_sockets_nodes_and_clusters() {
     assert_eq!(t.nodes.len(), 2);
     assert_eq!(t.node(0).unwrap().cpus, CpuSet::parse("0-3").unwrap());
     assert_eq!(t.node(1).unwrap().cpus, CpuSet::parse("4-7").unwrap());
-    let d: Vec<u32> = t.node(1).unwrap().distances.iter().map(|(_, d)| *d).collect();
+    let d: Vec<u32> = t
+        .node(1)
+        .unwrap()
+        .distances
+        .iter()
+        .map(|(_, d)| *d)
+        .collect();
     assert_eq!(d, vec![20, 10]);
     let clusters: Vec<String> = t
         .pools
