@@ -188,7 +188,23 @@ impl Engine {
             Some(c) => c,
             None => return Outcome::Skipped(SkipReason::NoCapacity),
         };
+        if let Some(why) = self.refusal(req, &choice) {
+            return Outcome::Skipped(why);
+        }
         Outcome::Placed(self.commit(req, choice))
+    }
+
+    /// Why a new container's choice may not be taken: a strict NUMA policy with more than one
+    /// NUMA node.
+    fn refusal(&self, req: &ContainerRequest, choice: &Choice) -> Option<SkipReason> {
+        let strict = self.cfg.annotations_allowed
+            && req.overrides.numa_policy == Some(crate::request::NumaPolicy::Strict);
+        let nodes = if choice.exclusive.is_empty() {
+            choice.nodes.len()
+        } else {
+            self.topo.nodes_of(&choice.exclusive).len()
+        };
+        (strict && nodes != 1).then_some(SkipReason::NoSingleNumaNode)
     }
 
     /// Re-places a container after a resize. A container still fitting its pool stays there.
@@ -211,6 +227,8 @@ impl Engine {
         }
         let mut updates = self.release(&req.id);
         let outcome = match self.policies.choose(&self.view(), req, Some(&old)) {
+            // A strict NUMA policy is checked at create only: a resize keeps the container
+            // where it fits, and never leaves it without its grant.
             Some(c) => Outcome::Placed(self.commit(req, c)),
             None => Outcome::Skipped(SkipReason::NoCapacity),
         };

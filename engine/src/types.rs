@@ -70,6 +70,8 @@ pub enum SkipReason {
     AlreadyPlaced,
     /// Nothing usable to place on (every CPU reserved or isolated).
     NoCapacity,
+    /// `numa-policy: strict` and no single NUMA node holds the container.
+    NoSingleNumaNode,
 }
 
 impl fmt::Display for SkipReason {
@@ -78,6 +80,9 @@ impl fmt::Display for SkipReason {
             SkipReason::OptedOut => "opted out by label or annotation",
             SkipReason::AlreadyPlaced => "already placed",
             SkipReason::NoCapacity => "no shared CPUs left to place on",
+            SkipReason::NoSingleNumaNode => {
+                "numa-policy strict: no single NUMA node holds the container"
+            }
         })
     }
 }

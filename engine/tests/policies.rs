@@ -371,3 +371,41 @@ fn exclusive_grants_always_leave_the_machine_a_shared_cpu() {
     let later = e.create(&c("late", 0.5, 1.0));
     assert!(matches!(later, Outcome::Placed(_)), "{later:?}");
 }
+
+/// `numa-policy: strict`: one NUMA node or no placement at all (the container is left on all
+/// CPUs, the engine holds nothing for it); `preferred` and no annotation widen as before. A
+/// resize is never refused (it keeps the container where it fits).
+#[test]
+fn a_strict_numa_policy_gets_one_node_or_nothing() {
+    use tap_engine::request::NumaPolicy;
+    for policy in [PolicyKind::TopologyAware, PolicyKind::NumaAware] {
+        let cfg = EngineConfig {
+            policy,
+            ..Default::default()
+        };
+        let mut e = engine(KP920, cfg);
+        let strict = |mut r: ContainerRequest| {
+            r.overrides.numa_policy = Some(NumaPolicy::Strict);
+            r
+        };
+        // 4/8 fits one node (24 CPUs): placed as usual.
+        let p = placed(e.create(&strict(c("small", 4.0, 8.0))));
+        assert_eq!(e.topology().nodes_of(&p.cpus).len(), 1, "{policy:?}");
+        // 25/35 needs more than a node: refused, nothing held.
+        let before = e.clone();
+        match e.create(&strict(c("big", 25.0, 35.0))) {
+            Outcome::Skipped(SkipReason::NoSingleNumaNode) => {}
+            other => panic!("{policy:?}: expected a refusal, got {other:?}"),
+        }
+        assert!(e == before, "{policy:?}: a refusal holds nothing");
+        assert!(e.grant("big").is_none());
+        // preferred (and no annotation): widened as before.
+        let mut pref = c("pref", 25.0, 35.0);
+        pref.overrides.numa_policy = Some(NumaPolicy::Preferred);
+        let p = placed(e.create(&pref));
+        assert!(e.topology().nodes_of(&p.cpus).len() > 1, "{policy:?}");
+        // A strict container resized beyond a node keeps a placement.
+        let grown = strict(c("small", 25.0, 35.0));
+        assert!(matches!(e.update(&grown), Outcome::Placed(_)), "{policy:?}");
+    }
+}

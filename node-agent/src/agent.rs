@@ -413,9 +413,18 @@ impl Agent {
             }
             Some((Outcome::Skipped(why), _)) => {
                 tracing::info!(hook, container = %c.id, name = %c.name, pod = %c.pod.name, "not adjusted: {why}");
-                if matches!(why, tap_engine::SkipReason::NoCapacity) {
-                    let msg = format!("left on all CPUs: {why}");
-                    self.note(hook, c, crate::notes::Kind::FailedOpen, msg);
+                match why {
+                    tap_engine::SkipReason::NoCapacity => {
+                        let msg = format!("left on all CPUs: {why}");
+                        self.note(hook, c, crate::notes::Kind::FailedOpen, msg);
+                    }
+                    tap_engine::SkipReason::NoSingleNumaNode => {
+                        let msg = format!("left on all CPUs: {why}");
+                        self.metrics
+                            .count_error(hook, crate::metrics::ErrorKind::StrictNuma);
+                        self.note(hook, c, crate::notes::Kind::FailedOpen, msg);
+                    }
+                    _ => {}
                 }
                 Adjustment::default()
             }
@@ -682,6 +691,30 @@ mod tests {
             .labels
             .insert("tap.kunpeng.huawei.com/skip".into(), "true".into());
         assert!(a.create(&c).is_empty());
+    }
+
+    #[test]
+    fn a_strict_numa_policy_that_cannot_be_met_leaves_the_container_unpinned_and_says_so() {
+        let a = agent("synthetic-2s-4numa-96c-gpu");
+        let strict = |id: &str, req, lim| {
+            let mut c = burstable(id, req, lim);
+            c.pod
+                .annotations
+                .insert("tap.kunpeng.huawei.com/numa-policy".into(), "strict".into());
+            c
+        };
+        assert_eq!(
+            shown(a.create(&strict("c1", 4, 8)).cpus).as_deref(),
+            Some("0-23")
+        );
+        let adj = a.create(&strict("c2", 25, 35));
+        assert!(adj.is_empty(), "left on all CPUs: {adj:?}");
+        let m = a.metrics().render();
+        assert!(
+            m.lines()
+                .any(|l| l.contains("kind=\"strict_numa\"") && l.ends_with(" 1")),
+            "{m}"
+        );
     }
 
     #[test]

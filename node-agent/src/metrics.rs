@@ -84,6 +84,8 @@ pub enum ErrorKind {
     Refused,
     /// the runtime does not know the container of a cpuset write.
     NotFound,
+    /// `numa-policy: strict` and no single NUMA node holds the container (left on all CPUs).
+    StrictNuma,
 }
 
 impl ErrorKind {
@@ -108,6 +110,7 @@ impl ErrorKind {
             ErrorKind::Runtime => "runtime",
             ErrorKind::Refused => "refused",
             ErrorKind::NotFound => "not_found",
+            ErrorKind::StrictNuma => "strict_numa",
         }
     }
 }
