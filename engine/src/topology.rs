@@ -9,6 +9,7 @@
 //! than their NUMA node and hold more than one core.
 
 mod build;
+use crate::cpu_model::CpuModel;
 use crate::cpuset::CpuSet;
 use crate::devices::DeviceKind;
 use crate::nodeset::NodeSet;
@@ -75,6 +76,8 @@ pub struct RawTopology {
     pub devices: Vec<PciDevice>,
     /// CPUs the kernel isolates (`isolcpus`): never put in a shared pool.
     pub isolated: CpuSet,
+    /// The CPU model ([`crate::cpu_model::identify`]; unknown unless the caller sets it).
+    pub cpu: CpuModel,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -188,6 +191,8 @@ pub struct Topology {
     pub clusters: Vec<CpuSet>,
     pub sockets: usize,
     pub dies: usize,
+    /// The CPU model, as discovery's caller identified it.
+    pub cpu: CpuModel,
     /// NUMA node id of every online CPU (`u32::MAX` for none).
     cpu_node: Vec<u32>,
     /// Core index (into `cores`) of every online CPU.
@@ -502,6 +507,7 @@ pub(crate) mod fixtures {
             nodes,
             devices: Vec::new(),
             isolated: CpuSet::new(),
+            cpu: CpuModel::unknown(),
         }
     }
 }
