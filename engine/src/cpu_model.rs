@@ -217,18 +217,19 @@ impl CpuModel {
 }
 
 impl fmt::Display for CpuModel {
-    /// `HiSilicon Kunpeng 920 (implementer 0x48, part 0xd01, variant 0x1, revision 0)`, or the
-    /// name alone without a MIDR.
+    /// `HiSilicon Kunpeng 920 (implementer 0x48, part 0xd01, variant 0x1, revision 0)`; without
+    /// a MIDR the name, and the vendor after a model name (`Intel(R) Xeon(R) … (GenuineIntel)`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.name())?;
-        if let Some(m) = self.midr {
-            write!(
+        match (self.midr, &self.model_name, &self.vendor_id) {
+            (Some(m), _, _) => write!(
                 f,
                 " (implementer {:#04x}, part {:#05x}, variant {:#x}, revision {})",
                 m.implementer, m.part, m.variant, m.revision
-            )?;
+            ),
+            (None, Some(_), Some(vendor)) => write!(f, " ({vendor})"),
+            (None, _, _) => Ok(()),
         }
-        Ok(())
     }
 }
 

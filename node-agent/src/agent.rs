@@ -170,6 +170,8 @@ pub struct Agent {
     /// Set by the first [`Agent::restore`]: until then the engine does not hold the runtime's
     /// containers and its usage figures must not be published.
     restored: std::sync::atomic::AtomicBool,
+    /// Whether the reason cluster affinity is off on this CPU was logged (once a process).
+    clusters_off_logged: std::sync::atomic::AtomicBool,
 }
 
 impl Agent {
@@ -201,7 +203,8 @@ impl Agent {
             }
             None => serde_json::json!({}),
         }));
-        Agent {
+        metrics.set_cpu_info(&topo.cpu);
+        let agent = Agent {
             engine,
             topo,
             metrics,
@@ -209,7 +212,10 @@ impl Agent {
             mode,
             notes: crate::notes::Sink::default(),
             restored: std::sync::atomic::AtomicBool::new(false),
-        }
+            clusters_off_logged: std::sync::atomic::AtomicBool::new(false),
+        };
+        agent.log_clusters_off(&agent.lock());
+        agent
     }
 
     /// Whether the state has been rebuilt from the runtime at least once (see
@@ -543,13 +549,32 @@ impl Agent {
         }
     }
 
-    /// Applies a new policy configuration to containers created from now on.
+    /// Applies a new policy configuration to containers created from now on (as the engine
+    /// puts it in force: [`EngineConfig::in_force`]).
     pub fn set_config(&self, cfg: EngineConfig) {
         let mut e = self.lock();
-        if *e.config() != cfg {
-            tracing::info!(policy = %cfg.policy, memory = cfg.memory_topology, clusters = cfg.cluster_affinity, "policy configuration changed");
-            e.set_config(cfg);
+        let before = e.config().clone();
+        e.set_config(cfg);
+        let now = e.config();
+        if *now != before {
+            tracing::info!(policy = %now.policy, memory = now.memory_topology, clusters = now.cluster_affinity, "policy configuration changed");
         }
+        self.log_clusters_off(&e);
+    }
+
+    /// Logs, the first time it happens, why cluster affinity asked for is off on this CPU.
+    fn log_clusters_off(&self, e: &Engine) {
+        use std::sync::atomic::Ordering;
+        if let Some(off) = e.clusters_off() {
+            if !self.clusters_off_logged.swap(true, Ordering::Relaxed) {
+                tracing::info!("{off}");
+            }
+        }
+    }
+
+    /// Why cluster affinity asked for is off on this CPU (`--cluster-affinity-rule`).
+    pub fn clusters_off(&self) -> Option<tap_engine::cpu_model::ClustersOff> {
+        self.lock().clusters_off().cloned()
     }
 
     pub fn config(&self) -> EngineConfig {

@@ -2,6 +2,7 @@
 
 use crate::agent::{Agent, ContainerInfo, PodInfo};
 use std::fmt::Write as _;
+use tap_engine::cpu_model::{CpuModel, CpuModelSource};
 use tap_engine::devices::{DeviceKind, DeviceScheme};
 use tap_engine::topology::{Level, PciDevice, Topology};
 
@@ -17,8 +18,8 @@ const SAMPLES: [(&str, &str, u64, Option<u64>); 6] = [
 ];
 
 /// The pool tree, one line per pool; cluster pools only when cluster affinity is on (they are
-/// not placed on otherwise).
-fn pool_tree(topo: &Topology, clusters: bool) -> String {
+/// not placed on otherwise), else a note saying why not (`off`).
+fn pool_tree(topo: &Topology, clusters: bool, off: &str) -> String {
     let mut out = String::new();
     let mut hidden = 0usize;
     for p in topo.walk() {
@@ -41,7 +42,7 @@ fn pool_tree(topo: &Topology, clusters: bool) -> String {
     if hidden > 0 {
         let _ = writeln!(
             out,
-            "  ({hidden} cluster pools not shown: --topology-cluster-affinity is off)"
+            "  ({hidden} cluster pools not shown: {off})"
         );
     }
     out
@@ -102,9 +103,27 @@ fn names_of(dev: &PciDevice, all: &[PciDevice]) -> String {
     }
 }
 
+/// The `cpu:` line: the model, its Arm implementer and part, and where it was read.
+fn cpu_line(cpu: &CpuModel) -> String {
+    match cpu.source {
+        CpuModelSource::SysfsMidr => format!("cpu: {cpu}, from midr_el1 under --sysfs-root"),
+        CpuModelSource::ProcCpuinfo => format!("cpu: {cpu}, from cpuinfo under --proc-root"),
+        CpuModelSource::None => "cpu: unknown (no midr_el1 under --sysfs-root, nothing usable \
+                                 in cpuinfo under --proc-root)"
+            .to_string(),
+    }
+}
+
 pub fn explain(agent: &Agent) -> String {
     let topo = agent.topology();
-    let cfg = agent.config();
+    let mut out = machine_lines(topo);
+    out.push_str(&policy_lines(agent));
+    out.push_str(&sample_lines(agent));
+    out
+}
+
+/// The `topology:` and `cpu:` lines, the NUMA nodes and the devices.
+fn machine_lines(topo: &Topology) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -117,6 +136,7 @@ pub fn explain(agent: &Agent) -> String {
         topo.cores.len(),
         topo.isolated
     );
+    let _ = writeln!(out, "{}", cpu_line(&topo.cpu));
     for n in &topo.nodes {
         let d: Vec<String> = n.distances.iter().map(|(_, d)| d.to_string()).collect();
         let _ = writeln!(
@@ -129,13 +149,34 @@ pub fn explain(agent: &Agent) -> String {
         );
     }
     out.push_str(&device_lines(topo));
-    let _ = writeln!(out, "pool tree:");
-    out.push_str(&pool_tree(topo, cfg.cluster_affinity));
+    out
+}
+
+/// The pool tree and the policy line (with why cluster affinity is off, where a rule turned it
+/// off on this CPU).
+fn policy_lines(agent: &Agent) -> String {
+    let cfg = agent.config();
+    let clusters_off = agent.clusters_off();
+    let off = match &clusters_off {
+        Some(o) => format!("--cluster-affinity-rule={} and this CPU is not part 0xd06", o.rule),
+        None => "--topology-cluster-affinity is off".to_string(),
+    };
+    let mut out = String::from("pool tree:\n");
+    out.push_str(&pool_tree(agent.topology(), cfg.cluster_affinity, &off));
     let _ = writeln!(
         out,
         "policy: {} (memory topology {}, cluster affinity {}, exclusive CPUs {})",
         cfg.policy, cfg.memory_topology, cfg.cluster_affinity, cfg.exclusive_cpus
     );
+    if let Some(o) = clusters_off {
+        let _ = writeln!(out, "  {o}");
+    }
+    out
+}
+
+/// What the policy decides for the sample containers, placed one after the other.
+fn sample_lines(agent: &Agent) -> String {
+    let mut out = String::new();
     let _ = writeln!(
         out,
         "sample decisions (each placed after the ones above it): cpus (pool), mems: why"

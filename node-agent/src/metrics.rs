@@ -127,6 +127,14 @@ struct BuildLabels {
     policy: String,
 }
 
+/// `tap_cpu_info`: the CPU model (`implementer` and `part` hex, empty without an Arm MIDR).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CpuLabels {
+    pub implementer: String,
+    pub part: String,
+    pub model: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PlacementLabels {
     pub level: String,
@@ -153,6 +161,8 @@ pub struct Metrics {
     pub cpuset_writes: Family<ResultLabels, Counter>,
     /// Containers whose runtime cpuset differs from the engine's (as far as the agent knows).
     pub unconverged: Gauge,
+    /// `tap_cpu_info`, set once from the topology ([`Metrics::set_cpu_info`]).
+    pub cpu_info: Family<CpuLabels, Gauge>,
     /// Where the per-pool figures come from at scrape time.
     usage: UsageSource,
     grants: OnceLock<Box<GrantsFn>>,
@@ -297,6 +307,7 @@ impl Metrics {
         let reconciles = Family::<ResultLabels, Counter>::default();
         let cpuset_writes = Family::<ResultLabels, Counter>::default();
         let unconverged = Gauge::default();
+        let cpu_info = Family::<CpuLabels, Gauge>::default();
         if is_proxy_mode(mode) {
             registry.register(
                 "tap_proxy_up",
@@ -349,6 +360,11 @@ impl Metrics {
             "Containers whose cpuset at the runtime differs from the agent's decision, as far as the agent knows (0 at rest)",
             unconverged.clone(),
         );
+        registry.register(
+            "tap_cpu_info",
+            "Always 1: the CPU model (Arm implementer and part, hex; model name)",
+            cpu_info.clone(),
+        );
         Metrics {
             registry,
             proxy_up,
@@ -360,6 +376,7 @@ impl Metrics {
             reconciles,
             cpuset_writes,
             unconverged,
+            cpu_info,
             usage,
             grants: OnceLock::new(),
             ready: AtomicBool::new(false),
@@ -417,6 +434,18 @@ impl Metrics {
                 exclusive: exclusive.to_string(),
             })
             .inc();
+    }
+
+    /// Sets `tap_cpu_info` to this CPU (one series; a later call replaces it).
+    pub fn set_cpu_info(&self, cpu: &tap_engine::CpuModel) {
+        self.cpu_info.clear();
+        self.cpu_info
+            .get_or_create(&CpuLabels {
+                implementer: cpu.implementer_hex().unwrap_or_default(),
+                part: cpu.part_hex().unwrap_or_default(),
+                model: cpu.name(),
+            })
+            .set(1);
     }
 
     /// Sets where the per-pool gauges are read from at scrape time (once; later calls are
@@ -548,6 +577,7 @@ mod tests {
         m.count_cpuset_write("ok");
         m.observe_hook("create", "Docker", Duration::from_micros(5));
         m.observe_proxy("/v1.41/containers/create", Duration::from_micros(5));
+        m.set_cpu_info(&tap_engine::CpuModel::unknown());
         m.set_usage_source(Box::new(|| EngineFigures {
             pools: vec![pool("numa0", Level::Numa, 4000, 1000, 1)],
             config: EngineConfig::default(),
@@ -656,6 +686,25 @@ mod tests {
         assert_eq!(
             line(&m.render()),
             format!("tap_build_info{{version=\"{v}\",mode=\"NRI\",policy=\"numa-aware\"}} 1")
+        );
+    }
+
+    #[test]
+    fn cpu_info_names_the_cpu_once() {
+        use tap_engine::cpu_model::{CpuModel, CpuModelSource, Midr};
+        let m = Metrics::new();
+        let kp = |bits| CpuModel::from_midr(Midr::from_bits(bits), CpuModelSource::SysfsMidr);
+        m.set_cpu_info(&kp(0x481f_d010));
+        m.set_cpu_info(&kp(0x480f_d060));
+        let lines: Vec<String> = m
+            .render()
+            .lines()
+            .filter(|l| l.starts_with("tap_cpu_info{"))
+            .map(str::to_string)
+            .collect();
+        assert_eq!(
+            lines,
+            ["tap_cpu_info{implementer=\"0x48\",part=\"0xd06\",model=\"HiSilicon Kunpeng 950\"} 1"]
         );
     }
 

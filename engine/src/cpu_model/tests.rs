@@ -79,7 +79,10 @@ fn x86_cpuinfo_gives_the_model_name_and_vendor() {
     assert_eq!(model.midr, None);
     assert_eq!(model.vendor_id.as_deref(), Some("GenuineIntel"));
     assert_eq!(model.name(), "Intel(R) Xeon(R) Gold 6248 CPU @ 2.50GHz");
-    assert_eq!(model.to_string(), model.name());
+    assert_eq!(
+        model.to_string(),
+        "Intel(R) Xeon(R) Gold 6248 CPU @ 2.50GHz (GenuineIntel)"
+    );
     assert_eq!((model.implementer_hex(), model.part_hex()), (None, None));
     assert_eq!(model.source, CpuModelSource::ProcCpuinfo);
 }
