@@ -286,7 +286,9 @@ fn clean(s: &str) -> Option<String> {
 pub enum CpuModelProblem {
     #[error("cannot read {path}: {error}")]
     Read { path: String, error: String },
-    #[error("malformed {path} (content {content:?}): not a MIDR_EL1 value such as 0x00000000481fd010")]
+    #[error(
+        "malformed {path} (content {content:?}): not a MIDR_EL1 value such as 0x00000000481fd010"
+    )]
     MalformedMidr { path: String, content: String },
 }
 
@@ -363,8 +365,10 @@ pub enum ClusterAffinityRule {
 }
 
 impl ClusterAffinityRule {
-    pub const ALL: [ClusterAffinityRule; 2] =
-        [ClusterAffinityRule::Any, ClusterAffinityRule::Kunpeng950Only];
+    pub const ALL: [ClusterAffinityRule; 2] = [
+        ClusterAffinityRule::Any,
+        ClusterAffinityRule::Kunpeng950Only,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {

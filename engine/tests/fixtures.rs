@@ -186,11 +186,19 @@ fn kunpeng_fixtures_identify_from_midr_and_from_cpuinfo() {
         // Every online CPU's register says the same.
         let t = load(name);
         for cpu in t.online.iter() {
-            assert_eq!(identify(&sys, &proc, cpu).model, from_sysfs.model, "{name} cpu{cpu}");
+            assert_eq!(
+                identify(&sys, &proc, cpu).model,
+                from_sysfs.model,
+                "{name} cpu{cpu}"
+            );
         }
         // Without sysfs's register, cpuinfo gives the same fields.
         let from_proc = identify(&MapSource::default(), &proc, 0);
-        assert_eq!(from_proc.model.source, CpuModelSource::ProcCpuinfo, "{name}");
+        assert_eq!(
+            from_proc.model.source,
+            CpuModelSource::ProcCpuinfo,
+            "{name}"
+        );
         assert_eq!(from_proc.model.midr, from_sysfs.model.midr, "{name}");
         let text = std::fs::read_to_string(proc_fixture_dir(name).join("cpuinfo")).unwrap();
         assert_eq!(

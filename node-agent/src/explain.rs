@@ -40,10 +40,7 @@ fn pool_tree(topo: &Topology, clusters: bool, off: &str) -> String {
         );
     }
     if hidden > 0 {
-        let _ = writeln!(
-            out,
-            "  ({hidden} cluster pools not shown: {off})"
-        );
+        let _ = writeln!(out, "  ({hidden} cluster pools not shown: {off})");
     }
     out
 }
@@ -158,7 +155,10 @@ fn policy_lines(agent: &Agent) -> String {
     let cfg = agent.config();
     let clusters_off = agent.clusters_off();
     let off = match &clusters_off {
-        Some(o) => format!("--cluster-affinity-rule={} and this CPU is not part 0xd06", o.rule),
+        Some(o) => format!(
+            "--cluster-affinity-rule={} and this CPU is not part 0xd06",
+            o.rule
+        ),
         None => "--topology-cluster-affinity is off".to_string(),
     };
     let mut out = String::from("pool tree:\n");

@@ -61,9 +61,8 @@ fn parse_priority(s: &str) -> Result<ResourcePriority, String> {
 }
 
 fn parse_cluster_rule(s: &str) -> Result<ClusterAffinityRule, String> {
-    ClusterAffinityRule::parse(s).ok_or_else(|| {
-        format!("unknown cluster affinity rule {s:?}: use any or kunpeng-950-only")
-    })
+    ClusterAffinityRule::parse(s)
+        .ok_or_else(|| format!("unknown cluster affinity rule {s:?}: use any or kunpeng-950-only"))
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

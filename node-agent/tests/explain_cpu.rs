@@ -45,7 +45,10 @@ fn explain_names_both_kunpeng_fixtures_from_midr_el1() {
          from midr_el1 under --sysfs-root"
     );
     // Right below the topology line.
-    assert!(out.lines().nth(1).is_some_and(|l| l.starts_with("cpu: ")), "{out}");
+    assert!(
+        out.lines().nth(1).is_some_and(|l| l.starts_with("cpu: ")),
+        "{out}"
+    );
     let out = explain(&fixture_dir(KP950), &proc_fixture_dir(KP950), &[]);
     assert_eq!(
         cpu_line(&out),
@@ -70,7 +73,10 @@ fn explain_falls_back_to_cpuinfo() {
     // Neither: unknown, and the agent still runs.
     let none = Path::new("/nonexistent-proc-root");
     let out = explain(&fixture_dir("synthetic-2s-4numa-96c-gpu"), none, &[]);
-    assert!(cpu_line(&out).starts_with("cpu: unknown (no midr_el1"), "{out}");
+    assert!(
+        cpu_line(&out).starts_with("cpu: unknown (no midr_el1"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -93,7 +99,10 @@ fn kunpeng_950_only_turns_cluster_pools_off_on_the_920_and_keeps_them_on_the_950
         out.contains("cluster affinity is off: --cluster-affinity-rule=kunpeng-950-only"),
         "{out}"
     );
-    assert!(out.contains("burstable-4-8    -> cpus 0-23 (numa0)"), "{out}");
+    assert!(
+        out.contains("burstable-4-8    -> cpus 0-23 (numa0)"),
+        "{out}"
+    );
 
     let out = explain(&fixture_dir(KP950), &proc_fixture_dir(KP950), &rule);
     assert!(out.contains("cluster0 [cluster] cpus 0-3"), "{out}");

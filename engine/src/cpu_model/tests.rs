@@ -102,7 +102,14 @@ fn garbage_is_unknown_never_an_error() {
         assert_eq!(m, CpuModel::unknown(), "{text:?}");
         assert_eq!(m.name(), "unknown");
     }
-    for text in ["", "0x", "481fd010", "0x481fd010zz", "0x1234567890abcdef0", "-0x1"] {
+    for text in [
+        "",
+        "0x",
+        "481fd010",
+        "0x481fd010zz",
+        "0x1234567890abcdef0",
+        "-0x1",
+    ] {
         assert_eq!(Midr::parse(text), None, "{text:?}");
     }
     // A very long model name is cut, control characters dropped.

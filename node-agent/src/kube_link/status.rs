@@ -355,8 +355,18 @@ mod tests {
         };
         let policy = super::super::policy::engine_config(&base, Some(&settings)).unwrap();
         for (name, cpu, part, clusters) in [
-            ("synthetic-2s-4numa-96c-kunpeng920", "HiSilicon Kunpeng 920", "0xd01", false),
-            ("synthetic-1s-2numa-96c-kunpeng950", "HiSilicon Kunpeng 950", "0xd06", true),
+            (
+                "synthetic-2s-4numa-96c-kunpeng920",
+                "HiSilicon Kunpeng 920",
+                "0xd01",
+                false,
+            ),
+            (
+                "synthetic-1s-2numa-96c-kunpeng950",
+                "HiSilicon Kunpeng 950",
+                "0xd06",
+                true,
+            ),
         ] {
             let mut e = identified(name, base.clone());
             e.set_config(policy.clone());
