@@ -157,7 +157,8 @@ fn the_arm64_guest_capture_has_qemus_sockets_nodes_and_clusters() {
 }
 
 /// The two Kunpeng fixtures name their CPU the same way in sysfs (`midr_el1`) and in their
-/// `/proc/cpuinfo`; the others, made without either, are unknown.
+/// `/proc/cpuinfo`; the synthetic others, made without either, are unknown; the QEMU capture is
+/// no Kunpeng.
 #[test]
 fn kunpeng_fixtures_identify_from_midr_and_from_cpuinfo() {
     use tap_engine::cpu_model::{identify, CpuModelSource, KnownCpu, Midr};
@@ -213,6 +214,16 @@ fn kunpeng_fixtures_identify_from_midr_and_from_cpuinfo() {
         0,
     );
     assert_eq!(other.model.name(), "unknown");
+    // The live arm64 guest's capture: QEMU's `-cpu max` (implementer 0x00, part 0x051) is no
+    // Kunpeng.
+    let qemu = identify(
+        &DirSource::new(fixture_dir("qemu-arm64-2s-4cluster-2numa")),
+        &MapSource::default(),
+        0,
+    );
+    assert_eq!(qemu.model.midr, Midr::parse("0x00000000000f0510"));
+    assert_eq!(qemu.model.known(), None);
+    assert_eq!(qemu.model.name(), "software-defined part 0x051");
 }
 
 #[test]
