@@ -676,6 +676,15 @@ fn check_arm64_explain(explain: &str) -> Result<()> {
             "--explain lacks {want:?}:\n{explain}"
         );
     }
+    // QEMU's `-cpu max` is no HiSilicon part: identified from the live midr_el1, not a Kunpeng.
+    let cpu = explain
+        .lines()
+        .find(|l| l.starts_with("cpu:"))
+        .context("no cpu: line")?;
+    ensure!(
+        cpu.contains("midr_el1") && !cpu.contains("Kunpeng"),
+        "the guest's CPU line: {cpu}"
+    );
     let clusters: Vec<&str> = explain
         .lines()
         .filter(|l| l.contains("[cluster] cpus"))

@@ -1,5 +1,7 @@
-//! Prometheus metrics of the agent (the reference's names kept) and the HTTP endpoint that
-//! serves them with `/healthz` and `/readyz`.
+//! Prometheus metrics of the agent and the HTTP endpoint that serves them with `/healthz` and
+//! `/readyz`. Names follow Prometheus's conventions: the unit as a suffix (`_seconds`, `_cpus`),
+//! counters end in `_total`, gauges never in `_count` or `_total`. The reference's names are
+//! kept where they did; the three per-zone gauges were renamed (CHANGELOG.md lists old and new).
 //!
 //! What is registered depends on the runtime mode ([`Metrics::for_mode`]): `tap_proxy_up` only
 //! in the proxy modes (Docker, Containerd). The per-zone gauges and `tap_build_info` are read
@@ -199,7 +201,7 @@ impl std::fmt::Debug for UsageSource {
     }
 }
 
-/// `tap_topology_node_{capacity,usage,container_count}` and `tap_build_info`, computed from
+/// `tap_topology_node_{capacity_cpus,usage_cpus,containers}` and `tap_build_info`, computed from
 /// the engine's state on each scrape rather than on every hook.
 #[derive(Debug)]
 struct UsageCollector {
@@ -245,7 +247,7 @@ impl Collector for UsageCollector {
         let cpus = |m: u64| m as f64 / 1000.0;
         let series = [
             (
-                "tap_topology_node_capacity",
+                "tap_topology_node_capacity_cpus",
                 "CPUs a topology zone (pool) can share out",
                 pools
                     .iter()
@@ -253,7 +255,7 @@ impl Collector for UsageCollector {
                     .collect::<Vec<_>>(),
             ),
             (
-                "tap_topology_node_usage",
+                "tap_topology_node_usage_cpus",
                 "CPUs requested by containers placed in a topology zone (pool) and below",
                 pools.iter().map(|p| cpus(p.request_milli)).collect(),
             ),
@@ -265,7 +267,7 @@ impl Collector for UsageCollector {
             }
         }
         let mut family = encoder.encode_descriptor(
-            "tap_topology_node_container_count",
+            "tap_topology_node_containers",
             "Containers placed on a topology zone (pool) itself",
             None,
             MetricType::Gauge,
@@ -556,9 +558,9 @@ mod tests {
             "tap_proxy_up",
             "tap_proxy_request_duration_seconds",
             "tap_hook_request_duration_seconds",
-            "tap_topology_node_capacity",
-            "tap_topology_node_usage",
-            "tap_topology_node_container_count",
+            "tap_topology_node_capacity_cpus",
+            "tap_topology_node_usage_cpus",
+            "tap_topology_node_containers",
             "tap_errors_total",
             "tap_build_info",
         ] {
@@ -723,11 +725,11 @@ mod tests {
                 },
             }));
             let t = m.render();
-            assert!(t.contains("tap_topology_node_usage{zone=\"numa0\",level=\"numa\"} 2.0"));
+            assert!(t.contains("tap_topology_node_usage_cpus{zone=\"numa0\",level=\"numa\"} 2.0"));
             for name in [
-                "tap_topology_node_capacity",
-                "tap_topology_node_usage",
-                "tap_topology_node_container_count",
+                "tap_topology_node_capacity_cpus",
+                "tap_topology_node_usage_cpus",
+                "tap_topology_node_containers",
             ] {
                 assert_eq!(
                     t.contains(&format!("{name}{{zone=\"cluster0\",level=\"cluster\"}}")),
@@ -761,20 +763,20 @@ mod tests {
         };
         let t = m.render();
         assert_eq!(
-            line(&t, "tap_topology_node_usage{"),
-            "tap_topology_node_usage{zone=\"numa0\",level=\"numa\"} 1.0"
+            line(&t, "tap_topology_node_usage_cpus{"),
+            "tap_topology_node_usage_cpus{zone=\"numa0\",level=\"numa\"} 1.0"
         );
         assert_eq!(
-            line(&t, "tap_topology_node_capacity{"),
-            "tap_topology_node_capacity{zone=\"numa0\",level=\"numa\"} 4.0"
+            line(&t, "tap_topology_node_capacity_cpus{"),
+            "tap_topology_node_capacity_cpus{zone=\"numa0\",level=\"numa\"} 4.0"
         );
         assert_eq!(
-            line(&t, "tap_topology_node_container_count{"),
-            "tap_topology_node_container_count{zone=\"numa0\",level=\"numa\"} 2"
+            line(&t, "tap_topology_node_containers{"),
+            "tap_topology_node_containers{zone=\"numa0\",level=\"numa\"} 2"
         );
         n.store(2500, Ordering::SeqCst);
         assert!(m
             .render()
-            .contains("tap_topology_node_usage{zone=\"numa0\",level=\"numa\"} 2.5"));
+            .contains("tap_topology_node_usage_cpus{zone=\"numa0\",level=\"numa\"} 2.5"));
     }
 }
