@@ -147,6 +147,11 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     let smode = std::fs::metadata(&state_dir)?.permissions().mode() & 0o777;
     ensure!(smode == 0o700, "state dir mode {smode:o}");
     let file = state_dir.join("cri-grants.json");
+    // The agent's writer thread stores the records just after the update is committed.
+    let written = std::time::Instant::now() + Duration::from_secs(5);
+    while !file.exists() && std::time::Instant::now() < written {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let fmode = std::fs::metadata(&file)?.permissions().mode() & 0o777;
     ensure!(fmode == 0o600, "state file mode {fmode:o}");
     agent.stop();
