@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The project's test command (README): `bash hack/test.sh [unit|e2e|all]` (default all).
+# The project's test command (README): `bash hack/test.sh [unit|arm64|e2e|all]` (default all:
+# unit, arm64, e2e).
 #   unit: cargo fmt --check, cargo clippy -D warnings (the product's own code also without
 #         unwrap/expect/panic/todo/unimplemented), cargo deny check licenses bans sources
 #         (where cargo-deny is installed), cargo test --workspace
+#   arm64: builds the agent for aarch64 (static musl) in a Debian trixie chroot and runs the
+#         engine's and the agent's tests under qemu-user, and the arm64 agent's --explain
+#         against the amd64 one (hack/build-arm64.sh --agent-only --test; root)
 #   e2e:  installs and starts real components (hack/e2e/*.sh) and runs the e2e tier (TAP_E2E=1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +20,9 @@ fi
 bash hack/ensure-protoc.sh
 
 unit() {
+  # rust-version (Cargo.toml) is no older than any locked dependency needs (clippy's
+  # incompatible_msrv, below, checks the workspace's own code against it).
+  bash hack/check-rust-version.sh
   cargo fmt --all --check
   cargo clippy --workspace --all-targets -- -D warnings
   # The product never panics on its own (docs/reliability.md): its libraries and binaries,
@@ -41,6 +48,12 @@ deny() {
   fi
 }
 
+arm64() {
+  # The amd64 agent the --explain comparison uses: the dev build the unit tier has made (a
+  # release build would add about 7 min to a cold CI run).
+  bash hack/build-arm64.sh --agent-only --test --amd64-profile dev
+}
+
 e2e() {
   for s in hack/e2e/setup-*.sh; do
     [ -e "$s" ] || continue
@@ -52,7 +65,8 @@ e2e() {
 
 case "$tier" in
   unit) unit ;;
+  arm64) arm64 ;;
   e2e) e2e ;;
-  all) unit; e2e ;;
-  *) echo "usage: hack/test.sh [unit|e2e|all]" >&2; exit 2 ;;
+  all) unit; arm64; e2e ;;
+  *) echo "usage: hack/test.sh [unit|arm64|e2e|all]" >&2; exit 2 ;;
 esac
