@@ -6,6 +6,7 @@
 #   make kunpeng-tap-start-service              enable and start it
 #   make kunpeng-tap-uninstall-service          stop, disable, remove unit and binary
 #   make kunpeng-tap-nri-deploy / -undeploy     NRI mode DaemonSet via the Helm chart (or kubectl, NRI_MANIFEST=...)
+#   make release                                dist/: chart package, both images as OCI archives, SHA256SUMS
 
 CARGO       ?= cargo
 SYSTEMCTL   ?= systemctl
@@ -27,7 +28,7 @@ NRI_MANIFEST ?=
 .PHONY: kunpeng-tap-build kunpeng-tap-install-service kunpeng-tap-install-service-docker \
 	kunpeng-tap-install-service-containerd kunpeng-tap-start-service \
 	kunpeng-tap-uninstall-service uninstall-service kunpeng-tap-nri-deploy kunpeng-tap-nri-undeploy \
-	test test-unit test-e2e
+	test test-unit test-e2e release
 
 kunpeng-tap-build:
 	$(CARGO) build --release -p node-agent --bin kunpeng-tap
@@ -70,3 +71,7 @@ test-unit:
 	bash hack/test.sh unit
 test-e2e:
 	bash hack/test.sh e2e
+
+# hack/release.sh says what it needs and writes; dist/ is not tracked.
+release:
+	bash hack/release.sh

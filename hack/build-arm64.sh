@@ -10,7 +10,7 @@
 #                    check that the binaries are static aarch64 ELF files, and compare the arm64
 #                    agent's --explain with the amd64 release agent's (built with the host's
 #                    cargo into its usual target dir), byte for byte, on the Kunpeng 920-shaped
-#                    fixtures synthetic-2s-4numa-96c-gpu and synthetic-2s-4numa-32c-8npu-bmc
+#                    fixtures in FIXTURES below
 #     --amd64-profile dev|release   the amd64 agent --test compares with (default release;
 #                    the test tier uses dev, which its unit tier has built already)
 #     --copy-to DIR  copy the stripped binaries to DIR as well
@@ -57,7 +57,7 @@ UNWIND_STAMP=/opt/musl-unwind/.v1
 # below), so paths in messages are the host's.
 C_TARGET=/tap/target
 C_CARGO=/tap/cargo
-FIXTURES=(synthetic-2s-4numa-96c-gpu synthetic-2s-4numa-32c-8npu-bmc)
+FIXTURES=(synthetic-2s-4numa-96c-gpu synthetic-2s-4numa-32c-8npu-bmc synthetic-2s-4numa-96c-kunpeng920)
 
 ARGS=("$@")
 agent_only=${TAP_ARM64_AGENT_ONLY:-0}
@@ -398,7 +398,13 @@ esac
 qemu="$ROOT/usr/bin/qemu-aarch64" # a static binary: runs on the host too
 for f in "${FIXTURES[@]}"; do
   args=(--sysfs-root "fixtures/sysfs/$f" --explain)
-  [ ! -d "$SRC/fixtures/proc/$f" ] || args+=(--proc-root "fixtures/proc/$f")
+  # The CPU model comes from the fixture (midr_el1, or its proc/cpuinfo), never from the host's
+  # /proc/cpuinfo, which qemu-user rewrites for an arm64 process.
+  if [ -d "$SRC/fixtures/proc/$f" ]; then
+    args+=(--proc-root "fixtures/proc/$f")
+  else
+    mkdir -p "$OUT/no-proc" && args+=(--proc-root "$OUT/no-proc")
+  fi
   # Both run here, from the checkout's root, with the same clean environment.
   # stdout is compared; the log (stderr, with timestamps) is kept beside it.
   for arch in arm64 amd64; do

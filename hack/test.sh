@@ -2,7 +2,8 @@
 # The project's test command (README): `bash hack/test.sh [unit|arm64|e2e|all]` (default all:
 # unit, arm64, e2e).
 #   unit: cargo fmt --check, cargo clippy -D warnings (the product's own code also without
-#         unwrap/expect/panic/todo/unimplemented), cargo test --workspace
+#         unwrap/expect/panic/todo/unimplemented), cargo deny check licenses bans sources
+#         (where cargo-deny is installed), cargo test --workspace
 #   arm64: builds the agent for aarch64 (static musl) in a Debian trixie chroot and runs the
 #         engine's and the agent's tests under qemu-user, and the arm64 agent's --explain
 #         against the amd64 one (hack/build-arm64.sh --agent-only --test; root)
@@ -29,7 +30,22 @@ unit() {
   cargo clippy -p tap-engine -p tap-api -p tap-bin-support -p node-agent -p tap-operator \
     --lib --bins -- -D warnings -D clippy::unwrap_used -D clippy::expect_used \
     -D clippy::panic -D clippy::todo -D clippy::unimplemented
+  deny
   cargo test --workspace
+}
+
+# The dependency tree's licenses, duplicate crates (warnings) and sources (crates.io only), as
+# deny.toml says. cargo-deny takes about 5 minutes to build, so it is not built here
+# (hack/setup-cargo-deny.sh, by hand): the check runs where it is cached. Advisories are not
+# checked: they need the RustSec database from the network.
+deny() {
+  local bin
+  bin=$(command -v cargo-deny || echo /var/cache/kunpeng-tap/bin/cargo-deny)
+  if [ -x "$bin" ]; then
+    "$bin" check --hide-inclusion-graph licenses bans sources
+  else
+    echo "cargo-deny not installed (bash hack/setup-cargo-deny.sh): licenses, bans and sources not checked"
+  fi
 }
 
 arm64() {

@@ -246,6 +246,12 @@ pub struct TopologyPolicyStatus {
         priority = "1"
     ),
     printcolumn(
+        name = "CPU",
+        type_ = "string",
+        json_path = ".status.cpuModel.name",
+        priority = "1"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -298,6 +304,9 @@ pub struct NodeTopologyStatus {
     /// The agent: its mode, version and the settings in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentStatus>,
+    /// The CPU model the agent identified (`midr_el1` in sysfs, else `/proc/cpuinfo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_model: Option<CpuModelSummary>,
     /// `Ready`: the agent runs and applies the spec's policy (or its flags when none); one per
     /// type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -336,6 +345,33 @@ pub struct TopologySummary {
     /// are not GPUs), processing accelerators (NPUs) and the devices named in the agent's options.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceSummary>,
+}
+
+/// The machine's CPU model, as the node agent identified it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CpuModelSummary {
+    /// A name for people: `HiSilicon Kunpeng 920` (implementer 0x48, part 0xd01),
+    /// `HiSilicon Kunpeng 950` (part 0xd06), another Arm implementer and part, an x86 model
+    /// name, or `unknown`.
+    pub name: String,
+    /// The Arm MIDR_EL1 implementer code, hex (`0x48` HiSilicon); absent without one (x86).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub implementer: Option<String>,
+    /// The Arm MIDR_EL1 part number, hex (`0xd01`); absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part: Option<String>,
+    /// The Arm MIDR_EL1 variant, hex; absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+    /// The Arm MIDR_EL1 revision; absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i32>,
+    /// `/proc/cpuinfo`'s `vendor_id` (x86: `GenuineIntel`, `AuthenticAMD`); absent on Arm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<String>,
+    /// Where it was read: `midr_el1` (sysfs), `cpuinfo` (proc) or `none`.
+    pub source: String,
 }
 
 /// One NUMA node of the machine.
@@ -406,8 +442,13 @@ pub struct AgentStatus {
     pub policy: String,
     /// Whether cpuset.mems follows the chosen CPUs' NUMA nodes.
     pub memory_topology: bool,
-    /// Whether topology-aware places containers on CPU clusters.
+    /// Whether topology-aware places containers on CPU clusters (false where
+    /// `clusterAffinityRule` turned a policy's or flag's cluster affinity off on this CPU).
     pub cluster_affinity: bool,
+    /// Where cluster affinity may be used (`--cluster-affinity-rule`): `any`, or
+    /// `kunpeng-950-only` (only on CPU part 0xd06, as the reference).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cluster_affinity_rule: String,
     /// CPUs never handed to containers, kernel list syntax; empty = none.
     #[serde(default, rename = "reservedCPUs")]
     pub reserved_cpus: String,

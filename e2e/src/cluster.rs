@@ -156,6 +156,7 @@ impl Cluster {
         // From here on, dropping `c` undoes whatever was done.
         let kube = KubeCluster::start_with(&KubeOptions {
             node_ip: Some(node_ip.clone()),
+            ..KubeOptions::default()
         })?;
         let pki = kube.dir.join("pki");
         let (host, port) = (kube.host.clone(), kube.port);

@@ -551,6 +551,8 @@ pub struct ContainerSpec {
     pub labels: HashMap<String, String>,
     pub annotations: HashMap<String, String>,
     pub env: Vec<(String, String)>,
+    /// Read-only bind mounts: (host path, container path).
+    pub mounts: Vec<(String, String)>,
     /// Sent instead of the resources computed from the fields above (fault tests).
     pub raw_resources: Option<cri::LinuxContainerResources>,
 }
@@ -568,6 +570,7 @@ impl ContainerSpec {
             labels: HashMap::new(),
             annotations: HashMap::new(),
             env: Vec::new(),
+            mounts: Vec::new(),
             raw_resources: None,
         }
     }
@@ -620,6 +623,16 @@ impl ContainerSpec {
                 .map(|(k, v)| cri::KeyValue {
                     key: k.clone(),
                     value: v.clone(),
+                })
+                .collect(),
+            mounts: self
+                .mounts
+                .iter()
+                .map(|(host, ctr)| cri::Mount {
+                    host_path: host.clone(),
+                    container_path: ctr.clone(),
+                    readonly: true,
+                    ..Default::default()
                 })
                 .collect(),
             labels: self.labels.clone(),
@@ -793,6 +806,24 @@ impl Cri {
             .with_context(|| format!("RemovePodSandbox {sandbox}"))?;
         self.sandboxes.remove(sandbox);
         Ok(())
+    }
+
+    /// The ids of the running containers (not sandboxes).
+    pub async fn list_running(&mut self) -> Result<Vec<String>> {
+        let items = self
+            .rt
+            .list_containers(cri::ListContainersRequest {
+                filter: Some(cri::ContainerFilter {
+                    state: Some(cri::ContainerStateValue {
+                        state: cri::ContainerState::ContainerRunning as i32,
+                    }),
+                    ..Default::default()
+                }),
+            })
+            .await?
+            .into_inner()
+            .containers;
+        Ok(items.into_iter().map(|c| c.id).collect())
     }
 
     /// Removes every sandbox the runtime knows.

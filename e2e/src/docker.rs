@@ -492,15 +492,15 @@ impl TapAgent {
             .map_or(0, |v| v as u64))
     }
 
-    /// The agent's placement state as its metrics show it: every `tap_topology_node_usage` and
-    /// `tap_topology_node_container_count` line, sorted.
+    /// The agent's placement state as its metrics show it: every `tap_topology_node_usage_cpus` and
+    /// `tap_topology_node_containers` line, sorted.
     pub fn state(&self) -> Result<Vec<String>> {
         let mut v: Vec<String> = self
             .metrics()?
             .lines()
             .filter(|l| {
-                l.starts_with("tap_topology_node_usage{")
-                    || l.starts_with("tap_topology_node_container_count{")
+                l.starts_with("tap_topology_node_usage_cpus{")
+                    || l.starts_with("tap_topology_node_containers{")
             })
             .map(str::to_string)
             .collect();
@@ -522,7 +522,7 @@ impl TapAgent {
         Ok(self
             .state()?
             .iter()
-            .filter(|l| l.starts_with("tap_topology_node_container_count{") && l.contains(label))
+            .filter(|l| l.starts_with("tap_topology_node_containers{") && l.contains(label))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
             .sum())
     }

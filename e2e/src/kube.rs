@@ -174,6 +174,9 @@ pub struct KubeOptions {
     /// certificate for calls to kubelets, the kubelet CA) and the Service IP 10.96.0.1 in the
     /// serving certificate's SANs.
     pub node_ip: Option<String>,
+    /// More kube-apiserver flags, after the harness's own, e.g. `--runtime-config=...` to
+    /// switch an API off.
+    pub extra_args: Vec<String>,
 }
 
 pub struct KubeCluster {
@@ -303,6 +306,7 @@ impl KubeCluster {
                 // The node's name does not resolve.
                 .arg("--kubelet-preferred-address-types=InternalIP,Hostname");
         }
+        api_cmd.args(&opts.extra_args);
         let apiserver = Proc::spawn("kube-apiserver", api_cmd, &dir.join("apiserver.log"))?;
 
         let kubeconfig = dir.join("admin.kubeconfig");

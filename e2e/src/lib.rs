@@ -14,3 +14,4 @@ pub mod nri_runtime;
 pub mod procmem;
 pub mod stats;
 pub mod util;
+pub mod vm;

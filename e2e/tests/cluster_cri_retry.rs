@@ -33,7 +33,7 @@ fn placed_count(agent: &TapAgent) -> Result<i64> {
     Ok(agent
         .state()?
         .iter()
-        .filter(|l| l.starts_with("tap_topology_node_container_count{"))
+        .filter(|l| l.starts_with("tap_topology_node_containers{"))
         .filter(|l| l.contains("level=\"numa\""))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
         .sum())

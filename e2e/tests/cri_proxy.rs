@@ -180,7 +180,7 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     let usage: Vec<String> = agent
         .state()?
         .into_iter()
-        .filter(|l| l.starts_with("tap_topology_node_usage{") && l.contains("numa"))
+        .filter(|l| l.starts_with("tap_topology_node_usage_cpus{") && l.contains("numa"))
         .collect();
     assert!(
         usage.iter().any(|l| l.ends_with(" 8.0")),
@@ -283,7 +283,7 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     assert!(
         state
             .iter()
-            .filter(|l| l.starts_with("tap_topology_node_usage{"))
+            .filter(|l| l.starts_with("tap_topology_node_usage_cpus{"))
             .all(|l| l.ends_with(" 0.0")),
         "usage left: {state:?}"
     );

@@ -217,7 +217,7 @@ fn scenario(env: &Env) -> Result<()> {
         "--cpu-period=100000",
         &c1,
     ])?;
-    let usage = metric(&agent, "tap_topology_node_usage{")?;
+    let usage = metric(&agent, "tap_topology_node_usage_cpus{")?;
     assert!(
         usage.iter().any(|l| l.ends_with(" 8.0")),
         "no pool shows 8 CPUs used after the update: {usage:?}"
@@ -270,7 +270,7 @@ fn scenario(env: &Env) -> Result<()> {
     assert!(
         state
             .iter()
-            .filter(|l| l.starts_with("tap_topology_node_usage{"))
+            .filter(|l| l.starts_with("tap_topology_node_usage_cpus{"))
             .all(|l| l.ends_with(" 0.0")),
         "usage left after delete: {state:?}"
     );

@@ -147,6 +147,7 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     let smode = std::fs::metadata(&state_dir)?.permissions().mode() & 0o777;
     ensure!(smode == 0o700, "state dir mode {smode:o}");
     let file = state_dir.join("cri-grants.json");
+    records_soon(&file)?;
     let fmode = std::fs::metadata(&file)?.permissions().mode() & 0o777;
     ensure!(fmode == 0o600, "state file mode {fmode:o}");
     agent.stop();
@@ -160,7 +161,7 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     ensure!(state_dir.join("cri-grants.json.corrupt").exists());
     let r = ContainerSpec::cpus("app", 2000, Some(4000)).resources();
     cri.update_resources(&c1, r).await?;
-    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&file)?)?;
+    let saved = records_soon(&file)?;
     ensure!(
         saved.as_object().is_some_and(|o| o.len() == 1),
         "state file after the next update: {saved}"
@@ -232,4 +233,23 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
         let _ = cri.remove_pod(&sb).await;
     }
     Ok(())
+}
+
+/// The state file's records once the agent's writer thread has stored them (it writes just
+/// after a change is committed, off the hook's path).
+fn records_soon(file: &std::path::Path) -> Result<serde_json::Value> {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Ok(bytes) = std::fs::read(file) {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+                return Ok(v);
+            }
+        }
+        ensure!(
+            Instant::now() < until,
+            "{} was never written",
+            file.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

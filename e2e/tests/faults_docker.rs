@@ -135,6 +135,11 @@ fn scenario(env: &mut ProxyEnv) -> Result<()> {
     let updated = agent.state()?;
     ensure!(updated != before, "the accepted update changed nothing");
     let file = env.dir.join("state/docker-grants.json");
+    // The agent's writer thread stores the records just after the update is committed.
+    let written = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !file.exists() && std::time::Instant::now() < written {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let fmode = std::fs::metadata(&file)?.permissions().mode() & 0o777;
     ensure!(fmode == 0o600, "state file mode {fmode:o}");
     agent.stop();

@@ -64,6 +64,12 @@ fn chart_lints_clean_with_each_value_set() {
         vec!["metrics.serviceMonitor.enabled=true", "agent.flags.metricsBindAddress="],
         vec!["metrics.podMonitor.enabled=true", "metrics.podMonitor.namespace=monitoring"],
         vec!["operator.enabled=false", "rbac.create=false"],
+        vec![
+            "metrics.prometheusRule.enabled=true",
+            "metrics.prometheusRule.force=true",
+            "metrics.podMonitor.enabled=true",
+        ],
+        vec!["operator.replicas=1", "operator.leaderElection.enabled=false"],
     ] {
         let mut c = helm();
         c.args(["lint", "--strict", &chart(), "--namespace", NS]);
@@ -93,6 +99,7 @@ fn default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator
             "ClusterRoleBinding",
             "DaemonSet",
             "Deployment",
+            "PodDisruptionBudget",
             "Role",
             "RoleBinding",
             "Service",
@@ -199,6 +206,16 @@ fn default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator
         pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
             ["podAffinityTerm"]["topologyKey"],
         "kubernetes.io/hostname"
+    );
+    // Its budget keeps one of the two up through drains and selects exactly its Pods.
+    let pdb = one(&objs, "PodDisruptionBudget");
+    assert_eq!(pdb["apiVersion"], "policy/v1");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert!(pdb["spec"]["maxUnavailable"].is_null());
+    assert_eq!(pdb["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        dep["spec"]["selector"]["matchLabels"]
     );
 
     // RBAC: each binding names the ServiceAccount the workload runs as.
@@ -333,6 +350,34 @@ fn value_sets_change_what_is_rendered() {
         assert_eq!(s["metadata"]["labels"]["release"], "prom");
         assert_eq!(s["spec"]["endpoints"][0]["path"], "/metrics");
     }
+
+    // The operator's PodDisruptionBudget: none for a single replica (it would block every
+    // drain) or when turned off; maxUnavailable, when set, replaces minAvailable.
+    let pdbs = |sets: &[&str]| -> Vec<Value> {
+        render(sets)
+            .into_iter()
+            .filter(|o| o["kind"] == "PodDisruptionBudget")
+            .collect()
+    };
+    assert!(pdbs(&[
+        "operator.replicas=1",
+        "operator.leaderElection.enabled=false"
+    ])
+    .is_empty());
+    assert!(pdbs(&["operator.podDisruptionBudget.enabled=false"]).is_empty());
+    assert!(pdbs(&["operator.enabled=false"]).is_empty());
+    let three = pdbs(&[
+        "operator.replicas=3",
+        "operator.podDisruptionBudget.maxUnavailable=1",
+        "operator.podDisruptionBudget.unhealthyPodEvictionPolicy=",
+    ]);
+    let pdb = &three[0];
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert!(pdb["spec"]["minAvailable"].is_null(), "{pdb}");
+    assert!(pdb["spec"]["unhealthyPodEvictionPolicy"].is_null(), "{pdb}");
+    let half = pdbs(&["operator.podDisruptionBudget.minAvailable=50%"]);
+    let pdb = &half[0];
+    assert_eq!(pdb["spec"]["minAvailable"], "50%");
 
     // What the schema cannot see fails at render time with a message saying what to do (the
     // schema's checks are in values_schema_refuses_bad_values).
@@ -558,6 +603,26 @@ fn values_schema_refuses_bad_values() {
             "metrics.podMonitor.interval=30",
             "/metrics/podMonitor/interval",
         ),
+        (
+            "metrics.prometheusRule.for=5",
+            "/metrics/prometheusRule/for",
+        ),
+        (
+            "metrics.prometheusRule.errorThreshold=many",
+            "/metrics/prometheusRule/errorThreshold",
+        ),
+        (
+            "metrics.prometheusRule.severity=page",
+            "additional properties 'severity' not allowed",
+        ),
+        (
+            "operator.podDisruptionBudget.minAvailable=half",
+            "/operator/podDisruptionBudget/minAvailable",
+        ),
+        (
+            "operator.podDisruptionBudget.unhealthyPodEvictionPolicy=Never",
+            "/operator/podDisruptionBudget/unhealthyPodEvictionPolicy",
+        ),
     ] {
         let (lint_ok, template_ok, out) = lint_and_template(&[set]);
         assert!(!lint_ok, "helm lint accepted {set}:\n{out}");
@@ -591,6 +656,12 @@ fn values_schema_refuses_bad_values() {
             "operator.leaderElection.enabled=false",
             "operator.replicas=1",
         ],
+        vec![
+            "operator.podDisruptionBudget.minAvailable=50%",
+            "metrics.prometheusRule.errorThreshold=0.5",
+            "metrics.prometheusRule.unconvergedFor=1h30m",
+        ],
+        vec!["operator.podDisruptionBudget.maxUnavailable=1"],
     ] {
         let (lint_ok, template_ok, out) = lint_and_template(&sets);
         assert!(lint_ok && template_ok, "{sets:?} refused:\n{out}");
@@ -1007,6 +1078,26 @@ fn install_path(kubeconfig: &std::path::Path, work: &std::path::Path) {
     let out = ok(c);
     assert!(out.contains("STATUS: deployed"), "{out}");
     assert!(out.contains("kubectl get nodetopology"), "NOTES: {out}");
+    // kube-apiserver 1.34 serves ValidatingAdmissionPolicy: the restriction is installed.
+    assert!(
+        out.contains("Node restriction is on: the ValidatingAdmissionPolicy tap-kunpeng-tap-agent-node-restriction"),
+        "NOTES: {out}"
+    );
+    kc(&[
+        "get",
+        "validatingadmissionpolicy",
+        "tap-kunpeng-tap-agent-node-restriction",
+    ]);
+    let pdb = kc(&[
+        "-n",
+        NS,
+        "get",
+        "poddisruptionbudget",
+        "tap-kunpeng-tap-operator",
+        "-o",
+        "jsonpath={.spec.minAvailable}",
+    ]);
+    assert_eq!(pdb, "1");
     let ds = kc(&["-n", NS, "get", "daemonset", "-o", "name"]);
     assert_eq!(ds.trim(), "daemonset.apps/tap-kunpeng-tap-agent");
     let dep: Value = serde_json::from_str(&kc(&[

@@ -162,12 +162,14 @@ impl Agent {
         Ok(body)
     }
 
-    /// `tap_topology_node_usage` per NUMA zone, from /metrics.
+    /// `tap_topology_node_usage_cpus` per NUMA zone, from /metrics.
     fn numa_usage(&self) -> Result<HashMap<String, f64>> {
         let body = self.metrics_text()?;
         let mut out = HashMap::new();
         for line in body.lines() {
-            if !line.starts_with("tap_topology_node_usage{") || !line.contains("level=\"numa\"") {
+            if !line.starts_with("tap_topology_node_usage_cpus{")
+                || !line.contains("level=\"numa\"")
+            {
                 continue;
             }
             let zone = line

@@ -17,7 +17,7 @@ const N: usize = 1000;
 fn known(agent: &TapAgent) -> Result<f64> {
     let (code, body) = tcp_get(&agent.metrics_addr, "/metrics")?;
     ensure!(code == 200, "/metrics answered {code}");
-    Ok(metric_sum(&body, "tap_topology_node_container_count"))
+    Ok(metric_sum(&body, "tap_topology_node_containers"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,7 @@
 //! The allocation engine: the current grants, the load on every pool and NUMA node, and the
 //! create / update / remove / restore operations. Pure: no I/O, no clock, no randomness.
 
+use crate::cpu_model::ClustersOff;
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
 use crate::policy::{Policies, Policy};
@@ -25,7 +26,10 @@ mod tests;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Engine {
     topo: Arc<Topology>,
+    /// The configuration in force ([`EngineConfig::in_force`] on the topology's CPU).
     cfg: EngineConfig,
+    /// Why cluster affinity is off although the configuration given asked for it.
+    clusters_off: Option<ClustersOff>,
     /// CPUs any grant may use: online minus reserved and isolated.
     usable: CpuSet,
     grants: HashMap<Arc<str>, Grant>,
@@ -40,6 +44,7 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(topo: Arc<Topology>, cfg: EngineConfig) -> Engine {
+        let (cfg, clusters_off) = cfg.in_force(&topo.cpu);
         let usable = topo
             .online
             .difference(&cfg.reserved)
@@ -49,6 +54,7 @@ impl Engine {
             node_load: vec![NodeLoad::default(); topo.nodes.len()],
             topo,
             cfg,
+            clusters_off,
             usable,
             grants: HashMap::new(),
             shared: SharedIndex::default(),
@@ -92,13 +98,22 @@ impl Engine {
         &self.topo
     }
 
+    /// The configuration in force: the one given, with cluster affinity off where its
+    /// [`EngineConfig::cluster_rule`] does not allow it on this CPU.
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
     }
 
+    /// Why cluster affinity is off although the configuration given asked for it.
+    pub fn clusters_off(&self) -> Option<&ClustersOff> {
+        self.clusters_off.as_ref()
+    }
+
     /// Changes the policy settings for containers placed from now on; existing grants stay.
-    /// Reserved CPUs apply at once to the usable set.
+    /// Reserved CPUs apply at once to the usable set. Taken through [`EngineConfig::in_force`].
     pub fn set_config(&mut self, cfg: EngineConfig) {
+        let (cfg, clusters_off) = cfg.in_force(&self.topo.cpu);
+        self.clusters_off = clusters_off;
         self.usable = self
             .topo
             .online
@@ -188,7 +203,23 @@ impl Engine {
             Some(c) => c,
             None => return Outcome::Skipped(SkipReason::NoCapacity),
         };
+        if let Some(why) = self.refusal(req, &choice) {
+            return Outcome::Skipped(why);
+        }
         Outcome::Placed(self.commit(req, choice))
+    }
+
+    /// Why a new container's choice may not be taken: a strict NUMA policy with more than one
+    /// NUMA node.
+    fn refusal(&self, req: &ContainerRequest, choice: &Choice) -> Option<SkipReason> {
+        let strict = self.cfg.annotations_allowed
+            && req.overrides.numa_policy == Some(crate::request::NumaPolicy::Strict);
+        let nodes = if choice.exclusive.is_empty() {
+            choice.nodes.len()
+        } else {
+            self.topo.nodes_of(&choice.exclusive).len()
+        };
+        (strict && nodes != 1).then_some(SkipReason::NoSingleNumaNode)
     }
 
     /// Re-places a container after a resize. A container still fitting its pool stays there.
@@ -211,6 +242,8 @@ impl Engine {
         }
         let mut updates = self.release(&req.id);
         let outcome = match self.policies.choose(&self.view(), req, Some(&old)) {
+            // A strict NUMA policy is checked at create only: a resize keeps the container
+            // where it fits, and never leaves it without its grant.
             Some(c) => Outcome::Placed(self.commit(req, c)),
             None => Outcome::Skipped(SkipReason::NoCapacity),
         };

@@ -1,6 +1,8 @@
 //! kunpeng-tap's placement engine.
 //!
 //! - [`cpuset`], [`nodeset`]: CPU and NUMA node sets in the kernel's list syntax.
+//! - [`cpu_model`]: which CPU this is (MIDR_EL1, `/proc/cpuinfo`), and the cluster affinity
+//!   rule that depends on it.
 //! - [`topology`]: the machine model and its pool tree.
 //! - [`devices`]: which PCI devices are GPUs or NPUs, and which one a container's device
 //!   environment names.
@@ -15,6 +17,7 @@
 //! - [`grant`]: one container's allocation and its record for restart recovery.
 //! - [`testdata`]: where the sysfs fixtures are (tests, benches).
 
+pub mod cpu_model;
 pub mod cpu_picker;
 pub mod cpuset;
 pub mod devices;
@@ -29,6 +32,7 @@ pub mod testdata;
 pub mod topology;
 pub mod types;
 
+pub use cpu_model::{ClusterAffinityRule, CpuModel};
 pub use cpuset::CpuSet;
 pub use engine::Engine;
 pub use nodeset::NodeSet;

@@ -113,6 +113,9 @@ pub const EXCLUSIVE_KEY: &str = "tap.kunpeng.huawei.com/exclusive-cpus";
 /// Annotation: `true`/`false`, confine a BestEffort container to one pool or NUMA node like
 /// the others (`false`, the default: the machine's shared CPUs).
 pub const CONFINE_BEST_EFFORT_KEY: &str = "tap.kunpeng.huawei.com/confine-best-effort";
+/// Annotation: `strict` (one NUMA node or no placement: the container starts on all CPUs, with
+/// a Warning Event) or `preferred` (the default: the nearest fit, wider if need be).
+pub const NUMA_POLICY_KEY: &str = "tap.kunpeng.huawei.com/numa-policy";
 /// Annotation written by the agent into the container it placed (where the runtime lets it):
 /// the grant record that restart recovery reads back.
 pub const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
@@ -123,6 +126,7 @@ pub struct Overrides {
     pub skip: bool,
     pub policy: Option<PolicyKind>,
     pub level: Option<Level>,
+    pub numa_policy: Option<NumaPolicy>,
     pub memory_binding: Option<bool>,
     pub exclusive: Option<bool>,
     pub confine_best_effort: Option<bool>,
@@ -190,6 +194,16 @@ impl Overrides {
                 }),
             }
         }
+        if let Some((k, v)) = lookup(NUMA_POLICY_KEY) {
+            match NumaPolicy::parse(v) {
+                Some(p) => o.numa_policy = Some(p),
+                None => warnings.push(AnnotationWarning {
+                    key: k,
+                    value: v.clone(),
+                    expected: "strict or preferred",
+                }),
+            }
+        }
         for (key, slot) in [
             (MEMORY_BINDING_KEY, &mut o.memory_binding),
             (EXCLUSIVE_KEY, &mut o.exclusive),
@@ -207,6 +221,25 @@ impl Overrides {
             }
         }
         (o, warnings)
+    }
+}
+
+/// How hard a container holds to one NUMA node (`numa-policy` annotation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NumaPolicy {
+    /// The nearest fit; more than one NUMA node when one does not hold it (the default).
+    Preferred,
+    /// One NUMA node or no placement at all (the container is left on all CPUs).
+    Strict,
+}
+
+impl NumaPolicy {
+    pub fn parse(s: &str) -> Option<NumaPolicy> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "preferred" => Some(NumaPolicy::Preferred),
+            "strict" => Some(NumaPolicy::Strict),
+            _ => None,
+        }
     }
 }
 

@@ -195,6 +195,8 @@ pub fn discover_with_warnings(
             nodes,
             devices,
             isolated,
+            // Identified by the caller, from sysfs and proc (crate::cpu_model::identify).
+            cpu: crate::cpu_model::CpuModel::unknown(),
         },
         warnings,
     })

@@ -9,6 +9,7 @@
 //! than their NUMA node and hold more than one core.
 
 mod build;
+use crate::cpu_model::CpuModel;
 use crate::cpuset::CpuSet;
 use crate::devices::DeviceKind;
 use crate::nodeset::NodeSet;
@@ -75,6 +76,8 @@ pub struct RawTopology {
     pub devices: Vec<PciDevice>,
     /// CPUs the kernel isolates (`isolcpus`): never put in a shared pool.
     pub isolated: CpuSet,
+    /// The CPU model ([`crate::cpu_model::identify`]; unknown unless the caller sets it).
+    pub cpu: CpuModel,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -188,6 +191,8 @@ pub struct Topology {
     pub clusters: Vec<CpuSet>,
     pub sockets: usize,
     pub dies: usize,
+    /// The CPU model, as discovery's caller identified it.
+    pub cpu: CpuModel,
     /// NUMA node id of every online CPU (`u32::MAX` for none).
     cpu_node: Vec<u32>,
     /// Core index (into `cores`) of every online CPU.
@@ -318,17 +323,27 @@ impl Topology {
         let mut out = String::new();
         for p in self.walk() {
             out.push_str(&format!(
-                "{}{} [{}] cpus {} ({}) mems {} mem {} GiB\n",
+                "{}{} [{}] cpus {} ({}) mems {} mem {}\n",
                 "  ".repeat(p.depth as usize),
                 p.name,
                 p.level,
                 p.cpus,
                 p.cpus.len(),
                 p.mems,
-                p.memory_bytes >> 30
+                memory_text(p.memory_bytes)
             ));
         }
         out
+    }
+}
+
+/// A pool's memory for people: whole GiB from 10 GiB up, MiB below (a small node or a test
+/// guest's 512 MiB node would read "0 GiB").
+pub fn memory_text(bytes: u64) -> String {
+    if bytes >= 10 << 30 {
+        format!("{} GiB", bytes >> 30)
+    } else {
+        format!("{} MiB", bytes >> 20)
     }
 }
 
@@ -492,6 +507,7 @@ pub(crate) mod fixtures {
             nodes,
             devices: Vec::new(),
             isolated: CpuSet::new(),
+            cpu: CpuModel::unknown(),
         }
     }
 }
@@ -591,5 +607,18 @@ mod tests {
             Topology::build(&RawTopology::default()),
             Err(TopologyError::NoCpus)
         );
+    }
+}
+
+#[cfg(test)]
+mod memory_text_tests {
+    use super::memory_text;
+
+    #[test]
+    fn small_pools_read_in_mib_large_ones_in_gib() {
+        assert_eq!(memory_text(503 << 20), "503 MiB");
+        assert_eq!(memory_text((9 << 30) + (512 << 20)), "9728 MiB");
+        assert_eq!(memory_text(128 << 30), "128 GiB");
+        assert_eq!(memory_text(0), "0 MiB");
     }
 }

@@ -2,6 +2,7 @@
 //! outcomes, and the per-pool / per-node load figures. Imports neither the engine nor the
 //! policies, so both can depend on it.
 
+use crate::cpu_model::{ClusterAffinityRule, ClustersOff, CpuModel};
 use crate::cpuset::CpuSet;
 use crate::nodeset::NodeSet;
 use crate::request::{ContainerRequest, PolicyKind};
@@ -34,6 +35,8 @@ pub struct EngineConfig {
     pub memory_topology: bool,
     /// Let topology-aware place containers on cluster pools.
     pub cluster_affinity: bool,
+    /// Where cluster affinity may be used: [`EngineConfig::in_force`] applies it.
+    pub cluster_rule: ClusterAffinityRule,
     /// CPUs kept out of every grant (system daemons).
     pub reserved: CpuSet,
     pub priority: ResourcePriority,
@@ -52,12 +55,31 @@ impl Default for EngineConfig {
             policy: PolicyKind::TopologyAware,
             memory_topology: false,
             cluster_affinity: false,
+            cluster_rule: ClusterAffinityRule::Any,
             reserved: CpuSet::new(),
             priority: ResourcePriority::CpuFirst,
             exclusive_cpus: true,
             annotations_allowed: true,
             confine_best_effort: false,
         }
+    }
+}
+
+impl EngineConfig {
+    /// The configuration in force on a machine with CPU `cpu`: cluster affinity turned off
+    /// where [`EngineConfig::cluster_rule`] does not allow it, and why. The one place the rule
+    /// applies: the engine takes every configuration through it, whether it came from flags or
+    /// from a NodeTopology policy.
+    pub fn in_force(mut self, cpu: &CpuModel) -> (EngineConfig, Option<ClustersOff>) {
+        let off = if self.cluster_affinity {
+            self.cluster_rule.check(cpu).err()
+        } else {
+            None
+        };
+        if off.is_some() {
+            self.cluster_affinity = false;
+        }
+        (self, off)
     }
 }
 
@@ -70,6 +92,8 @@ pub enum SkipReason {
     AlreadyPlaced,
     /// Nothing usable to place on (every CPU reserved or isolated).
     NoCapacity,
+    /// `numa-policy: strict` and no single NUMA node holds the container.
+    NoSingleNumaNode,
 }
 
 impl fmt::Display for SkipReason {
@@ -78,6 +102,9 @@ impl fmt::Display for SkipReason {
             SkipReason::OptedOut => "opted out by label or annotation",
             SkipReason::AlreadyPlaced => "already placed",
             SkipReason::NoCapacity => "no shared CPUs left to place on",
+            SkipReason::NoSingleNumaNode => {
+                "numa-policy strict: no single NUMA node holds the container"
+            }
         })
     }
 }

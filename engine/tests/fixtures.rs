@@ -127,3 +127,119 @@ fn synthetic_shapes() {
     // Sibling of CPU 0 is CPU 48.
     assert_eq!(t.cores[0].to_string(), "0,48");
 }
+
+/// The live arm64 kernel's sysfs (QEMU `virt`, 2 sockets x 2 clusters x 2 cores, a NUMA node per
+/// socket), captured by the NUMA guest tier: sockets, nodes and clusters as QEMU was told.
+#[test]
+fn the_arm64_guest_capture_has_qemus_sockets_nodes_and_clusters() {
+    let name = "qemu-arm64-2s-4cluster-2numa";
+    let t = load(name);
+    assert_eq!(t.online, CpuSet::parse("0-7").unwrap());
+    assert_eq!(t.sockets, 2);
+    assert_eq!(t.nodes.len(), 2);
+    assert_eq!(t.node(0).unwrap().cpus, CpuSet::parse("0-3").unwrap());
+    assert_eq!(t.node(1).unwrap().cpus, CpuSet::parse("4-7").unwrap());
+    let d: Vec<u32> = t
+        .node(1)
+        .unwrap()
+        .distances
+        .iter()
+        .map(|(_, d)| *d)
+        .collect();
+    assert_eq!(d, vec![20, 10]);
+    let clusters: Vec<String> = t
+        .pools
+        .iter()
+        .filter(|p| p.level == Level::Cluster)
+        .map(|p| p.cpus.to_string())
+        .collect();
+    assert_eq!(clusters, vec!["0-1", "2-3", "4-5", "6-7"]);
+}
+
+/// The two Kunpeng fixtures name their CPU the same way in sysfs (`midr_el1`) and in their
+/// `/proc/cpuinfo`; the synthetic others, made without either, are unknown; the QEMU capture is
+/// no Kunpeng.
+#[test]
+fn kunpeng_fixtures_identify_from_midr_and_from_cpuinfo() {
+    use tap_engine::cpu_model::{identify, CpuModelSource, KnownCpu, Midr};
+    use tap_engine::sysfs::{DirSource, MapSource};
+    use tap_engine::testdata::proc_fixture_dir;
+    let cases = [
+        (
+            "synthetic-2s-4numa-96c-kunpeng920",
+            KnownCpu::Kunpeng920,
+            "0x481fd010",
+        ),
+        (
+            "synthetic-1s-2numa-96c-kunpeng950",
+            KnownCpu::Kunpeng950,
+            "0x480fd060",
+        ),
+    ];
+    for (name, known, bits) in cases {
+        let sys = DirSource::new(fixture_dir(name));
+        let proc = DirSource::new(proc_fixture_dir(name));
+        let from_sysfs = identify(&sys, &proc, 0);
+        assert!(from_sysfs.problems.is_empty(), "{name}: {from_sysfs:?}");
+        assert_eq!(from_sysfs.model.source, CpuModelSource::SysfsMidr, "{name}");
+        assert_eq!(from_sysfs.model.known(), Some(known), "{name}");
+        assert_eq!(from_sysfs.model.midr, Midr::parse(bits), "{name}");
+        // Every online CPU's register says the same.
+        let t = load(name);
+        for cpu in t.online.iter() {
+            assert_eq!(
+                identify(&sys, &proc, cpu).model,
+                from_sysfs.model,
+                "{name} cpu{cpu}"
+            );
+        }
+        // Without sysfs's register, cpuinfo gives the same fields.
+        let from_proc = identify(&MapSource::default(), &proc, 0);
+        assert_eq!(
+            from_proc.model.source,
+            CpuModelSource::ProcCpuinfo,
+            "{name}"
+        );
+        assert_eq!(from_proc.model.midr, from_sysfs.model.midr, "{name}");
+        let text = std::fs::read_to_string(proc_fixture_dir(name).join("cpuinfo")).unwrap();
+        assert_eq!(
+            text.matches("processor\t:").count(),
+            t.online.len(),
+            "{name}: one cpuinfo block per online CPU"
+        );
+    }
+    let other = identify(
+        &DirSource::new(fixture_dir("synthetic-2s-4numa-96c-gpu")),
+        &MapSource::default(),
+        0,
+    );
+    assert_eq!(other.model.name(), "unknown");
+    // The live arm64 guest's capture: QEMU's `-cpu max` (implementer 0x00, part 0x051) is no
+    // Kunpeng.
+    let qemu = identify(
+        &DirSource::new(fixture_dir("qemu-arm64-2s-4cluster-2numa")),
+        &MapSource::default(),
+        0,
+    );
+    assert_eq!(qemu.model.midr, Midr::parse("0x00000000000f0510"));
+    assert_eq!(qemu.model.known(), None);
+    assert_eq!(qemu.model.name(), "software-defined part 0x051");
+}
+
+#[test]
+fn kunpeng_fixture_shapes() {
+    // Kunpeng 920: 2 sockets, 4 NUMA nodes of 24 cores, clusters of 4 cores.
+    let t = load("synthetic-2s-4numa-96c-kunpeng920");
+    assert_eq!((t.sockets, t.nodes.len(), t.cores.len()), (2, 4, 96));
+    assert_eq!(t.clusters.len(), 24);
+    assert!(t.clusters.iter().all(|c| c.len() == 4));
+    assert_eq!(t.node(1).unwrap().cpus.to_string(), "24-47");
+    // The 0xd06 one: 1 socket, 2 dies = 2 NUMA nodes of 48 cores, clusters of 4 cores.
+    let t = load("synthetic-1s-2numa-96c-kunpeng950");
+    assert_eq!((t.sockets, t.nodes.len(), t.cores.len()), (1, 2, 96));
+    assert_eq!(t.clusters.len(), 24);
+    assert_eq!(
+        t.pools.iter().filter(|p| p.level == Level::Cluster).count(),
+        24
+    );
+}

@@ -371,3 +371,93 @@ fn exclusive_grants_always_leave_the_machine_a_shared_cpu() {
     let later = e.create(&c("late", 0.5, 1.0));
     assert!(matches!(later, Outcome::Placed(_)), "{later:?}");
 }
+
+/// `numa-policy: strict`: one NUMA node or no placement at all (the container is left on all
+/// CPUs, the engine holds nothing for it); `preferred` and no annotation widen as before. A
+/// resize is never refused (it keeps the container where it fits).
+#[test]
+fn a_strict_numa_policy_gets_one_node_or_nothing() {
+    use tap_engine::request::NumaPolicy;
+    for policy in [PolicyKind::TopologyAware, PolicyKind::NumaAware] {
+        let cfg = EngineConfig {
+            policy,
+            ..Default::default()
+        };
+        let mut e = engine(KP920, cfg);
+        let strict = |mut r: ContainerRequest| {
+            r.overrides.numa_policy = Some(NumaPolicy::Strict);
+            r
+        };
+        // 4/8 fits one node (24 CPUs): placed as usual.
+        let p = placed(e.create(&strict(c("small", 4.0, 8.0))));
+        assert_eq!(e.topology().nodes_of(&p.cpus).len(), 1, "{policy:?}");
+        // 25/35 needs more than a node: refused, nothing held.
+        let before = e.clone();
+        match e.create(&strict(c("big", 25.0, 35.0))) {
+            Outcome::Skipped(SkipReason::NoSingleNumaNode) => {}
+            other => panic!("{policy:?}: expected a refusal, got {other:?}"),
+        }
+        assert!(e == before, "{policy:?}: a refusal holds nothing");
+        assert!(e.grant("big").is_none());
+        // preferred (and no annotation): widened as before.
+        let mut pref = c("pref", 25.0, 35.0);
+        pref.overrides.numa_policy = Some(NumaPolicy::Preferred);
+        let p = placed(e.create(&pref));
+        assert!(e.topology().nodes_of(&p.cpus).len() > 1, "{policy:?}");
+        // A strict container resized beyond a node keeps a placement.
+        let grown = strict(c("small", 25.0, 35.0));
+        assert!(matches!(e.update(&grown), Outcome::Placed(_)), "{policy:?}");
+    }
+}
+
+/// `kunpeng-950-only` (the reference's rule): cluster pools only on CPU part 0xd06. The same
+/// configuration asks for clusters on both Kunpeng fixtures; the 920 places on a NUMA node and
+/// says why, the 950 on a cluster.
+#[test]
+fn kunpeng_950_only_uses_clusters_on_part_0xd06_alone() {
+    use tap_engine::cpu_model::identify;
+    use tap_engine::sysfs::DirSource;
+    use tap_engine::testdata::{fixture_dir, proc_fixture_dir};
+    use tap_engine::ClusterAffinityRule;
+    let identified = |name: &str| {
+        let mut raw = discover_dir(&fixture_dir(name)).unwrap();
+        let (sys, proc) = (
+            DirSource::new(fixture_dir(name)),
+            DirSource::new(proc_fixture_dir(name)),
+        );
+        raw.cpu = identify(&sys, &proc, 0).model;
+        Arc::new(Topology::build(&raw).unwrap())
+    };
+    let cfg = |rule| EngineConfig {
+        cluster_affinity: true,
+        cluster_rule: rule,
+        ..Default::default()
+    };
+    let kp920 = identified("synthetic-2s-4numa-96c-kunpeng920");
+    let kp950 = identified("synthetic-1s-2numa-96c-kunpeng950");
+
+    let mut e = Engine::new(kp920.clone(), cfg(ClusterAffinityRule::Kunpeng950Only));
+    assert!(!e.config().cluster_affinity);
+    let off = e.clusters_off().expect("why clusters are off").to_string();
+    assert!(off.contains("this CPU is HiSilicon Kunpeng 920"), "{off}");
+    let p = placed(e.create(&c("a", 1.0, 2.0)));
+    assert_eq!(level_of(&e, &p), Level::Numa);
+
+    let mut e = Engine::new(kp950, cfg(ClusterAffinityRule::Kunpeng950Only));
+    assert!(e.config().cluster_affinity && e.clusters_off().is_none());
+    let p = placed(e.create(&c("a", 1.0, 2.0)));
+    assert_eq!(level_of(&e, &p), Level::Cluster);
+
+    // `any` (the default) keeps today's behaviour: clusters on the 920 too.
+    let mut e = Engine::new(kp920.clone(), cfg(ClusterAffinityRule::Any));
+    let p = placed(e.create(&c("a", 1.0, 2.0)));
+    assert_eq!(level_of(&e, &p), Level::Cluster);
+
+    // A configuration set later (a NodeTopology policy) goes through the same rule.
+    let mut e = Engine::new(kp920, EngineConfig::default());
+    assert!(e.clusters_off().is_none());
+    e.set_config(cfg(ClusterAffinityRule::Kunpeng950Only));
+    assert!(!e.config().cluster_affinity && e.clusters_off().is_some());
+    e.set_config(EngineConfig::default());
+    assert!(e.clusters_off().is_none());
+}

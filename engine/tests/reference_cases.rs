@@ -21,6 +21,7 @@ fn shape(sockets: u32, numa: u32, cpus: usize, mem_gib: u64) -> Arc<Topology> {
         nodes: Vec::new(),
         devices: Vec::new(),
         isolated: CpuSet::new(),
+        cpu: Default::default(),
     };
     for node in 0..n_nodes {
         let mut set = CpuSet::new();

@@ -80,6 +80,7 @@ fn config() -> impl Strategy<Value = EngineConfig> {
             },
             memory_topology: mem,
             cluster_affinity: clusters,
+            cluster_rule: Default::default(),
             exclusive_cpus: excl,
             priority: if gpu {
                 ResourcePriority::GpuFirst

@@ -170,6 +170,8 @@ pub struct Agent {
     /// Set by the first [`Agent::restore`]: until then the engine does not hold the runtime's
     /// containers and its usage figures must not be published.
     restored: std::sync::atomic::AtomicBool,
+    /// Whether the reason cluster affinity is off on this CPU was logged (once a process).
+    clusters_off_logged: std::sync::atomic::AtomicBool,
 }
 
 impl Agent {
@@ -201,7 +203,8 @@ impl Agent {
             }
             None => serde_json::json!({}),
         }));
-        Agent {
+        metrics.set_cpu_info(&topo.cpu);
+        let agent = Agent {
             engine,
             topo,
             metrics,
@@ -209,7 +212,10 @@ impl Agent {
             mode,
             notes: crate::notes::Sink::default(),
             restored: std::sync::atomic::AtomicBool::new(false),
-        }
+            clusters_off_logged: std::sync::atomic::AtomicBool::new(false),
+        };
+        agent.log_clusters_off(&agent.lock());
+        agent
     }
 
     /// Whether the state has been rebuilt from the runtime at least once (see
@@ -413,9 +419,18 @@ impl Agent {
             }
             Some((Outcome::Skipped(why), _)) => {
                 tracing::info!(hook, container = %c.id, name = %c.name, pod = %c.pod.name, "not adjusted: {why}");
-                if matches!(why, tap_engine::SkipReason::NoCapacity) {
-                    let msg = format!("left on all CPUs: {why}");
-                    self.note(hook, c, crate::notes::Kind::FailedOpen, msg);
+                match why {
+                    tap_engine::SkipReason::NoCapacity => {
+                        let msg = format!("left on all CPUs: {why}");
+                        self.note(hook, c, crate::notes::Kind::FailedOpen, msg);
+                    }
+                    tap_engine::SkipReason::NoSingleNumaNode => {
+                        let msg = format!("left on all CPUs: {why}");
+                        self.metrics
+                            .count_error(hook, crate::metrics::ErrorKind::StrictNuma);
+                        self.note(hook, c, crate::notes::Kind::FailedOpen, msg);
+                    }
+                    _ => {}
                 }
                 Adjustment::default()
             }
@@ -534,13 +549,32 @@ impl Agent {
         }
     }
 
-    /// Applies a new policy configuration to containers created from now on.
+    /// Applies a new policy configuration to containers created from now on (as the engine
+    /// puts it in force: [`EngineConfig::in_force`]).
     pub fn set_config(&self, cfg: EngineConfig) {
         let mut e = self.lock();
-        if *e.config() != cfg {
-            tracing::info!(policy = %cfg.policy, memory = cfg.memory_topology, clusters = cfg.cluster_affinity, "policy configuration changed");
-            e.set_config(cfg);
+        let before = e.config().clone();
+        e.set_config(cfg);
+        let now = e.config();
+        if *now != before {
+            tracing::info!(policy = %now.policy, memory = now.memory_topology, clusters = now.cluster_affinity, "policy configuration changed");
         }
+        self.log_clusters_off(&e);
+    }
+
+    /// Logs, the first time it happens, why cluster affinity asked for is off on this CPU.
+    fn log_clusters_off(&self, e: &Engine) {
+        use std::sync::atomic::Ordering;
+        if let Some(off) = e.clusters_off() {
+            if !self.clusters_off_logged.swap(true, Ordering::Relaxed) {
+                tracing::info!("{off}");
+            }
+        }
+    }
+
+    /// Why cluster affinity asked for is off on this CPU (`--cluster-affinity-rule`).
+    pub fn clusters_off(&self) -> Option<tap_engine::cpu_model::ClustersOff> {
+        self.lock().clusters_off().cloned()
     }
 
     pub fn config(&self) -> EngineConfig {
@@ -682,6 +716,30 @@ mod tests {
             .labels
             .insert("tap.kunpeng.huawei.com/skip".into(), "true".into());
         assert!(a.create(&c).is_empty());
+    }
+
+    #[test]
+    fn a_strict_numa_policy_that_cannot_be_met_leaves_the_container_unpinned_and_says_so() {
+        let a = agent("synthetic-2s-4numa-96c-gpu");
+        let strict = |id: &str, req, lim| {
+            let mut c = burstable(id, req, lim);
+            c.pod
+                .annotations
+                .insert("tap.kunpeng.huawei.com/numa-policy".into(), "strict".into());
+            c
+        };
+        assert_eq!(
+            shown(a.create(&strict("c1", 4, 8)).cpus).as_deref(),
+            Some("0-23")
+        );
+        let adj = a.create(&strict("c2", 25, 35));
+        assert!(adj.is_empty(), "left on all CPUs: {adj:?}");
+        let m = a.metrics().render();
+        assert!(
+            m.lines()
+                .any(|l| l.contains("kind=\"strict_numa\"") && l.ends_with(" 1")),
+            "{m}"
+        );
     }
 
     #[test]

@@ -2,12 +2,15 @@
 
 use crate::agent::{Agent, ContainerInfo, PodInfo};
 use std::fmt::Write as _;
+use tap_engine::cpu_model::{CpuModel, CpuModelSource};
 use tap_engine::devices::{DeviceKind, DeviceScheme};
 use tap_engine::topology::{Level, PciDevice, Topology};
 
 /// Sample containers: (name, QoS cgroup, request CPUs, limit CPUs).
-const SAMPLES: [(&str, &str, u64, Option<u64>); 5] = [
+const SAMPLES: [(&str, &str, u64, Option<u64>); 6] = [
     ("burstable-4-8", "burstable", 4, Some(8)),
+    // Small enough for one cluster (a Kunpeng's 4 cores, a test guest's 2).
+    ("burstable-1-2", "burstable", 1, Some(2)),
     ("burstable-25-35", "burstable", 25, Some(35)),
     ("burstable-50-60", "burstable", 50, Some(60)),
     ("guaranteed-4", "", 4, Some(4)),
@@ -15,8 +18,8 @@ const SAMPLES: [(&str, &str, u64, Option<u64>); 5] = [
 ];
 
 /// The pool tree, one line per pool; cluster pools only when cluster affinity is on (they are
-/// not placed on otherwise).
-fn pool_tree(topo: &Topology, clusters: bool) -> String {
+/// not placed on otherwise), else a note saying why not (`off`).
+fn pool_tree(topo: &Topology, clusters: bool, off: &str) -> String {
     let mut out = String::new();
     let mut hidden = 0usize;
     for p in topo.walk() {
@@ -26,21 +29,18 @@ fn pool_tree(topo: &Topology, clusters: bool) -> String {
         }
         let _ = writeln!(
             out,
-            "{}{} [{}] cpus {} ({}) mems {} mem {} GiB",
+            "{}{} [{}] cpus {} ({}) mems {} mem {}",
             "  ".repeat(p.depth as usize),
             p.name,
             p.level,
             p.cpus,
             p.cpus.len(),
             p.mems,
-            p.memory_bytes >> 30
+            tap_engine::topology::memory_text(p.memory_bytes)
         );
     }
     if hidden > 0 {
-        let _ = writeln!(
-            out,
-            "  ({hidden} cluster pools not shown: --topology-cluster-affinity is off)"
-        );
+        let _ = writeln!(out, "  ({hidden} cluster pools not shown: {off})");
     }
     out
 }
@@ -100,9 +100,27 @@ fn names_of(dev: &PciDevice, all: &[PciDevice]) -> String {
     }
 }
 
+/// The `cpu:` line: the model, its Arm implementer and part, and where it was read.
+fn cpu_line(cpu: &CpuModel) -> String {
+    match cpu.source {
+        CpuModelSource::SysfsMidr => format!("cpu: {cpu}, from midr_el1 under --sysfs-root"),
+        CpuModelSource::ProcCpuinfo => format!("cpu: {cpu}, from cpuinfo under --proc-root"),
+        CpuModelSource::None => "cpu: unknown (no midr_el1 under --sysfs-root, nothing usable \
+                                 in cpuinfo under --proc-root)"
+            .to_string(),
+    }
+}
+
 pub fn explain(agent: &Agent) -> String {
     let topo = agent.topology();
-    let cfg = agent.config();
+    let mut out = machine_lines(topo);
+    out.push_str(&policy_lines(agent));
+    out.push_str(&sample_lines(agent));
+    out
+}
+
+/// The `topology:` and `cpu:` lines, the NUMA nodes and the devices.
+fn machine_lines(topo: &Topology) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -115,6 +133,7 @@ pub fn explain(agent: &Agent) -> String {
         topo.cores.len(),
         topo.isolated
     );
+    let _ = writeln!(out, "{}", cpu_line(&topo.cpu));
     for n in &topo.nodes {
         let d: Vec<String> = n.distances.iter().map(|(_, d)| d.to_string()).collect();
         let _ = writeln!(
@@ -127,13 +146,37 @@ pub fn explain(agent: &Agent) -> String {
         );
     }
     out.push_str(&device_lines(topo));
-    let _ = writeln!(out, "pool tree:");
-    out.push_str(&pool_tree(topo, cfg.cluster_affinity));
+    out
+}
+
+/// The pool tree and the policy line (with why cluster affinity is off, where a rule turned it
+/// off on this CPU).
+fn policy_lines(agent: &Agent) -> String {
+    let cfg = agent.config();
+    let clusters_off = agent.clusters_off();
+    let off = match &clusters_off {
+        Some(o) => format!(
+            "--cluster-affinity-rule={} and this CPU is not part 0xd06",
+            o.rule
+        ),
+        None => "--topology-cluster-affinity is off".to_string(),
+    };
+    let mut out = String::from("pool tree:\n");
+    out.push_str(&pool_tree(agent.topology(), cfg.cluster_affinity, &off));
     let _ = writeln!(
         out,
         "policy: {} (memory topology {}, cluster affinity {}, exclusive CPUs {})",
         cfg.policy, cfg.memory_topology, cfg.cluster_affinity, cfg.exclusive_cpus
     );
+    if let Some(o) = clusters_off {
+        let _ = writeln!(out, "  {o}");
+    }
+    out
+}
+
+/// What the policy decides for the sample containers, placed one after the other.
+fn sample_lines(agent: &Agent) -> String {
+    let mut out = String::new();
     let _ = writeln!(
         out,
         "sample decisions (each placed after the ones above it): cpus (pool), mems: why"

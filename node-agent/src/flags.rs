@@ -4,7 +4,7 @@
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::Duration;
-use tap_engine::{CpuSet, EngineConfig, PolicyKind, ResourcePriority};
+use tap_engine::{ClusterAffinityRule, CpuSet, EngineConfig, PolicyKind, ResourcePriority};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuntimeMode {
@@ -58,6 +58,11 @@ fn parse_policy(s: &str) -> Result<PolicyKind, String> {
 fn parse_priority(s: &str) -> Result<ResourcePriority, String> {
     ResourcePriority::parse(s)
         .ok_or_else(|| format!("unknown resource priority {s:?}: use cpu-first or gpu-first"))
+}
+
+fn parse_cluster_rule(s: &str) -> Result<ClusterAffinityRule, String> {
+    ClusterAffinityRule::parse(s)
+        .ok_or_else(|| format!("unknown cluster affinity rule {s:?}: use any or kunpeng-950-only"))
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -122,6 +127,13 @@ pub struct Flags {
     #[arg(help_heading = "Policy", long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub topology_cluster_affinity: bool,
 
+    /// Where cluster affinity (the flag above, or a NodeTopology policy's clusterAffinity) may
+    /// use cluster pools: `any` (wherever sysfs reports clusters smaller than their NUMA node)
+    /// or `kunpeng-950-only` (the reference's rule: only on CPU part 0xd06, HiSilicon Kunpeng
+    /// 950, read from `midr_el1` under --sysfs-root, else `cpuinfo` under --proc-root).
+    #[arg(help_heading = "Policy", long, default_value = "any", value_parser = parse_cluster_rule)]
+    pub cluster_affinity_rule: ClusterAffinityRule,
+
     /// How long shutdown waits for requests in flight.
     #[arg(help_heading = "Runtime", long, default_value = "15s", value_parser = parse_duration)]
     pub graceful_timeout: Duration,
@@ -151,7 +163,7 @@ pub struct Flags {
 
     /// Root of the proc tree the NVIDIA driver's GPU files are read from
     /// (`driver/nvidia/gpus/<address>/information`), so that `NVIDIA_VISIBLE_DEVICES=GPU-<uuid>`
-    /// finds its GPU.
+    /// finds its GPU, and `cpuinfo` (the CPU model where sysfs has no `midr_el1`).
     #[arg(
         help_heading = "Policy",
         long,
@@ -246,8 +258,9 @@ impl Flags {
     }
 
     /// Discovers the topology under `--sysfs-root` (and the NVIDIA GPUs' UUIDs under
-    /// `--proc-root`) and builds its model. What discovery worked around (asymmetric or short
-    /// NUMA distance rows, ...) is logged as warnings.
+    /// `--proc-root`), identifies the CPU ([`Flags::identify_cpu`]) and builds its model. What
+    /// discovery worked around (asymmetric or short NUMA distance rows, ...) is logged as
+    /// warnings.
     pub fn load_topology(&self) -> anyhow::Result<std::sync::Arc<tap_engine::Topology>> {
         use anyhow::Context;
         let mut found = tap_engine::sysfs::discover_dir_with_warnings(&self.sysfs_root)
@@ -262,9 +275,27 @@ impl Flags {
         }
         let proc = tap_engine::sysfs::DirSource::new(&self.proc_root);
         tap_engine::devices::read_nvidia_uuids(&proc, &mut found.raw.devices);
+        found.raw.cpu = self.identify_cpu(&found.raw, &proc);
         let topo =
             tap_engine::Topology::build(&found.raw).context("building the topology model")?;
         Ok(std::sync::Arc::new(topo))
+    }
+
+    /// The CPU model: the first online CPU's `midr_el1` under `--sysfs-root`, else `cpuinfo`
+    /// under `--proc-root`, else unknown (logged, never an error).
+    fn identify_cpu(
+        &self,
+        raw: &tap_engine::RawTopology,
+        proc: &tap_engine::sysfs::DirSource,
+    ) -> tap_engine::CpuModel {
+        let sys = tap_engine::sysfs::DirSource::new(&self.sysfs_root);
+        let first = raw.cpus.first().map_or(0, |c| c.id);
+        let found = tap_engine::cpu_model::identify(&sys, proc, first);
+        for p in &found.problems {
+            tracing::warn!("CPU identification: {p}");
+        }
+        tracing::info!(cpu = %found.model, source = found.model.source.as_str(), "CPU model");
+        found.model
     }
 
     /// The engine configuration these flags ask for.
@@ -273,6 +304,7 @@ impl Flags {
             policy: self.resource_policy,
             memory_topology: self.enable_memory_topology,
             cluster_affinity: self.topology_cluster_affinity,
+            cluster_rule: self.cluster_affinity_rule,
             reserved: self.reserved_cpus,
             priority: self.resource_priority,
             exclusive_cpus: self.exclusive_cpus,
@@ -388,6 +420,23 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(f.container_runtime_mode, RuntimeMode::Nri);
+    }
+
+    #[test]
+    fn cluster_affinity_rule_is_a_named_choice_defaulting_to_any() {
+        let f = Flags::try_parse_from(["kunpeng-tap"]).unwrap();
+        assert_eq!(f.engine_config().cluster_rule, ClusterAffinityRule::Any);
+        let f = Flags::try_parse_from([
+            "kunpeng-tap",
+            "--topology-cluster-affinity",
+            "--cluster-affinity-rule=kunpeng-950-only",
+        ])
+        .unwrap();
+        let cfg = f.engine_config();
+        assert!(cfg.cluster_affinity);
+        assert_eq!(cfg.cluster_rule, ClusterAffinityRule::Kunpeng950Only);
+        let e = Flags::try_parse_from(["kunpeng-tap", "--cluster-affinity-rule=d06"]).unwrap_err();
+        assert!(e.to_string().contains("use any or kunpeng-950-only"), "{e}");
     }
 
     /// The chart appends `agent.extraArgs` after its own flags: a repeated flag takes the

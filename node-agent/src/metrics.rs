@@ -1,5 +1,7 @@
-//! Prometheus metrics of the agent (the reference's names kept) and the HTTP endpoint that
-//! serves them with `/healthz` and `/readyz`.
+//! Prometheus metrics of the agent and the HTTP endpoint that serves them with `/healthz` and
+//! `/readyz`. Names follow Prometheus's conventions: the unit as a suffix (`_seconds`, `_cpus`),
+//! counters end in `_total`, gauges never in `_count` or `_total`. The reference's names are
+//! kept where they did; the three per-zone gauges were renamed (CHANGELOG.md lists old and new).
 //!
 //! What is registered depends on the runtime mode ([`Metrics::for_mode`]): `tap_proxy_up` only
 //! in the proxy modes (Docker, Containerd). The per-zone gauges and `tap_build_info` are read
@@ -84,6 +86,8 @@ pub enum ErrorKind {
     Refused,
     /// the runtime does not know the container of a cpuset write.
     NotFound,
+    /// `numa-policy: strict` and no single NUMA node holds the container (left on all CPUs).
+    StrictNuma,
 }
 
 impl ErrorKind {
@@ -108,6 +112,7 @@ impl ErrorKind {
             ErrorKind::Runtime => "runtime",
             ErrorKind::Refused => "refused",
             ErrorKind::NotFound => "not_found",
+            ErrorKind::StrictNuma => "strict_numa",
         }
     }
 }
@@ -122,6 +127,14 @@ struct BuildLabels {
     version: String,
     mode: String,
     policy: String,
+}
+
+/// `tap_cpu_info`: the CPU model (`implementer` and `part` hex, empty without an Arm MIDR).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CpuLabels {
+    pub implementer: String,
+    pub part: String,
+    pub model: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -150,6 +163,8 @@ pub struct Metrics {
     pub cpuset_writes: Family<ResultLabels, Counter>,
     /// Containers whose runtime cpuset differs from the engine's (as far as the agent knows).
     pub unconverged: Gauge,
+    /// `tap_cpu_info`, set once from the topology ([`Metrics::set_cpu_info`]).
+    pub cpu_info: Family<CpuLabels, Gauge>,
     /// Where the per-pool figures come from at scrape time.
     usage: UsageSource,
     grants: OnceLock<Box<GrantsFn>>,
@@ -186,7 +201,7 @@ impl std::fmt::Debug for UsageSource {
     }
 }
 
-/// `tap_topology_node_{capacity,usage,container_count}` and `tap_build_info`, computed from
+/// `tap_topology_node_{capacity_cpus,usage_cpus,containers}` and `tap_build_info`, computed from
 /// the engine's state on each scrape rather than on every hook.
 #[derive(Debug)]
 struct UsageCollector {
@@ -232,7 +247,7 @@ impl Collector for UsageCollector {
         let cpus = |m: u64| m as f64 / 1000.0;
         let series = [
             (
-                "tap_topology_node_capacity",
+                "tap_topology_node_capacity_cpus",
                 "CPUs a topology zone (pool) can share out",
                 pools
                     .iter()
@@ -240,7 +255,7 @@ impl Collector for UsageCollector {
                     .collect::<Vec<_>>(),
             ),
             (
-                "tap_topology_node_usage",
+                "tap_topology_node_usage_cpus",
                 "CPUs requested by containers placed in a topology zone (pool) and below",
                 pools.iter().map(|p| cpus(p.request_milli)).collect(),
             ),
@@ -252,7 +267,7 @@ impl Collector for UsageCollector {
             }
         }
         let mut family = encoder.encode_descriptor(
-            "tap_topology_node_container_count",
+            "tap_topology_node_containers",
             "Containers placed on a topology zone (pool) itself",
             None,
             MetricType::Gauge,
@@ -294,6 +309,7 @@ impl Metrics {
         let reconciles = Family::<ResultLabels, Counter>::default();
         let cpuset_writes = Family::<ResultLabels, Counter>::default();
         let unconverged = Gauge::default();
+        let cpu_info = Family::<CpuLabels, Gauge>::default();
         if is_proxy_mode(mode) {
             registry.register(
                 "tap_proxy_up",
@@ -346,6 +362,11 @@ impl Metrics {
             "Containers whose cpuset at the runtime differs from the agent's decision, as far as the agent knows (0 at rest)",
             unconverged.clone(),
         );
+        registry.register(
+            "tap_cpu_info",
+            "Always 1: the CPU model (Arm implementer and part, hex; model name)",
+            cpu_info.clone(),
+        );
         Metrics {
             registry,
             proxy_up,
@@ -357,6 +378,7 @@ impl Metrics {
             reconciles,
             cpuset_writes,
             unconverged,
+            cpu_info,
             usage,
             grants: OnceLock::new(),
             ready: AtomicBool::new(false),
@@ -414,6 +436,18 @@ impl Metrics {
                 exclusive: exclusive.to_string(),
             })
             .inc();
+    }
+
+    /// Sets `tap_cpu_info` to this CPU (one series; a later call replaces it).
+    pub fn set_cpu_info(&self, cpu: &tap_engine::CpuModel) {
+        self.cpu_info.clear();
+        self.cpu_info
+            .get_or_create(&CpuLabels {
+                implementer: cpu.implementer_hex().unwrap_or_default(),
+                part: cpu.part_hex().unwrap_or_default(),
+                model: cpu.name(),
+            })
+            .set(1);
     }
 
     /// Sets where the per-pool gauges are read from at scrape time (once; later calls are
@@ -524,9 +558,9 @@ mod tests {
             "tap_proxy_up",
             "tap_proxy_request_duration_seconds",
             "tap_hook_request_duration_seconds",
-            "tap_topology_node_capacity",
-            "tap_topology_node_usage",
-            "tap_topology_node_container_count",
+            "tap_topology_node_capacity_cpus",
+            "tap_topology_node_usage_cpus",
+            "tap_topology_node_containers",
             "tap_errors_total",
             "tap_build_info",
         ] {
@@ -545,6 +579,7 @@ mod tests {
         m.count_cpuset_write("ok");
         m.observe_hook("create", "Docker", Duration::from_micros(5));
         m.observe_proxy("/v1.41/containers/create", Duration::from_micros(5));
+        m.set_cpu_info(&tap_engine::CpuModel::unknown());
         m.set_usage_source(Box::new(|| EngineFigures {
             pools: vec![pool("numa0", Level::Numa, 4000, 1000, 1)],
             config: EngineConfig::default(),
@@ -657,6 +692,25 @@ mod tests {
     }
 
     #[test]
+    fn cpu_info_names_the_cpu_once() {
+        use tap_engine::cpu_model::{CpuModel, CpuModelSource, Midr};
+        let m = Metrics::new();
+        let kp = |bits| CpuModel::from_midr(Midr::from_bits(bits), CpuModelSource::SysfsMidr);
+        m.set_cpu_info(&kp(0x481f_d010));
+        m.set_cpu_info(&kp(0x480f_d060));
+        let lines: Vec<String> = m
+            .render()
+            .lines()
+            .filter(|l| l.starts_with("tap_cpu_info{"))
+            .map(str::to_string)
+            .collect();
+        assert_eq!(
+            lines,
+            ["tap_cpu_info{implementer=\"0x48\",part=\"0xd06\",model=\"HiSilicon Kunpeng 950\"} 1"]
+        );
+    }
+
+    #[test]
     fn cluster_zones_are_exported_only_with_cluster_affinity() {
         for affinity in [false, true] {
             let m = Metrics::new();
@@ -671,11 +725,11 @@ mod tests {
                 },
             }));
             let t = m.render();
-            assert!(t.contains("tap_topology_node_usage{zone=\"numa0\",level=\"numa\"} 2.0"));
+            assert!(t.contains("tap_topology_node_usage_cpus{zone=\"numa0\",level=\"numa\"} 2.0"));
             for name in [
-                "tap_topology_node_capacity",
-                "tap_topology_node_usage",
-                "tap_topology_node_container_count",
+                "tap_topology_node_capacity_cpus",
+                "tap_topology_node_usage_cpus",
+                "tap_topology_node_containers",
             ] {
                 assert_eq!(
                     t.contains(&format!("{name}{{zone=\"cluster0\",level=\"cluster\"}}")),
@@ -709,20 +763,20 @@ mod tests {
         };
         let t = m.render();
         assert_eq!(
-            line(&t, "tap_topology_node_usage{"),
-            "tap_topology_node_usage{zone=\"numa0\",level=\"numa\"} 1.0"
+            line(&t, "tap_topology_node_usage_cpus{"),
+            "tap_topology_node_usage_cpus{zone=\"numa0\",level=\"numa\"} 1.0"
         );
         assert_eq!(
-            line(&t, "tap_topology_node_capacity{"),
-            "tap_topology_node_capacity{zone=\"numa0\",level=\"numa\"} 4.0"
+            line(&t, "tap_topology_node_capacity_cpus{"),
+            "tap_topology_node_capacity_cpus{zone=\"numa0\",level=\"numa\"} 4.0"
         );
         assert_eq!(
-            line(&t, "tap_topology_node_container_count{"),
-            "tap_topology_node_container_count{zone=\"numa0\",level=\"numa\"} 2"
+            line(&t, "tap_topology_node_containers{"),
+            "tap_topology_node_containers{zone=\"numa0\",level=\"numa\"} 2"
         );
         n.store(2500, Ordering::SeqCst);
         assert!(m
             .render()
-            .contains("tap_topology_node_usage{zone=\"numa0\",level=\"numa\"} 2.5"));
+            .contains("tap_topology_node_usage_cpus{zone=\"numa0\",level=\"numa\"} 2.5"));
     }
 }

@@ -721,6 +721,7 @@ mod tests {
             nodes,
             devices: Vec::new(),
             isolated: CpuSet::new(),
+            cpu: Default::default(),
         };
         Machine::new("tiny", &raw).unwrap()
     }

@@ -78,3 +78,42 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "kunpeng-tap.agent.runtimeSocket" -}}
 {{- trimPrefix "unix://" .Values.agent.flags.containerRuntimeServiceEndpoint }}
 {{- end }}
+
+{{/*
+"true" when the API server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy
+(Kubernetes >= 1.30, unless switched off with --runtime-config), empty otherwise. `helm install`
+and `helm upgrade` know it from the server's API list, and so does `helm template` given the
+cluster's list with --api-versions (as GitOps tools pass it). A plain `helm template` knows no
+resource at all (not even v1/Pod): there the Kubernetes version decides (--kube-version).
+*/}}
+{{- define "kunpeng-tap.vapServed" -}}
+{{- $api := .Capabilities.APIVersions -}}
+{{- if $api.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}
+true
+{{- else if and (not ($api.Has "v1/Pod")) (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/*
+"true" when the chart installs the agent's node-restriction policy: the value is on and the API
+server serves it.
+*/}}
+{{- define "kunpeng-tap.nodeRestriction" -}}
+{{- if and .Values.agent.enabled .Values.agent.nodeRestriction.enabled (include "kunpeng-tap.vapServed" .) -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/*
+"true" when the chart creates the PrometheusRule: the value is on and the API server serves
+monitoring.coreos.com/v1 (prometheus-operator's CRDs), or `metrics.prometheusRule.force` is set
+(a `helm template` for another cluster).
+*/}}
+{{- define "kunpeng-tap.prometheusRule" -}}
+{{- $r := .Values.metrics.prometheusRule -}}
+{{- $api := .Capabilities.APIVersions -}}
+{{- if and $r.enabled (or $r.force ($api.Has "monitoring.coreos.com/v1") ($api.Has "monitoring.coreos.com/v1/PrometheusRule")) -}}
+true
+{{- end -}}
+{{- end }}

@@ -15,7 +15,7 @@
 //! other. After registration and after each step it scrapes the agent's /metrics (as
 //! Prometheus would) and reads `/proc/PID/status` and `smaps_rollup`.
 //! It prints a Markdown table, the answers' tally, the containers the agent accounts
-//! (`tap_topology_node_container_count`, summed) and the load average; it exits non-zero
+//! (`tap_topology_node_containers`, summed) and the load average; it exits non-zero
 //! when a create was not answered with a cpuset or the agent does not account them all.
 
 use anyhow::{bail, Context, Result};
@@ -116,7 +116,7 @@ async fn run(o: Opts, bin: std::path::PathBuf) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
         rows.push((done, ProcMemory::read(pid)?));
     }
-    let known = metric_sum(&metrics, "tap_topology_node_container_count");
+    let known = metric_sum(&metrics, "tap_topology_node_containers");
 
     println!(
         "agent: {} (fixture {}{})",

@@ -35,6 +35,7 @@ pub(super) fn build(raw: &RawTopology) -> Result<Topology, TopologyError> {
         clusters,
         sockets: sockets.len(),
         dies: dies.len(),
+        cpu: raw.cpu.clone(),
         cpu_node,
         cpu_core,
         cpu_cluster,

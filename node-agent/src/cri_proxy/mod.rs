@@ -662,8 +662,10 @@ pub async fn run(
         restorer.finish().await;
         ledger.keep_reconciled(shared, RECONCILE_EVERY, stop).await
     });
+    let ledger = proxy.ledger().clone();
     serve(proxy, listener, shutdown, flags.graceful_timeout).await;
     let _ = tokio::join!(reconciler, converger);
+    ledger.flush_records();
     agent.metrics().proxy_up.set(0);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
     Ok(())

@@ -604,6 +604,7 @@ pub async fn run(
             .clone()
             .converge(proxy.clone(), shutdown.clone()),
     );
+    let records = proxy.ledger().clone();
     let (ledger, rt, stop) = (proxy.ledger().clone(), proxy.clone(), shutdown.clone());
     let reconciler = tokio::spawn(async move {
         // The periodic comparison starts once the state is restored (it would adopt every
@@ -638,6 +639,7 @@ pub async fn run(
     )
     .await;
     let _ = tokio::join!(reconciler, converger);
+    records.flush_records();
     agent.metrics().proxy_up.set(0);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
     Ok(())

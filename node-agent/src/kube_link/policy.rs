@@ -115,6 +115,7 @@ mod tests {
         let base = EngineConfig {
             priority: ResourcePriority::GpuFirst,
             exclusive_cpus: false,
+            cluster_rule: tap_engine::ClusterAffinityRule::Kunpeng950Only,
             ..Default::default()
         };
         let c = engine_config(&base, Some(&settings())).unwrap();
@@ -123,6 +124,12 @@ mod tests {
         assert_eq!(c.reserved.to_string(), "0-1");
         assert_eq!(c.priority, ResourcePriority::GpuFirst);
         assert!(!c.exclusive_cpus);
+        // The flags' cluster affinity rule stays: the engine applies it to the policy's
+        // clusterAffinity as to the flag's (EngineConfig::in_force).
+        assert_eq!(
+            c.cluster_rule,
+            tap_engine::ClusterAffinityRule::Kunpeng950Only
+        );
         assert_eq!(engine_config(&base, None).unwrap(), base);
     }
 

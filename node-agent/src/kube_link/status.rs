@@ -5,10 +5,10 @@ use super::policy::ConfigSource;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use std::time::{Duration, Instant};
 use tap_api::{
-    AgentStatus, DeviceSummary, NodeTopologyStatus, NumaNodeSummary, TopologySummary, ZoneStatus,
-    CONDITION_READY,
+    AgentStatus, CpuModelSummary, DeviceSummary, NodeTopologyStatus, NumaNodeSummary,
+    TopologySummary, ZoneStatus, CONDITION_READY,
 };
-use tap_engine::Engine;
+use tap_engine::{CpuModel, Engine};
 
 /// What the link knows besides the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +38,19 @@ fn i32_of(v: usize) -> i32 {
 
 fn i64_of(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// `status.cpuModel`: the CPU model the topology carries.
+pub fn cpu_summary(cpu: &CpuModel) -> CpuModelSummary {
+    CpuModelSummary {
+        name: cpu.name(),
+        implementer: cpu.implementer_hex(),
+        part: cpu.part_hex(),
+        variant: cpu.midr.map(|m| format!("{:#x}", m.variant)),
+        revision: cpu.midr.map(|m| i32::from(m.revision)),
+        vendor: cpu.vendor_id.clone(),
+        source: cpu.source.as_str().to_string(),
+    }
 }
 
 /// The status to write.
@@ -137,11 +150,13 @@ pub fn node_status(
             policy: cfg.policy.as_str().to_string(),
             memory_topology: cfg.memory_topology,
             cluster_affinity: cfg.cluster_affinity,
+            cluster_affinity_rule: cfg.cluster_rule.as_str().to_string(),
             reserved_cpus: cfg.reserved.to_string(),
             annotations_allowed: cfg.annotations_allowed,
             config_source: facts.source.as_str().to_string(),
             observed_generation: facts.generation,
         }),
+        cpu_model: Some(cpu_summary(&topo.cpu)),
         conditions: vec![Condition {
             type_: CONDITION_READY.to_string(),
             status: status.to_string(),
@@ -310,6 +325,68 @@ mod tests {
         let bad = node_status(&e, &f, Some(&st), &t(30));
         assert_eq!(bad.conditions[0].status, "False");
         assert_eq!(bad.conditions[0].last_transition_time, t(30));
+    }
+
+    /// A fixture's engine with its CPU identified as the agent does (sysfs, then proc).
+    fn identified(name: &str, base: EngineConfig) -> Engine {
+        use tap_engine::sysfs::DirSource;
+        use tap_engine::testdata::{fixture_dir, proc_fixture_dir};
+        let mut raw = discover_dir(&fixture_dir(name)).unwrap();
+        let (sys, proc) = (
+            DirSource::new(fixture_dir(name)),
+            DirSource::new(proc_fixture_dir(name)),
+        );
+        raw.cpu = tap_engine::cpu_model::identify(&sys, &proc, 0).model;
+        Engine::new(Arc::new(Topology::build(&raw).unwrap()), base)
+    }
+
+    /// `status.cpuModel` names the CPU; a NodeTopology policy's clusterAffinity goes through
+    /// the flags' `kunpeng-950-only` rule like the flag does.
+    #[test]
+    fn status_names_the_cpu_and_the_rule_gates_a_policys_cluster_affinity() {
+        use tap_engine::ClusterAffinityRule;
+        let base = EngineConfig {
+            cluster_rule: ClusterAffinityRule::Kunpeng950Only,
+            ..EngineConfig::default()
+        };
+        let settings = tap_api::PolicySettings {
+            cluster_affinity: true,
+            ..Default::default()
+        };
+        let policy = super::super::policy::engine_config(&base, Some(&settings)).unwrap();
+        for (name, cpu, part, clusters) in [
+            (
+                "synthetic-2s-4numa-96c-kunpeng920",
+                "HiSilicon Kunpeng 920",
+                "0xd01",
+                false,
+            ),
+            (
+                "synthetic-1s-2numa-96c-kunpeng950",
+                "HiSilicon Kunpeng 950",
+                "0xd06",
+                true,
+            ),
+        ] {
+            let mut e = identified(name, base.clone());
+            e.set_config(policy.clone());
+            let st = node_status(&e, &facts(ConfigSource::NodeTopology), None, &t(1));
+            let m = st.cpu_model.as_ref().unwrap();
+            assert_eq!(m.name, cpu);
+            assert_eq!(
+                (m.implementer.as_deref(), m.part.as_deref()),
+                (Some("0x48"), Some(part))
+            );
+            assert_eq!(m.source, "midr_el1");
+            let agent = st.agent.as_ref().unwrap();
+            assert_eq!(agent.cluster_affinity, clusters, "{name}");
+            assert_eq!(agent.cluster_affinity_rule, "kunpeng-950-only");
+        }
+        // No identification: unknown, said so.
+        let st = node_status(&engine(), &facts(ConfigSource::Flags), None, &t(1));
+        let m = st.cpu_model.unwrap();
+        assert_eq!((m.name.as_str(), m.source.as_str()), ("unknown", "none"));
+        assert_eq!(m.implementer, None);
     }
 
     #[test]

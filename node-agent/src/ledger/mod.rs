@@ -23,6 +23,7 @@ pub mod converge;
 pub mod deadline;
 mod reconcile;
 pub mod runtime;
+mod saver;
 pub mod state_file;
 
 pub use converge::{Channel, DirtyQueue, WriteError, Writer};
@@ -222,6 +223,8 @@ pub struct Ledger {
     agent: Arc<Agent>,
     book: Mutex<Book>,
     file: Option<StateFile>,
+    /// Writes the records off the book's lock (None: no file, or no thread could be started).
+    saver: Option<saver::Saver>,
     deadline: Deadline,
     clock: AtomicU64,
     /// Containers whose runtime cpuset may differ from the engine's (see [`converge`]).
@@ -233,10 +236,12 @@ pub struct Ledger {
 impl Ledger {
     /// A ledger over `agent`, keeping changed grant records in `file` if given.
     pub fn new(agent: Arc<Agent>, file: Option<StateFile>) -> Ledger {
+        let saver = file.as_ref().and_then(|f| start_saver(&agent, f));
         Ledger {
             agent,
             book: Mutex::new(Book::default()),
             file,
+            saver,
             deadline: Deadline::default(),
             clock: AtomicU64::new(1),
             dirty: Arc::new(DirtyQueue::default()),
@@ -574,16 +579,44 @@ impl Ledger {
         self.dirty.mark(ups.into_iter().map(|u| u.container_id));
     }
 
+    /// Hands the records to the writer thread (written off the book's lock).
     fn save(&self, records: &Records) {
-        if let Some(f) = &self.file {
-            if let Err(e) = f.save(records) {
-                tracing::warn!("cannot store the grant records: {e}");
-                self.agent
-                    .metrics()
-                    .count_error("update", crate::metrics::ErrorKind::State);
+        match (&self.saver, &self.file) {
+            (Some(s), _) => s.submit(records.clone()),
+            (None, Some(f)) => {
+                if let Err(e) = f.save(records) {
+                    state_write_failed(&self.agent, e);
+                }
             }
+            (None, None) => {}
         }
     }
+
+    /// Waits until the records handed to the writer so far are on disk.
+    pub fn flush_records(&self) {
+        if let Some(s) = &self.saver {
+            s.flush();
+        }
+    }
+}
+
+fn start_saver(agent: &Arc<Agent>, f: &StateFile) -> Option<saver::Saver> {
+    let a = agent.clone();
+    let file = StateFile::new(f.path().to_path_buf());
+    match saver::Saver::start(file, move |e| state_write_failed(&a, e)) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!("no writer thread for the grant records ({e}); writing them inline");
+            None
+        }
+    }
+}
+
+fn state_write_failed(agent: &Agent, e: state_file::StateFileError) {
+    tracing::warn!("cannot store the grant records: {e}");
+    agent
+        .metrics()
+        .count_error("update", crate::metrics::ErrorKind::State);
 }
 
 #[cfg(test)]

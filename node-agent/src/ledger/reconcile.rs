@@ -58,6 +58,19 @@ impl Ledger {
         self.reconcile(listed, u64::MAX, Listing::Session)
     }
 
+    /// One running container the book lacks (or has as stopped), reported by the runtime on
+    /// its own (NRI: a start confirmed after its create was given up): adopted from what it
+    /// holds, by the restore rules; nothing else is compared or released. Whether it was.
+    pub fn adopt_one(&self, l: Listed) -> bool {
+        let mut report = ReconcileReport::default();
+        let mut b = self.book();
+        let listed = [l];
+        let touched = self.adopt_unknown(&mut b, &listed, u64::MAX, Listing::Ids, &mut report);
+        drop(b);
+        self.dirty.mark(touched);
+        report.adopted > 0
+    }
+
     /// Brings the book in line with the runtime's list of live containers, taken after the
     /// ledger clock read `since` (entries changed later are left alone): grants of containers
     /// the runtime no longer has are released, containers the ledger does not know (or knew as

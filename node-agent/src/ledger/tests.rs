@@ -216,6 +216,7 @@ async fn a_refused_update_is_rolled_back_and_not_persisted() {
         .await;
     let rec = t.adjustment.record.clone().expect("record");
     l.commit_update(t);
+    l.flush_records();
     let saved = StateFile::new(file).load().unwrap();
     assert_eq!(saved.get("k"), Some(&rec));
     let _ = std::fs::remove_dir_all(&dir);
@@ -231,6 +232,7 @@ async fn restore_reads_changed_records_and_survives_a_corrupt_file() {
         .begin_update("id", |i| i.cpu_shares = Some(6 * 1024))
         .await;
     a.commit_update(t);
+    a.flush_records();
     let want = a.agent().snapshot();
     // What the runtime lists after an agent restart: the create-time record in the container.
     let mut live = container("k", "burstable", 6, 8);

@@ -128,6 +128,17 @@ impl Pending {
         lock(&self.0).remove(id).map(|(_, t)| t)
     }
 
+    /// Commits the pending create of `id`, if there is one.
+    fn take_into(&self, ledger: &Ledger, id: &str) -> bool {
+        match self.take(id) {
+            Some(t) => {
+                ledger.commit_create(t, Some(id.to_string()));
+                true
+            }
+            None => false,
+        }
+    }
+
     fn clear(&self) {
         lock(&self.0).clear();
     }
@@ -202,6 +213,26 @@ impl NriPlugin {
     fn confirm_create(&self, id: &str) {
         if let Some(t) = self.creates.take(id) {
             self.ledger.commit_create(t, Some(id.to_string()));
+        }
+    }
+
+    /// PostStartContainer: the create is confirmed; a container started after its create was
+    /// given up (more than the confirm timeout) is adopted from the cpuset it runs with.
+    fn on_started(&self, req: &StateChangeEvent) {
+        let c = req.container.get_or_default();
+        if self.creates.take_into(&self.ledger, &c.id) || self.ledger.resolve(&c.id).is_some() {
+            return;
+        }
+        let info = convert::container_info(req.pod.as_ref(), c);
+        if info.id.is_empty() {
+            return;
+        }
+        let listed = Listed {
+            runtime_id: c.id.clone(),
+            info,
+        };
+        if self.ledger.adopt_one(listed) {
+            tracing::warn!(container = %c.id, "started after its create was given up; adopted with the cpuset it runs with");
         }
     }
 
@@ -478,8 +509,7 @@ impl proto::Plugin for NriPlugin {
                 hook_span(hook, "NRI").in_scope(|| self.ledger.release(&id, why));
             }
             Ok(Event::POST_START_CONTAINER) => {
-                let id = req.container.get_or_default().id.clone();
-                hook_span("create", "NRI").in_scope(|| self.confirm_create(&id));
+                hook_span("create", "NRI").in_scope(|| self.on_started(&req));
             }
             Ok(Event::POST_UPDATE_CONTAINER) => {
                 let id = req.container.get_or_default().id.clone();
@@ -528,6 +558,7 @@ pub async fn run(
     let converger = tokio::spawn(ledger.clone().converge(slot.clone(), shutdown.clone()));
     let end = serve_sessions(flags, &agent, &ledger, &slot, &shutdown).await;
     let _ = converger.await;
+    ledger.flush_records();
     end
 }
 
@@ -912,6 +943,41 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let retried = agent.snapshot().grant("c").cloned().expect("granted");
         assert_eq!(retried.request_milli, 30_000);
+    }
+
+    /// A start containerd confirms after the create was given up (its grant released after the
+    /// confirm timeout) is adopted with the cpuset the container runs with: the books know it.
+    #[tokio::test]
+    async fn a_start_confirmed_late_is_adopted_with_what_it_runs_with() {
+        let agent = test_agent();
+        let mut plugin = NriPlugin::new(agent.clone());
+        plugin.confirm.create = Duration::from_millis(50);
+        let mut req = CreateContainerRequest::new();
+        req.pod = Some(pod()).into();
+        req.container = Some(burstable("late", 0)).into();
+        let resp = plugin.on_create_container(req).await.unwrap();
+        let sent = resp.adjust.linux.resources.cpu.cpus.clone();
+        assert!(!sent.is_empty(), "placed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(agent.snapshot().grant("late").is_none(), "given up");
+        // containerd applied the answer and starts the container now.
+        let mut c = burstable("late", 0);
+        let r = c
+            .linux
+            .mut_or_insert_default()
+            .resources
+            .mut_or_insert_default();
+        r.cpu.mut_or_insert_default().cpus = sent.clone();
+        let mut evt = StateChangeEvent::new();
+        evt.event = Event::POST_START_CONTAINER.into();
+        evt.pod = Some(pod()).into();
+        evt.container = Some(c).into();
+        plugin.on_started(&evt);
+        let g = agent.snapshot().grant("late").cloned().expect("adopted");
+        assert_eq!(g.cpus.to_string(), sent);
+        // A second confirmation changes nothing.
+        plugin.on_started(&evt);
+        assert_eq!(agent.snapshot().grant("late"), Some(&g));
     }
 
     #[tokio::test]
