@@ -118,22 +118,8 @@ print_timings() {
   say "total $((SECONDS - T0)) s"
 }
 
-# The URI of the main Debian archive this system's apt uses (the same rule as
-# hack/e2e/setup-containerd.sh): no mirror is named in this repository.
-debian_archive() {
-  local codename
-  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
-  [ -n "$codename" ] || return 0
-  if ! apt-cache policy 2>/dev/null | grep -q "n=$codename,"; then
-    flock /var/lock/kunpeng-tap-apt apt-get -qq update >/dev/null
-  fi
-  apt-cache policy 2>/dev/null | awk -v cn="$codename" '
-    /^ *[0-9]+ [a-z]+:\/\// { uri = $2; suite = $3; next }
-    /^ *release / {
-      if (uri != "" && suite == cn "/main" && index($0, "o=Debian,") && index($0, ",l=Debian,") && index($0, "n=" cn ",")) { print uri; exit }
-      uri = ""
-    }'
-}
+# debian_archive: the mirror comes from this system's apt configuration.
+. "$SRC/hack/lib/debian-apt.sh"
 
 # --- the chroot ---------------------------------------------------------------------------------
 phase chroot

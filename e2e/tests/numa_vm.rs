@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use tap_e2e::churn::parse_list;
 use tap_e2e::containerd::{
     cgroup_cpuset, cgroup_mems, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri,
     PodSpec,
@@ -153,8 +154,8 @@ async fn guest_checks(report: &mut Value) -> Result<()> {
 
 /// The guest kernel's NUMA nodes: CPUs and memory.
 struct GuestNodes {
-    cpus: BTreeMap<u32, BTreeSet<u32>>,
-    mem_kib: BTreeMap<u32, u64>,
+    cpus: BTreeMap<usize, BTreeSet<usize>>,
+    mem_kib: BTreeMap<usize, u64>,
 }
 
 impl GuestNodes {
@@ -166,13 +167,13 @@ impl GuestNodes {
             let name = e.file_name().to_string_lossy().to_string();
             let Some(n) = name
                 .strip_prefix("node")
-                .and_then(|n| n.parse::<u32>().ok())
+                .and_then(|n| n.parse::<usize>().ok())
             else {
                 continue;
             };
             cpus.insert(
                 n,
-                parse_list(&std::fs::read_to_string(e.path().join("cpulist"))?),
+                parse_list(&std::fs::read_to_string(e.path().join("cpulist"))?)?,
             );
             let meminfo = std::fs::read_to_string(e.path().join("meminfo"))?;
             let total = meminfo
@@ -187,31 +188,12 @@ impl GuestNodes {
     }
 
     /// The node whose CPUs are exactly `set`.
-    fn exactly(&self, set: &BTreeSet<u32>) -> Option<u32> {
+    fn exactly(&self, set: &BTreeSet<usize>) -> Option<usize> {
         self.cpus.iter().find(|(_, c)| *c == set).map(|(n, _)| *n)
     }
 }
 
-fn parse_list(s: &str) -> BTreeSet<u32> {
-    let mut out = BTreeSet::new();
-    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
-                    out.extend(a..=b);
-                }
-            }
-            None => {
-                if let Ok(v) = part.parse() {
-                    out.insert(v);
-                }
-            }
-        }
-    }
-    out
-}
-
-fn list(s: &BTreeSet<u32>) -> String {
+fn list(s: &BTreeSet<usize>) -> String {
     s.iter()
         .map(|c| c.to_string())
         .collect::<Vec<_>>()
@@ -243,8 +225,11 @@ fn explain_matches_shape(shape: &Shape, nodes: &GuestNodes, report: &mut Value) 
     );
     for (i, n) in shape.nodes.iter().enumerate() {
         let i = i as u32;
-        let kernel_cpus = nodes.cpus.get(&i).context("guest node missing")?;
-        let qemu_cpus: BTreeSet<u32> = (n.cpus.0..=n.cpus.1).collect();
+        let kernel_cpus = nodes
+            .cpus
+            .get(&(i as usize))
+            .context("guest node missing")?;
+        let qemu_cpus: BTreeSet<usize> = (n.cpus.0 as usize..=n.cpus.1 as usize).collect();
         ensure!(
             *kernel_cpus == qemu_cpus,
             "node {i}: kernel cpus {kernel_cpus:?}, QEMU {qemu_cpus:?}"
@@ -386,11 +371,11 @@ fn touched_pages(pid: u32, mib: u64) -> Result<BTreeMap<u32, u64>> {
 }
 
 /// Pages outside `mems`, of all.
-fn outside(pages: &BTreeMap<u32, u64>, mems: &BTreeSet<u32>) -> (u64, u64) {
+fn outside(pages: &BTreeMap<u32, u64>, mems: &BTreeSet<usize>) -> (u64, u64) {
     let all = pages.values().sum();
     let out = pages
         .iter()
-        .filter(|(n, _)| !mems.contains(n))
+        .filter(|(n, _)| !mems.contains(&(**n as usize)))
         .map(|(_, p)| p)
         .sum();
     (out, all)
@@ -405,8 +390,8 @@ async fn guide_pod_on_one_node(
 ) -> Result<Placed> {
     let c = toucher("app", 1000, 2000, 256 * MIB, 64)?;
     let p = run(cri, "guide", CgroupQos::Burstable, &c).await?;
-    let cpus = parse_list(&cgroup_cpuset(p.pid)?);
-    let mems = parse_list(&cgroup_mems(p.pid)?);
+    let cpus = parse_list(&cgroup_cpuset(p.pid)?)?;
+    let mems = parse_list(&cgroup_mems(p.pid)?)?;
     let pages = touched_pages(p.pid, 64)?;
     report["guide"] = json!({"cpuset.cpus": list(&cpus), "cpuset.mems": list(&mems), "numa_maps_anon_pages": pages});
     let node = nodes.exactly(&cpus).with_context(|| {
@@ -433,8 +418,8 @@ async fn memory_over_nodes(cri: &mut Cri, nodes: &GuestNodes, report: &mut Value
     let limit = 700 * MIB;
     let c = toucher("big", 1000, 2000, limit, 400)?;
     let p = run(cri, "bigmem", CgroupQos::Burstable, &c).await?;
-    let mems = parse_list(&cgroup_mems(p.pid)?);
-    let cpus = parse_list(&cgroup_cpuset(p.pid)?);
+    let mems = parse_list(&cgroup_mems(p.pid)?)?;
+    let cpus = parse_list(&cgroup_cpuset(p.pid)?)?;
     let pages = touched_pages(p.pid, 400)?;
     report["bigmem"] = json!({"cpuset.cpus": list(&cpus), "cpuset.mems": list(&mems), "numa_maps_anon_pages": pages});
     let held: u64 = mems
@@ -458,7 +443,7 @@ async fn exclusive_next_to_shared(cri: &mut Cri, report: &mut Value) -> Result<(
     let mut c = ContainerSpec::cpus("excl", 1000, Some(1000));
     c.memory_limit_bytes = Some(64 * MIB as i64);
     let g = run(cri, "exclusive", CgroupQos::Guaranteed, &c).await?;
-    let mine = parse_list(&cgroup_cpuset(g.pid)?);
+    let mine = parse_list(&cgroup_cpuset(g.pid)?)?;
     ensure!(mine.len() == 1, "exclusive cpuset {mine:?}");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -468,7 +453,7 @@ async fn exclusive_next_to_shared(cri: &mut Cri, report: &mut Value) -> Result<(
                 continue;
             }
             let pid = cri.pid(&id).await?;
-            let theirs = parse_list(&cgroup_cpuset(pid)?);
+            let theirs = parse_list(&cgroup_cpuset(pid)?)?;
             if !theirs.is_disjoint(&mine) {
                 overlap.push((id, list(&theirs)));
             }
@@ -525,8 +510,8 @@ async fn resize_moves_pages(cri: &mut Cri, nodes: &GuestNodes, report: &mut Valu
     let mut grown = toucher("app", 1500, 2000, 256 * MIB, 64)?;
     grown.cpu_request_milli = Some(1500);
     cri.update_resources(&mover.id, grown.resources()).await?;
-    let cpus = parse_list(&cgroup_cpuset(mover.pid)?);
-    let mems = parse_list(&cgroup_mems(mover.pid)?);
+    let cpus = parse_list(&cgroup_cpuset(mover.pid)?)?;
+    let mems = parse_list(&cgroup_mems(mover.pid)?)?;
     // Migration is done by the kernel as the cgroup's mems change; give it a moment under TCG.
     let deadline = Instant::now() + Duration::from_secs(60);
     let after = loop {
@@ -559,8 +544,8 @@ async fn resize_moves_pages(cri: &mut Cri, nodes: &GuestNodes, report: &mut Valu
 }
 
 /// The NUMA node whose CPUs are exactly the process's cgroup cpuset.
-fn node_of(nodes: &GuestNodes, pid: u32) -> Result<u32> {
-    let cpus = parse_list(&cgroup_cpuset(pid)?);
+fn node_of(nodes: &GuestNodes, pid: u32) -> Result<usize> {
+    let cpus = parse_list(&cgroup_cpuset(pid)?)?;
     nodes
         .exactly(&cpus)
         .with_context(|| format!("cpuset {cpus:?} is not one NUMA node's CPUs"))

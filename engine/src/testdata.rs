@@ -8,8 +8,16 @@
 use std::path::{Path, PathBuf};
 
 /// The repository's fixtures folder, `fixtures/sysfs` at the workspace root.
+///
+/// Cargo runs tests, benches and examples with `CARGO_MANIFEST_DIR` set to the package being
+/// run (every workspace package sits one level below the root), so that checkout is preferred
+/// to the one this crate was compiled in: a build directory shared between two clones can hold
+/// this crate compiled in the other one (Cargo judges it fresh by modification times).
 pub fn fixtures_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/sysfs")
+    let at_run = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(|dir| Path::new(&dir).join("../fixtures/sysfs"))
+        .filter(|root| root.is_dir());
+    at_run.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/sysfs"))
 }
 
 /// The sysfs root of fixture `name`: `fixtures/sysfs/<name>` in the repository.

@@ -19,49 +19,20 @@ IMAGE_STAMP="$IMG/.built-v1"
 
 mkdir -p "$CACHE" "$IMG"
 
-# The URI of the main Debian archive this system's apt uses (the entry whose release is the
-# system's own codename, origin and label "Debian": not -security, not -updates, not a
-# third-party repository), as apt itself parsed the sources (one-line or deb822).
-debian_archive() {
-  local codename
-  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
-  [ -n "$codename" ] || return 0
-  if ! apt-cache policy 2>/dev/null | grep -q "n=$codename,"; then
-    flock /var/lock/kunpeng-tap-apt apt-get -qq update >/dev/null
-  fi
-  apt-cache policy 2>/dev/null | awk -v cn="$codename" '
-    /^ *[0-9]+ [a-z]+:\/\// { uri = $2; suite = $3; next }
-    /^ *release / {
-      if (uri != "" && suite == cn "/main" && index($0, "o=Debian,") && index($0, ",l=Debian,") && index($0, "n=" cn ",")) { print uri; exit }
-      uri = ""
-    }'
-}
+# debian_archive, private_apt_options
+. "$(dirname "$0")/../lib/debian-apt.sh"
 
 # The CRI client crate (k8s-cri) generates its bindings with protoc at build time.
 bash "$(dirname "$0")/../ensure-protoc.sh"
 
 if [ ! -e "$STAMP" ] || [ ! -x "$ROOT/usr/bin/containerd" ] || [ ! -x "$ROOT/usr/lib/cni/bridge" ]; then
-  mkdir -p "$APT/lists/partial" "$APT/archives/partial" "$APT/etc/sources.list.d" "$APT/etc/preferences.d"
+  private_apt_options "$APT"
   archive=$(debian_archive)
   [ -n "$archive" ] || { echo "setup-containerd: no Debian archive in this system's apt sources" >&2; exit 1; }
   echo "setup-containerd: Debian archive from the system's apt configuration: $archive"
   for suite in trixie bookworm; do
     echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $archive $suite main"
   done > "$APT/etc/sources.list"
-  aptopts=(
-    -o "Dir::Etc::SourceList=$APT/etc/sources.list"
-    -o "Dir::Etc::SourceParts=$APT/etc/sources.list.d"
-    -o "Dir::Etc::Preferences=$APT/etc/preferences"
-    -o "Dir::Etc::PreferencesParts=$APT/etc/preferences.d"
-    -o "Dir::State::Lists=$APT/lists"
-    -o "Dir::State::Status=$APT/status"
-    -o "Dir::Cache::Archives=$APT/archives"
-    -o "Dir::Cache=$APT/cache"
-    -o "Debug::NoLocking=1"
-    -o "APT::Sandbox::User=root"
-  )
-  mkdir -p "$APT/cache"
-  : > "$APT/status"
   echo "setup-containerd: apt-get update (private lists)"
   flock /var/lock/kunpeng-tap-apt apt-get "${aptopts[@]}" -qq update
   cd "$APT/archives"

@@ -19,17 +19,8 @@ if [ "${#need[@]}" -gt 0 ]; then
   echo "setup-docker: installing ${need[*]}"
   # Never start the system's docker service: the tests run private daemons. A policy-rc.d
   # (only if none exists) keeps the package scripts from starting it.
-  flock /var/lock/kunpeng-tap-apt sh -c '
-    set -e
-    own=0
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-      printf "#!/bin/sh\nexit 101\n" > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; own=1
-    fi
-    rc=0
-    { apt-get update -qq &&
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io runc busybox-static; } || rc=$?
-    [ "$own" = 1 ] && rm -f /usr/sbin/policy-rc.d
-    exit $rc'
+  . "$(dirname "$0")/../lib/debian-apt.sh"
+  apt_install_quietly docker.io runc busybox-static
 fi
 dockerd --version
 runc --version | head -1

@@ -12,17 +12,8 @@ if command -v promtool >/dev/null 2>&1; then
 fi
 echo "setup-promtool: installing Debian's prometheus package (for promtool)"
 start=$(date +%s)
-flock /var/lock/kunpeng-tap-apt sh -c '
-  set -e
-  own=0
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf "#!/bin/sh\nexit 101\n" > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; own=1
-  fi
-  rc=0
-  { apt-get update -qq &&
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } || rc=$?
-  [ "$own" = 1 ] && rm -f /usr/sbin/policy-rc.d
-  exit $rc'
+. "$(dirname "$0")/../lib/debian-apt.sh"
+apt_install_quietly --no-install-recommends prometheus
 command -v promtool >/dev/null 2>&1 || {
   echo "setup-promtool: the prometheus package installed no promtool" >&2
   exit 1

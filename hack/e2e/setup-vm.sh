@@ -32,47 +32,20 @@ fi
 qemu-system-x86_64 --version | head -1
 qemu-system-aarch64 --version | head -1
 
-# Same derivation as setup-containerd.sh: the system's main Debian archive.
-debian_archive() {
-  local codename
-  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
-  [ -n "$codename" ] || return 0
-  if ! apt-cache policy 2>/dev/null | grep -q "n=$codename,"; then
-    flock /var/lock/kunpeng-tap-apt apt-get -qq update >/dev/null
-  fi
-  apt-cache policy 2>/dev/null | awk -v cn="$codename" '
-    /^ *[0-9]+ [a-z]+:\/\// { uri = $2; suite = $3; next }
-    /^ *release / {
-      if (uri != "" && suite == cn "/main" && index($0, "o=Debian,") && index($0, ",l=Debian,") && index($0, "n=" cn ",")) { print uri; exit }
-      uri = ""
-    }'
-}
+# debian_archive, private_apt_options
+. "$(dirname "$0")/../lib/debian-apt.sh"
 
 # A private apt configuration for bookworm amd64 and arm64 (its own lists and archive cache).
 aptopts=()
 private_apt() {
   [ ${#aptopts[@]} -eq 0 ] || return 0
-  mkdir -p "$APT/lists/partial" "$APT/archives/partial" "$APT/etc/sources.list.d" "$APT/etc/preferences.d" "$APT/cache"
   local archive
   archive=$(debian_archive)
   [ -n "$archive" ] || { echo "setup-vm: no Debian archive in this system's apt sources" >&2; exit 1; }
   echo "setup-vm: Debian archive from the system's apt configuration: $archive"
+  private_apt_options "$APT"
   echo "deb [arch=amd64,arm64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $archive bookworm main" > "$APT/etc/sources.list"
-  aptopts=(
-    -o "APT::Architecture=amd64"
-    -o "APT::Architectures=amd64,arm64"
-    -o "Dir::Etc::SourceList=$APT/etc/sources.list"
-    -o "Dir::Etc::SourceParts=$APT/etc/sources.list.d"
-    -o "Dir::Etc::Preferences=$APT/etc/preferences"
-    -o "Dir::Etc::PreferencesParts=$APT/etc/preferences.d"
-    -o "Dir::State::Lists=$APT/lists"
-    -o "Dir::State::Status=$APT/status"
-    -o "Dir::Cache::Archives=$APT/archives"
-    -o "Dir::Cache=$APT/cache"
-    -o "Debug::NoLocking=1"
-    -o "APT::Sandbox::User=root"
-  )
-  : > "$APT/status"
+  aptopts+=(-o "APT::Architecture=amd64" -o "APT::Architectures=amd64,arm64")
   flock /var/lock/kunpeng-tap-apt apt-get "${aptopts[@]}" -qq update
 }
 
