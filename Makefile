@@ -6,7 +6,7 @@
 #   make kunpeng-tap-start-service              enable and start it
 #   make kunpeng-tap-uninstall-service          stop, disable, remove unit and binary
 #   make kunpeng-tap-nri-deploy / -undeploy     NRI mode DaemonSet via the Helm chart (or kubectl, NRI_MANIFEST=...)
-#   make release                                dist/: chart package, both images as OCI archives, SHA256SUMS
+#   make release                                dist/: chart package, both images (amd64+arm64 OCI archives), SHA256SUMS
 
 CARGO       ?= cargo
 SYSTEMCTL   ?= systemctl

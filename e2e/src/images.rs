@@ -1,5 +1,5 @@
 //! Image builds shared by the e2e tests: the static agent and operator binaries the
-//! Dockerfiles' `prebuilt` path copies (built once on the host, `target/image/<bin>`), and a
+//! Dockerfiles' `prebuilt` path copies (built once on the host, `target/image/<arch>/<bin>`), and a
 //! docker-archive writer for `scratch` images made of such files, which `ctr images import`
 //! loads into containerd without a Docker engine (the cluster tier).
 
@@ -13,6 +13,16 @@ use crate::util::workspace_root;
 /// This machine's glibc target (x86_64 here, aarch64 on Kunpeng).
 pub fn triple() -> String {
     format!("{}-unknown-linux-gnu", std::env::consts::ARCH)
+}
+
+/// This machine's architecture as OCI names it (`amd64`, `arm64`): the folder under
+/// `target/image/` the Dockerfiles' `prebuilt` path copies from (their `TARGETARCH`).
+pub fn oci_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        a => a,
+    }
 }
 
 /// Whether an ELF file has no program interpreter (PT_INTERP), i.e. is statically linked.
@@ -42,7 +52,7 @@ pub fn image_profile() -> (String, &'static str) {
     }
 }
 
-/// Builds `bin` of `package` static on the host and copies it to `target/image/<bin>`.
+/// Builds `bin` of `package` static on the host and copies it to `target/image/<arch>/<bin>`.
 pub fn build_static(package: &str, bin: &str) -> PathBuf {
     let root = workspace_root();
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
@@ -81,7 +91,7 @@ pub fn build_static(package: &str, bin: &str) -> PathBuf {
         "{} is not statically linked",
         built.display()
     );
-    let dest = root.join("target/image").join(bin);
+    let dest = root.join("target/image").join(oci_arch()).join(bin);
     fs::create_dir_all(dest.parent().unwrap()).expect("target/image");
     fs::copy(&built, &dest).expect("copying the binary into target/image");
     dest
@@ -161,7 +171,7 @@ pub fn scratch_image_archive(
         diff_ids.push(format!("sha256:{diff}"));
     }
     let config = serde_json::json!({
-        "architecture": match std::env::consts::ARCH { "x86_64" => "amd64", "aarch64" => "arm64", a => a },
+        "architecture": oci_arch(),
         "os": "linux",
         "created": "1970-01-01T00:00:00Z",
         "config": {"Entrypoint": entrypoint, "User": user, "WorkingDir": "/"},

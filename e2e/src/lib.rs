@@ -3,6 +3,7 @@
 //! The tier runs only with `TAP_E2E=1` (see the README); without it every e2e test returns at
 //! once and says so. With it, a missing component is a failure, never a skip.
 
+pub mod binfmt;
 pub mod churn;
 pub mod cluster;
 pub mod containerd;

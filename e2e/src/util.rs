@@ -219,3 +219,15 @@ pub fn wait_until(
         std::thread::sleep(every);
     }
 }
+
+/// `GET path` over HTTP/1.0 on 127.0.0.1:`port`: the whole response, headers included (5 s
+/// read timeout). Enough for the agent's and the operator's /metrics and probes.
+pub fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    Ok(body)
+}

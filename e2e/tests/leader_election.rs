@@ -76,12 +76,7 @@ fn ts(spec: &Value, field: &str) -> Result<jiff::Timestamp> {
 }
 
 fn leader_gauge(port: u16) -> Result<f64> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-    let mut body = String::new();
-    s.read_to_string(&mut body)?;
+    let body = tap_e2e::util::http_get(port, "/metrics")?;
     body.lines()
         .find_map(|l| l.strip_prefix("tap_operator_leader "))
         .and_then(|v| v.trim().parse().ok())

@@ -10,7 +10,6 @@
 
 use anyhow::{bail, Context, Result};
 use std::collections::{BTreeSet, HashMap};
-use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -154,12 +153,7 @@ impl Agent {
 
     /// The agent's /metrics text.
     fn metrics_text(&self) -> Result<String> {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-        let mut body = String::new();
-        s.read_to_string(&mut body)?;
-        Ok(body)
+        util::http_get(self.metrics_port, "/metrics")
     }
 
     /// `tap_topology_node_usage_cpus` per NUMA zone, from /metrics.
@@ -447,6 +441,7 @@ async fn nri_places_containers_through_containerd() {
     assert!(
         m.lines().any(|l| l.starts_with("tap_build_info{")
             && l.contains("mode=\"NRI\"")
+            && l.contains(&format!("arch=\"{}\"", std::env::consts::ARCH))
             && l.contains("policy=\"topology-aware\"")
             && l.ends_with(" 1")),
         "tap_build_info:\n{m}"

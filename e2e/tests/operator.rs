@@ -60,18 +60,8 @@ fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
         .find(|c| c["type"] == type_)
 }
 
-fn http_get(port: u16, path: &str) -> Result<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())?;
-    let mut body = String::new();
-    s.read_to_string(&mut body)?;
-    Ok(body)
-}
-
 fn scrape(port: u16) -> Result<String> {
-    http_get(port, "/metrics")
+    tap_e2e::util::http_get(port, "/metrics")
 }
 
 fn metric(text: &str, prefix: &str) -> f64 {
@@ -366,7 +356,7 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
     // Health and readiness endpoints answer on both.
     for o in ops.iter() {
         for path in ["/healthz", "/readyz"] {
-            let r = http_get(o.health_port, path)?;
+            let r = tap_e2e::util::http_get(o.health_port, path)?;
             if !r.starts_with("HTTP/1.0 200") && !r.starts_with("HTTP/1.1 200") {
                 bail!("{} {path}: {r}", o.name);
             }

@@ -125,6 +125,8 @@ pub struct ResultLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
+    /// The architecture the binary was built for (`x86_64`, `aarch64`).
+    arch: String,
     mode: String,
     policy: String,
 }
@@ -214,13 +216,14 @@ impl Collector for UsageCollector {
         let figures = self.source.0.get().map(|f| f());
         let mut family = encoder.encode_descriptor(
             "tap_build_info",
-            "Always 1: the agent's version, runtime mode and the placement policy in force",
+            "Always 1: the agent's version, architecture, runtime mode and the placement policy in force",
             None,
             MetricType::Gauge,
         )?;
         ConstGauge::new(1i64).encode(
             family.encode_family(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION").to_string(),
+                arch: std::env::consts::ARCH.to_string(),
                 mode: self.mode.clone(),
                 policy: figures
                     .as_ref()

@@ -62,6 +62,7 @@ fn run(flags: Flags) -> anyhow::Result<()> {
     }
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
+        arch = std::env::consts::ARCH,
         mode = flags.container_runtime_mode.as_str(),
         policy = %flags.resource_policy,
         cpus = topo.online.len(),
