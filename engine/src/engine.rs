@@ -8,6 +8,7 @@ use crate::policy::{Policies, Policy};
 use crate::request::{ContainerRequest, PolicyKind};
 use crate::state::{Parts, StateView};
 use crate::topology::{PoolId, Topology};
+use crate::types::IdHasher;
 use shared_index::SharedIndex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,7 +33,13 @@ pub struct Engine {
     clusters_off: Option<ClustersOff>,
     /// CPUs any grant may use: online minus reserved and isolated.
     usable: CpuSet,
-    grants: HashMap<Arc<str>, Grant>,
+    /// Each pool's request capacity in milli-CPUs (its usable CPUs), kept with `usable`: the
+    /// ranking reads it several times per pool and decision.
+    capacity: Vec<u64>,
+    /// Each NUMA node's request capacity in milli-CPUs (index = position in the topology's
+    /// node list), kept with `usable`.
+    node_capacity: Vec<u64>,
+    grants: HashMap<Arc<str>, Grant, IdHasher>,
     /// The shared grants' ids grouped by span (kept with `grants` by `put` and `take`).
     shared: SharedIndex,
     pool_load: Vec<PoolLoad>,
@@ -50,13 +57,15 @@ impl Engine {
             .difference(&cfg.reserved)
             .difference(&topo.isolated);
         Engine {
+            capacity: capacities(topo.pools.iter().map(|p| &p.cpus), &usable),
+            node_capacity: capacities(topo.nodes.iter().map(|n| &n.cpus), &usable),
             pool_load: vec![PoolLoad::default(); topo.pools.len()],
             node_load: vec![NodeLoad::default(); topo.nodes.len()],
             topo,
             cfg,
             clusters_off,
             usable,
-            grants: HashMap::new(),
+            grants: HashMap::default(),
             shared: SharedIndex::default(),
             taken: CpuSet::new(),
             policies: Policies::default(),
@@ -81,6 +90,8 @@ impl Engine {
             topo: &self.topo,
             cfg: &self.cfg,
             usable: &self.usable,
+            capacity: &self.capacity,
+            node_capacity: &self.node_capacity,
             taken: &self.taken,
             grants: &self.grants,
             pool_load: &self.pool_load,
@@ -119,6 +130,8 @@ impl Engine {
             .online
             .difference(&cfg.reserved)
             .difference(&self.topo.isolated);
+        self.capacity = capacities(self.topo.pools.iter().map(|p| &p.cpus), &self.usable);
+        self.node_capacity = capacities(self.topo.nodes.iter().map(|n| &n.cpus), &self.usable);
         self.cfg = cfg;
     }
 
@@ -130,28 +143,22 @@ impl Engine {
         self.grants.iter().map(|(id, g)| (&**id, g))
     }
 
-    /// Adds (or replaces) a grant, keeping the shared index in step.
+    /// Adds (or replaces) a grant, keeping the shared index in step (a replaced grant's entry
+    /// goes: [`SharedIndex::add`] moves an id it holds).
     fn put(&mut self, id: Arc<str>, g: Grant) {
-        if !g.is_exclusive() {
+        if g.is_exclusive() {
+            self.shared.remove(&id);
+        } else {
             self.shared.add(&id, g.pool, &g.span);
         }
-        if let Some(old) = self.grants.insert(Arc::clone(&id), g) {
-            // Callers take a grant before putting one back; should one not, the index must
-            // not keep the replaced grant's entry.
-            if !old.is_exclusive() {
-                self.shared.remove(&id, old.pool, &old.span);
-                if let Some(new) = self.grants.get(&id).filter(|n| !n.is_exclusive()) {
-                    self.shared.add(&id, new.pool, &new.span);
-                }
-            }
-        }
+        self.grants.insert(id, g);
     }
 
     /// Removes a grant, keeping the shared index in step.
     fn take(&mut self, id: &str) -> Option<Grant> {
         let g = self.grants.remove(id)?;
         if !g.is_exclusive() {
-            self.shared.remove(id, g.pool, &g.span);
+            self.shared.remove(id);
         }
         Some(g)
     }
@@ -368,7 +375,7 @@ impl Engine {
 
     /// Recomputes the cpuset of every shared grant whose span meets `changed`, returning the
     /// updates for those whose cpuset changed: group by group (in the order the spans were
-    /// first seen), in id order within a group.
+    /// first seen), in each group's member order.
     fn refresh_shared(&mut self, changed: &CpuSet) -> Vec<CpusetUpdate> {
         let (usable, taken) = (self.usable, self.taken);
         let mut out = Vec::new();
@@ -464,6 +471,13 @@ impl Engine {
             })
             .collect()
     }
+}
+
+/// The request capacity in milli-CPUs of each of `sets` (pools' or nodes' CPUs): its CPUs
+/// among `usable`, times 1000.
+fn capacities<'a>(sets: impl Iterator<Item = &'a CpuSet>, usable: &CpuSet) -> Vec<u64> {
+    sets.map(|cpus| (cpus.intersection(usable).len() as u64).saturating_mul(1000))
+        .collect()
 }
 
 /// A tiny fixed-capacity collection for a pool's ancestor chain, so charging does not allocate.

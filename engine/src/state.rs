@@ -6,6 +6,7 @@
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
 use crate::topology::{PoolId, Topology};
+use crate::types::IdHasher;
 use crate::types::{EngineConfig, NodeLoad, PoolLoad};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,8 +18,10 @@ pub struct StateView<'a> {
     topo: &'a Topology,
     cfg: &'a EngineConfig,
     usable: CpuSet,
+    capacity: &'a [u64],
+    node_capacity: &'a [u64],
     taken: CpuSet,
-    grants: &'a HashMap<Arc<str>, Grant>,
+    grants: &'a HashMap<Arc<str>, Grant, IdHasher>,
     pool_load: &'a [PoolLoad],
     node_load: &'a [NodeLoad],
 }
@@ -28,8 +31,12 @@ pub(crate) struct Parts<'a> {
     pub topo: &'a Topology,
     pub cfg: &'a EngineConfig,
     pub usable: &'a CpuSet,
+    /// Each pool's request capacity in milli-CPUs (index = pool id).
+    pub capacity: &'a [u64],
+    /// Each NUMA node's request capacity in milli-CPUs (index = position in the node list).
+    pub node_capacity: &'a [u64],
     pub taken: &'a CpuSet,
-    pub grants: &'a HashMap<Arc<str>, Grant>,
+    pub grants: &'a HashMap<Arc<str>, Grant, IdHasher>,
     pub pool_load: &'a [PoolLoad],
     pub node_load: &'a [NodeLoad],
 }
@@ -40,6 +47,8 @@ impl<'a> StateView<'a> {
             topo: p.topo,
             cfg: p.cfg,
             usable: *p.usable,
+            capacity: p.capacity,
+            node_capacity: p.node_capacity,
             taken: *p.taken,
             grants: p.grants,
             pool_load: p.pool_load,
@@ -73,6 +82,7 @@ impl<'a> StateView<'a> {
         self.grants.iter().map(|(id, g)| (&**id, g))
     }
 
+    #[inline]
     pub fn pool_load(&self, id: PoolId) -> &'a PoolLoad {
         &self.pool_load[id]
     }
@@ -82,12 +92,21 @@ impl<'a> StateView<'a> {
     }
 
     /// CPUs a shared grant within `span` may use now.
+    #[inline]
     pub fn shared_cpus(&self, span: &CpuSet) -> CpuSet {
         span.intersection(&self.usable).difference(&self.taken)
     }
 
     /// Request capacity of a pool in milli-CPUs (its usable CPUs).
+    #[inline]
     pub fn capacity_milli(&self, id: PoolId) -> u64 {
-        self.topo.pools[id].cpus.intersection(&self.usable).len() as u64 * 1000
+        self.capacity.get(id).copied().unwrap_or(0)
+    }
+
+    /// Request capacity in milli-CPUs of the NUMA node at `pos` in the topology's node list
+    /// (its usable CPUs).
+    #[inline]
+    pub fn node_capacity_milli(&self, pos: usize) -> u64 {
+        self.node_capacity.get(pos).copied().unwrap_or(0)
     }
 }

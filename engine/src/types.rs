@@ -251,3 +251,9 @@ pub struct Choice {
     pub charge_memory: bool,
     pub reason: Reason,
 }
+
+/// The maps on the placement path hash container ids with foldhash's fixed-seed hasher: a
+/// few instructions per id instead of SipHash's dozens, and the same order on every run (the
+/// engine is deterministic). Ids come from the runtime, not from users, so a hasher resistant
+/// to chosen keys buys nothing here.
+pub type IdHasher = foldhash::fast::FixedState;

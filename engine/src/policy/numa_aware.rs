@@ -59,7 +59,6 @@ fn place(
     prefer: Option<NodeSet>,
 ) -> Option<Choice> {
     let topo = e.topology();
-    let usable = e.usable();
     let loads = e.node_load();
     // With memory binding the nodes must hold the memory limit too.
     let mem_need = if eff.memory {
@@ -68,8 +67,9 @@ fn place(
         0
     };
     let mut nodes: Vec<NodeFig> = Vec::with_capacity(topo.nodes.len());
-    nodes.extend(topo.nodes.iter().zip(loads.iter()).filter_map(|(n, l)| {
-        let cap = n.cpus.intersection(usable).len() as i128 * 1000;
+    let node_figs = topo.nodes.iter().zip(loads.iter()).enumerate();
+    nodes.extend(node_figs.filter_map(|(pos, (n, l))| {
+        let cap = i128::from(e.node_capacity_milli(pos));
         let mem = if mem_need == 0 {
             0
         } else {
