@@ -3,7 +3,92 @@
 
 use crate::cpuset::CpuSet;
 use crate::state::StateView;
-use crate::topology::PoolId;
+use crate::topology::{PoolId, Topology};
+
+/// A core with a free CPU, as the picker ranks it.
+#[derive(Debug, Clone, Copy)]
+struct FreeCore {
+    /// Every CPU of the core is free.
+    whole: bool,
+    /// Free CPUs in the core's packing group (its cluster, else its NUMA node).
+    group_free: usize,
+    /// The core's first CPU (free or not): the tie-break.
+    first: usize,
+    /// Its free CPUs.
+    free: usize,
+    /// Its index in [`Topology::cores`].
+    index: usize,
+}
+
+/// Free CPUs (those of `avail`) per core, per cluster and per NUMA node (indices into
+/// [`Topology::cores`], [`Topology::clusters`] and [`Topology::nodes`]), in one vector.
+struct FreeCounts {
+    counts: Vec<u16>,
+    clusters_at: usize,
+    nodes_at: usize,
+}
+
+impl FreeCounts {
+    /// One pass over the free CPUs (a few per core) rather than intersecting every core and
+    /// cluster of the machine with `avail`: an exclusive grant's decision visits only what
+    /// is free. NUMA nodes are few: intersected.
+    fn of(topo: &Topology, avail: &CpuSet) -> FreeCounts {
+        let clusters_at = topo.cores.len();
+        let nodes_at = clusters_at + topo.clusters.len();
+        let mut counts = vec![0u16; nodes_at + topo.nodes.len()];
+        for cpu in avail.iter() {
+            if let Some(c) = topo.core_of_cpu(cpu) {
+                counts[c] = counts[c].saturating_add(1);
+            }
+            if let Some(c) = topo.cluster_of_cpu(cpu) {
+                counts[clusters_at + c] = counts[clusters_at + c].saturating_add(1);
+            }
+        }
+        for (i, n) in topo.nodes.iter().enumerate() {
+            counts[nodes_at + i] =
+                u16::try_from(n.cpus.intersection(avail).len()).unwrap_or(u16::MAX);
+        }
+        FreeCounts {
+            counts,
+            clusters_at,
+            nodes_at,
+        }
+    }
+
+    fn per_core(&self) -> &[u16] {
+        &self.counts[..self.clusters_at]
+    }
+
+    fn cluster(&self, i: usize) -> usize {
+        usize::from(self.counts[self.clusters_at + i])
+    }
+
+    fn node(&self, i: usize) -> usize {
+        usize::from(self.counts[self.nodes_at + i])
+    }
+}
+
+/// The cores with a free CPU (`free_in[core] > 0`), ranked by the picker's figures;
+/// `group_of(first cpu, core size)` gives a core's group figure.
+fn free_cores(
+    topo: &Topology,
+    free_in: &[u16],
+    group_of: impl Fn(usize, usize) -> usize,
+) -> Vec<FreeCore> {
+    let mut cores = Vec::with_capacity(free_in.iter().filter(|&&k| k > 0).count());
+    for (index, &k) in free_in.iter().enumerate().filter(|(_, &k)| k > 0) {
+        let core = &topo.cores[index];
+        let (len, first) = (topo.core_size(index), core.first().unwrap_or(0));
+        cores.push(FreeCore {
+            whole: usize::from(k) == len,
+            group_free: group_of(first, len),
+            first,
+            free: usize::from(k),
+            index,
+        });
+    }
+    cores
+}
 
 /// Takes `n` exclusive CPUs from pool `id`: whole free cores first, packed into the cluster (or
 /// NUMA node) with the fewest free CPUs; a remainder smaller than a core comes from an already
@@ -16,38 +101,19 @@ pub fn pick_exclusive(e: &StateView<'_>, id: PoolId, n: usize) -> Option<CpuSet>
     if n == 0 || avail.len() < n {
         return None;
     }
-    // Free CPUs per packing group: the core's cluster, else its NUMA node. Counted once per
-    // group (clusters and nodes that meet the pool), looked up per core.
-    let mut group_free: Vec<u16> = Vec::with_capacity(topo.clusters.len() + topo.nodes.len());
-    group_free.extend(topo.clusters.iter().map(|g| {
-        if g.intersects(&pool.cpus) {
-            g.intersection(&avail).len() as u16
-        } else {
-            0
-        }
-    }));
-    group_free.extend(
-        topo.nodes
-            .iter()
-            .map(|n| n.cpus.intersection(&avail).len() as u16),
-    );
-    let n_clusters = topo.clusters.len();
-    let group_of = |core: &CpuSet| -> usize {
-        let Some(cpu) = core.first() else { return 0 };
-        match topo.cluster_of_cpu(cpu) {
-            Some(cl) if topo.clusters[cl].len() > core.len() => group_free[cl] as usize,
+    // Free CPUs per core and per packing group (the core's cluster, else its NUMA node),
+    // counted in one pass over the free CPUs; looked up per core.
+    let free = FreeCounts::of(topo, &avail);
+    let group_of = |first: usize, core_len: usize| -> usize {
+        match topo.cluster_of_cpu(first) {
+            Some(cl) if topo.cluster_size(cl) > core_len => free.cluster(cl),
             _ => topo
-                .node_index_of_cpu(cpu)
-                .map(|i| group_free[n_clusters + i] as usize)
+                .node_index_of_cpu(first)
+                .map(|i| free.node(i))
                 .unwrap_or(0),
         }
     };
-    // (whole core free, free CPUs in its group, first cpu) for every core with a free CPU.
-    let mut cores: Vec<(bool, usize, usize, CpuSet)> = Vec::with_capacity(topo.cores.len());
-    cores.extend(topo.cores.iter().filter(|c| c.intersects(&avail)).map(|c| {
-        let free = c.intersection(&avail);
-        (free == *c, group_of(c), c.first().unwrap_or(0), free)
-    }));
+    let mut cores = free_cores(topo, free.per_core(), group_of);
     // Pools and NUMA nodes with shared containers must keep a CPU (topology-aware spans are
     // pools, numa-aware spans are unions of nodes): CPUs whose taking would leave one with none
     // are passed over, so packing into the fullest cluster cannot starve it and fail the whole
@@ -74,14 +140,14 @@ pub fn pick_exclusive(e: &StateView<'_>, id: PoolId, n: usize) -> Option<CpuSet>
     let keeps = |set: &CpuSet| guarded.iter().all(|g| !g.difference(set).is_empty());
     let mut picked = CpuSet::new();
     // Whole cores, packed.
-    cores.sort_unstable_by_key(|(whole, gfree, first, _)| (!*whole, *gfree, *first));
-    for (whole, _, _, free) in &cores {
+    cores.sort_unstable_by_key(|c| (!c.whole, c.group_free, c.first));
+    for c in &cores {
         let need = n - picked.len();
         if need == 0 {
             break;
         }
-        if *whole && free.len() <= need {
-            let next = picked.union(free);
+        if c.whole && c.free <= need {
+            let next = picked.union(&topo.cores[c.index]);
             if keeps(&next) {
                 picked = next;
             }
@@ -89,8 +155,9 @@ pub fn pick_exclusive(e: &StateView<'_>, id: PoolId, n: usize) -> Option<CpuSet>
     }
     // Remainder: split cores first, then whole ones.
     if picked.len() < n {
-        cores.sort_unstable_by_key(|(whole, gfree, first, _)| (*whole, *gfree, *first));
-        for (_, _, _, free) in &cores {
+        cores.sort_unstable_by_key(|c| (c.whole, c.group_free, c.first));
+        for c in &cores {
+            let free = topo.cores[c.index].intersection(&avail);
             for cpu in free.difference(&picked).iter() {
                 if picked.len() == n {
                     break;

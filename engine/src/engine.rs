@@ -39,6 +39,9 @@ pub struct Engine {
     /// Each NUMA node's request capacity in milli-CPUs (index = position in the topology's
     /// node list), kept with `usable`.
     node_capacity: Vec<u64>,
+    /// Whether each pool has a CPU left for shared containers (usable and not exclusive),
+    /// kept with `usable` and `taken`: every decision asks it of every pool.
+    has_shared: Vec<bool>,
     grants: HashMap<Arc<str>, Grant, IdHasher>,
     /// The shared grants' ids grouped by span (kept with `grants` by `put` and `take`).
     shared: SharedIndex,
@@ -59,6 +62,7 @@ impl Engine {
         Engine {
             capacity: capacities(topo.pools.iter().map(|p| &p.cpus), &usable),
             node_capacity: capacities(topo.nodes.iter().map(|n| &n.cpus), &usable),
+            has_shared: with_shared_cpus(&topo, &usable, &CpuSet::new()),
             pool_load: vec![PoolLoad::default(); topo.pools.len()],
             node_load: vec![NodeLoad::default(); topo.nodes.len()],
             topo,
@@ -92,6 +96,7 @@ impl Engine {
             usable: &self.usable,
             capacity: &self.capacity,
             node_capacity: &self.node_capacity,
+            has_shared: &self.has_shared,
             taken: &self.taken,
             grants: &self.grants,
             pool_load: &self.pool_load,
@@ -132,6 +137,7 @@ impl Engine {
             .difference(&self.topo.isolated);
         self.capacity = capacities(self.topo.pools.iter().map(|p| &p.cpus), &self.usable);
         self.node_capacity = capacities(self.topo.nodes.iter().map(|n| &n.cpus), &self.usable);
+        self.has_shared = with_shared_cpus(&self.topo, &self.usable, &self.taken);
         self.cfg = cfg;
     }
 
@@ -368,6 +374,7 @@ impl Engine {
     /// Sets the exclusive CPUs handed out, and each pool's count of them.
     fn set_taken(&mut self, taken: CpuSet) {
         self.taken = taken;
+        self.has_shared = with_shared_cpus(&self.topo, &self.usable, &taken);
         for (p, l) in self.topo.pools.iter().zip(self.pool_load.iter_mut()) {
             l.taken_cpus = u32::try_from(p.cpus.intersection(&taken).len()).unwrap_or(u32::MAX);
         }
@@ -378,7 +385,10 @@ impl Engine {
     /// first seen), in each group's member order.
     fn refresh_shared(&mut self, changed: &CpuSet) -> Vec<CpusetUpdate> {
         let (usable, taken) = (self.usable, self.taken);
-        let mut out = Vec::new();
+        // Room for every member of the groups hit: no regrowth (and copying) of a list that
+        // can hold hundreds of updates.
+        let members: usize = self.shared.hit(changed).map(|g| g.ids.len()).sum();
+        let mut out = Vec::with_capacity(members);
         for group in self.shared.hit(changed) {
             let cpus = group.span.intersection(&usable).difference(&taken);
             if cpus.is_empty() {
@@ -477,6 +487,14 @@ impl Engine {
 /// among `usable`, times 1000.
 fn capacities<'a>(sets: impl Iterator<Item = &'a CpuSet>, usable: &CpuSet) -> Vec<u64> {
     sets.map(|cpus| (cpus.intersection(usable).len() as u64).saturating_mul(1000))
+        .collect()
+}
+
+/// Whether each pool has a CPU in `usable` and not in `taken`.
+fn with_shared_cpus(topo: &Topology, usable: &CpuSet, taken: &CpuSet) -> Vec<bool> {
+    topo.pools
+        .iter()
+        .map(|p| !p.cpus.intersection(usable).difference(taken).is_empty())
         .collect()
 }
 

@@ -20,6 +20,7 @@ pub struct StateView<'a> {
     usable: CpuSet,
     capacity: &'a [u64],
     node_capacity: &'a [u64],
+    has_shared: &'a [bool],
     taken: CpuSet,
     grants: &'a HashMap<Arc<str>, Grant, IdHasher>,
     pool_load: &'a [PoolLoad],
@@ -35,6 +36,8 @@ pub(crate) struct Parts<'a> {
     pub capacity: &'a [u64],
     /// Each NUMA node's request capacity in milli-CPUs (index = position in the node list).
     pub node_capacity: &'a [u64],
+    /// Whether each pool has a CPU left for shared containers (index = pool id).
+    pub has_shared: &'a [bool],
     pub taken: &'a CpuSet,
     pub grants: &'a HashMap<Arc<str>, Grant, IdHasher>,
     pub pool_load: &'a [PoolLoad],
@@ -49,6 +52,7 @@ impl<'a> StateView<'a> {
             usable: *p.usable,
             capacity: p.capacity,
             node_capacity: p.node_capacity,
+            has_shared: p.has_shared,
             taken: *p.taken,
             grants: p.grants,
             pool_load: p.pool_load,
@@ -95,6 +99,13 @@ impl<'a> StateView<'a> {
     #[inline]
     pub fn shared_cpus(&self, span: &CpuSet) -> CpuSet {
         span.intersection(&self.usable).difference(&self.taken)
+    }
+
+    /// Whether pool `id` has a CPU left for shared containers: `shared_cpus` of its CPUs is
+    /// not empty (kept by the engine, so asking costs nothing).
+    #[inline]
+    pub fn pool_has_shared_cpus(&self, id: PoolId) -> bool {
+        self.has_shared.get(id).copied().unwrap_or(false)
     }
 
     /// Request capacity of a pool in milli-CPUs (its usable CPUs).

@@ -199,6 +199,10 @@ pub struct Topology {
     cpu_core: Vec<u32>,
     /// Cluster index (into `clusters`) of every online CPU (`u32::MAX` for none).
     cpu_cluster: Vec<u32>,
+    /// CPUs of each core (index into `cores`): counted once, read on the decision path.
+    core_size: Vec<u32>,
+    /// CPUs of each cluster (index into `clusters`).
+    cluster_size: Vec<u32>,
 }
 
 impl Topology {
@@ -242,6 +246,18 @@ impl Topology {
             .copied()
             .filter(|n| *n != u32::MAX)
             .map(|c| c as usize)
+    }
+
+    /// The number of CPUs of core `i` (0 for no such core).
+    #[inline]
+    pub fn core_size(&self, i: usize) -> usize {
+        self.core_size.get(i).map_or(0, |n| *n as usize)
+    }
+
+    /// The number of CPUs of cluster `i` (0 for no such cluster).
+    #[inline]
+    pub fn cluster_size(&self, i: usize) -> usize {
+        self.cluster_size.get(i).map_or(0, |n| *n as usize)
     }
 
     pub fn cluster_of_cpu(&self, cpu: usize) -> Option<usize> {

@@ -664,7 +664,7 @@ mod tests {
     }
 
     #[test]
-    fn build_info_says_version_mode_and_the_policy_in_force() {
+    fn build_info_says_version_arch_mode_and_the_policy_in_force() {
         let m = Metrics::for_mode("NRI");
         let policy = Arc::new(std::sync::Mutex::new(tap_engine::PolicyKind::TopologyAware));
         let p2 = policy.clone();
@@ -681,16 +681,16 @@ mod tests {
                 .map(str::to_string)
                 .unwrap_or_default()
         };
-        let v = env!("CARGO_PKG_VERSION");
+        let (v, arch) = (env!("CARGO_PKG_VERSION"), std::env::consts::ARCH);
         assert_eq!(
             line(&m.render()),
-            format!("tap_build_info{{version=\"{v}\",mode=\"NRI\",policy=\"topology-aware\"}} 1")
+            format!("tap_build_info{{version=\"{v}\",arch=\"{arch}\",mode=\"NRI\",policy=\"topology-aware\"}} 1")
         );
         // A NodeTopology policy switches the engine's config: the next scrape says so.
         *policy.lock().unwrap() = tap_engine::PolicyKind::NumaAware;
         assert_eq!(
             line(&m.render()),
-            format!("tap_build_info{{version=\"{v}\",mode=\"NRI\",policy=\"numa-aware\"}} 1")
+            format!("tap_build_info{{version=\"{v}\",arch=\"{arch}\",mode=\"NRI\",policy=\"numa-aware\"}} 1")
         );
     }
 

@@ -146,7 +146,7 @@ fn place(
                 return false;
             }
         }
-        if e.shared_cpus(&p.cpus).is_empty() {
+        if !e.pool_has_shared_cpus(p.id) {
             return false;
         }
         fits(e, p.id, req_milli, mem)
@@ -215,7 +215,7 @@ fn place(
             None => (0, Reason::Fallback),
         },
     };
-    if e.shared_cpus(&topo.pools[pool].cpus).is_empty() {
+    if !e.pool_has_shared_cpus(pool) {
         return None;
     }
     Some(pool_choice(e, req, eff, pool, CpuSet::new(), reason))

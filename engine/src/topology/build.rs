@@ -15,6 +15,7 @@ pub(super) fn build(raw: &RawTopology) -> Result<Topology, TopologyError> {
     let clusters = groups(raw, |c| c.cluster.map(|cl| (c.package, c.die, cl)));
     let cpu_core = index_of(&cores, max_cpu);
     let cpu_cluster = index_of(&clusters, max_cpu);
+    let (core_size, cluster_size) = (sizes(&cores), sizes(&clusters));
     let mut sockets: BTreeMap<u32, CpuSet> = BTreeMap::new();
     let mut dies: BTreeMap<(u32, u32), CpuSet> = BTreeMap::new();
     for c in &raw.cpus {
@@ -37,9 +38,19 @@ pub(super) fn build(raw: &RawTopology) -> Result<Topology, TopologyError> {
         dies: dies.len(),
         cpu: raw.cpu.clone(),
         cpu_node,
+        core_size,
+        cluster_size,
         cpu_core,
         cpu_cluster,
     })
+}
+
+/// The number of CPUs of each group.
+fn sizes(groups: &[CpuSet]) -> Vec<u32> {
+    groups
+        .iter()
+        .map(|g| u32::try_from(g.len()).unwrap_or(u32::MAX))
+        .collect()
 }
 
 /// The online CPUs; each CPU may appear once.
