@@ -22,6 +22,8 @@ use tap_e2e::util;
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
+/// Two threads per core, siblings n and n+48 (hyperthread controls).
+const SMT: &str = "synthetic-2s-2numa-smt-96t";
 
 // ---- small helpers ---------------------------------------------------------------------------
 
@@ -49,10 +51,20 @@ fn host_cpus() -> Vec<usize> {
 /// What `--fold-cpus-to-host` does to a fixture cpuset: every CPU of NUMA node k ->
 /// host[k % n] (node_agent::fold).
 fn fold(fixture_cpus: &BTreeSet<usize>) -> BTreeSet<usize> {
+    fold_in(FIXTURE, fixture_cpus)
+}
+
+/// [`fold`] for another fixture: its NUMA node k onto host CPU k mod n.
+fn fold_in(fixture: &str, fixture_cpus: &BTreeSet<usize>) -> BTreeSet<usize> {
     let host = host_cpus();
-    (0..4)
-        .filter(|k| !node_cpus(*k).is_disjoint(fixture_cpus))
-        .map(|k| host[k % host.len()])
+    let node = |k: usize| {
+        let p = util::fixture_dir(fixture).join(format!("devices/system/node/node{k}/cpulist"));
+        std::fs::read_to_string(p).ok().map(|s| parse_list(&s))
+    };
+    (0..)
+        .map_while(|k| node(k).map(|cpus| (k, cpus)))
+        .filter(|(_, cpus)| !cpus.is_disjoint(fixture_cpus))
+        .map(|(k, _)| host[k % host.len()])
         .collect()
 }
 
@@ -86,6 +98,11 @@ struct Agent {
 
 impl Agent {
     fn start(ctd: &Containerd, tag: &str, extra: &[&str]) -> Result<Agent> {
+        Agent::start_on(ctd, tag, FIXTURE, extra)
+    }
+
+    /// The agent on another fixture's topology (folded onto this host).
+    fn start_on(ctd: &Containerd, tag: &str, fixture: &str, extra: &[&str]) -> Result<Agent> {
         let log = ctd.dir().join(format!("agent-{tag}.log"));
         let f = std::fs::File::create(&log)?;
         let metrics_port = free_port();
@@ -95,7 +112,7 @@ impl Agent {
             .arg("--resource-policy=topology-aware")
             .arg(format!(
                 "--sysfs-root={}",
-                util::fixture_dir(FIXTURE).display()
+                util::fixture_dir(fixture).display()
             ))
             .arg("--fold-cpus-to-host")
             .arg(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"))
@@ -289,6 +306,102 @@ fn setup(test: &str) -> Option<(CgroupGuard, Containerd)> {
 }
 
 // ---- tests -----------------------------------------------------------------------------------
+
+/// The cpuset the agent decided for container `id`, in the fixture's CPUs (unfolded), from its
+/// `placed` log line.
+fn logged_cpus(agent: &Agent, id: &str) -> Option<BTreeSet<usize>> {
+    let needle = format!("container={id} ");
+    let text = agent.log_text();
+    let line = text
+        .lines()
+        .rfind(|l| l.contains(" placed ") && l.contains(&needle))?;
+    let cpus = line.split(" cpus=").nth(1)?.split(' ').next()?;
+    Some(parse_list(cpus))
+}
+
+/// Hyperthreads (issue 23 item 3) on the 2-thread fixture (siblings n and n+48), folded: a
+/// Guaranteed 3-CPU Pod is no whole number of cores (shared CPUs, a Warning, a metric); a
+/// `sibling-pair` Pod gets one core's two threads; a `hide-hyperthreads` Pod holds two whole
+/// cores and runs on one thread of each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_hyperthread_controls() {
+    let Some((_g, ctd)) = setup("nri_hyperthread_controls") else {
+        return;
+    };
+    let agent = Agent::start_on(&ctd, "ht", SMT, &[]).expect("agent");
+    let mut cri = ctd.cri().await.expect("cri");
+    let guaranteed = |name: &str| PodSpec::new(name, CgroupQos::Guaranteed);
+
+    let sb = cri.run_pod(&guaranteed("three")).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 3000, Some(3000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    let rec = p.record.as_ref().expect("placed");
+    assert_eq!(rec["x"], "", "3 CPUs are no whole cores: shared, {p:?}");
+    assert!(
+        !p.cgroup_cpus.is_empty() && p.cgroup_cpus == p.spec_cpus,
+        "{p:?}"
+    );
+    assert!(
+        agent
+            .log_text()
+            .contains("not honoured: exclusive-cores whole"),
+        "{}",
+        agent.log_text()
+    );
+    let m = agent.metrics_text().unwrap();
+    assert!(
+        m.lines()
+            .any(|l| l.contains("kind=\"whole_cores\"") && l.ends_with(" 1")),
+        "{m}"
+    );
+    eprintln!(
+        "guaranteed-3: record {rec:?}, cgroup cpuset {}",
+        p.cgroup_cpus
+    );
+
+    let pod =
+        guaranteed("pair").annotation("tap.kunpeng.huawei.com/exclusive-cores", "sibling-pair");
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(2000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    let x = parse_list(&p.record.as_ref().expect("placed")["x"]);
+    let v: Vec<usize> = x.iter().copied().collect();
+    assert!(
+        v.len() == 2 && v[1] == v[0] + 48,
+        "one core's siblings: {p:?}"
+    );
+    assert_eq!(parse_list(&p.cgroup_cpus), fold_in(SMT, &x), "{p:?}");
+    eprintln!("sibling-pair: x={v:?}, cgroup cpuset {}", p.cgroup_cpus);
+
+    let pod = guaranteed("hide").annotation("tap.kunpeng.huawei.com/hide-hyperthreads", "true");
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(4000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    let x = parse_list(&p.record.as_ref().expect("placed")["x"]);
+    assert_eq!(x.len(), 4, "two whole cores held: {p:?}");
+    assert!(x.iter().all(|c| x.contains(&((c + 48) % 96))), "{x:?}");
+    let seen = logged_cpus(&agent, &id).expect("placed line");
+    assert_eq!(seen.len(), 2, "one thread per core: {seen:?}");
+    assert!(
+        seen.is_subset(&x) && seen.iter().all(|c| *c < 48),
+        "{seen:?} of {x:?}"
+    );
+    assert_eq!(parse_list(&p.cgroup_cpus), fold_in(SMT, &seen), "{p:?}");
+    eprintln!(
+        "hide-hyperthreads: x={x:?}, container cpuset {seen:?}, cgroup cpuset {}",
+        p.cgroup_cpus
+    );
+    cri.remove_all_pods().await.unwrap();
+}
 
 /// Burstable 4/8, four of them on four NUMA nodes, Guaranteed exclusive, BestEffort, opt-out
 /// label and annotation, a malformed annotation, removal freeing capacity, memory binding.

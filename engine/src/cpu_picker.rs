@@ -2,14 +2,17 @@
 //! Policies call it; it reads the state through a [`StateView`] and decides nothing else.
 
 use crate::cpuset::CpuSet;
+use crate::request::CoreGrain;
 use crate::state::StateView;
 use crate::topology::PoolId;
 
 /// Takes `n` exclusive CPUs from pool `id`: whole free cores first, packed into the cluster (or
-/// NUMA node) with the fewest free CPUs; a remainder smaller than a core comes from an already
-/// split core first. `None` when the pool cannot give `n` CPUs without leaving a pool that has
-/// shared containers with no CPU, or the machine with no shared CPU at all.
-pub fn pick_exclusive(e: &StateView<'_>, id: PoolId, n: usize) -> Option<CpuSet> {
+/// NUMA node) with the fewest free CPUs; with [`CoreGrain::Threads`] a remainder smaller than a
+/// core comes from an already split core first, with [`CoreGrain::WholeCores`] there is none
+/// (whole cores or nothing), and [`CoreGrain::SiblingPair`] takes two hyperthreads of one core.
+/// `None` when the pool cannot give `n` CPUs so without leaving a pool that has shared
+/// containers with no CPU, or the machine with no shared CPU at all.
+pub fn pick_exclusive(e: &StateView<'_>, id: PoolId, n: usize, grain: CoreGrain) -> Option<CpuSet> {
     let topo = e.topology();
     let pool = &topo.pools[id];
     let avail = e.shared_cpus(&pool.cpus);
@@ -72,9 +75,23 @@ pub fn pick_exclusive(e: &StateView<'_>, id: PoolId, n: usize) -> Option<CpuSet>
             .map(|(n, _)| e.shared_cpus(&n.cpus)),
     );
     let keeps = |set: &CpuSet| guarded.iter().all(|g| !g.difference(set).is_empty());
-    let mut picked = CpuSet::new();
     // Whole cores, packed.
     cores.sort_unstable_by_key(|(whole, gfree, first, _)| (!*whole, *gfree, *first));
+    if grain == CoreGrain::SiblingPair {
+        // Two threads of one core: the first core (whole ones first, packed) with two free.
+        return cores
+            .iter()
+            .filter(|(_, _, _, free)| n == 2 && free.len() >= 2)
+            .map(|(_, _, _, free)| {
+                let mut pair = CpuSet::new();
+                for cpu in free.iter().take(2) {
+                    pair.insert(cpu);
+                }
+                pair
+            })
+            .find(|pair| keeps(pair));
+    }
+    let mut picked = CpuSet::new();
     for (whole, _, _, free) in &cores {
         let need = n - picked.len();
         if need == 0 {
@@ -87,8 +104,8 @@ pub fn pick_exclusive(e: &StateView<'_>, id: PoolId, n: usize) -> Option<CpuSet>
             }
         }
     }
-    // Remainder: split cores first, then whole ones.
-    if picked.len() < n {
+    // Remainder: split cores first, then whole ones (not with whole cores only).
+    if picked.len() < n && grain == CoreGrain::Threads {
         cores.sort_unstable_by_key(|(whole, gfree, first, _)| (*whole, *gfree, *first));
         for (_, _, _, free) in &cores {
             for cpu in free.difference(&picked).iter() {

@@ -238,6 +238,7 @@ impl Engine {
                 exclusive: old.is_exclusive(),
                 reason: Reason::Fits(self.topo.pools[old.pool].level),
                 updates: Vec::new(),
+                unhonoured: None,
             });
         }
         let mut updates = self.release(&req.id);
@@ -381,11 +382,12 @@ impl Engine {
                 let Some(g) = self.grants.get_mut(&**id) else {
                     continue;
                 };
-                if g.cpus != cpus {
-                    g.cpus = cpus;
+                let mine = g.visible(&self.topo, &cpus);
+                if g.cpus != mine {
+                    g.cpus = mine;
                     out.push(CpusetUpdate {
                         container_id: Arc::clone(id),
-                        cpus,
+                        cpus: mine,
                         mems: g.mems,
                     });
                 }
@@ -400,10 +402,15 @@ impl Engine {
         } else {
             0
         };
-        let cpus = if c.exclusive.is_empty() {
+        let all = if c.exclusive.is_empty() {
             self.shared_cpus(&c.span)
         } else {
             c.exclusive
+        };
+        let threads = crate::policy::Settings::new(&self.cfg, req).threads;
+        let cpus = match threads {
+            crate::request::Hyperthreads::Shown => all,
+            crate::request::Hyperthreads::Hidden => self.topo.one_thread_per_core(&all),
         };
         let g = Grant {
             policy: c.policy,
@@ -416,6 +423,7 @@ impl Engine {
             memory_bytes,
             mems: c.mems,
             cpus,
+            threads,
         };
         self.charge(&g);
         let id: Arc<str> = Arc::from(req.id.as_str());
@@ -435,6 +443,7 @@ impl Engine {
             exclusive: !c.exclusive.is_empty(),
             reason: c.reason,
             updates,
+            unhonoured: c.unhonoured,
         }
     }
 

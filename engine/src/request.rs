@@ -116,6 +116,13 @@ pub const CONFINE_BEST_EFFORT_KEY: &str = "tap.kunpeng.huawei.com/confine-best-e
 /// Annotation: `strict` (one NUMA node or no placement: the container starts on all CPUs, with
 /// a Warning Event) or `preferred` (the default: the nearest fit, wider if need be).
 pub const NUMA_POLICY_KEY: &str = "tap.kunpeng.huawei.com/numa-policy";
+/// Annotation: how exclusive CPUs are taken: `whole` (whole cores only, the default, as the
+/// kubelet's `full-pcpus-only`), `threads` (any hyperthreads, whole cores first) or
+/// `sibling-pair` (a 2-CPU container: the two hyperthreads of one core).
+pub const EXCLUSIVE_CORES_KEY: &str = "tap.kunpeng.huawei.com/exclusive-cores";
+/// Annotation: `true`/`false`, the container's cpuset holds one hyperthread per core of its
+/// grant (the siblings stay in the grant, unused).
+pub const HIDE_HYPERTHREADS_KEY: &str = "tap.kunpeng.huawei.com/hide-hyperthreads";
 /// Annotation written by the agent into the container it placed (where the runtime lets it):
 /// the grant record that restart recovery reads back.
 pub const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
@@ -130,6 +137,8 @@ pub struct Overrides {
     pub memory_binding: Option<bool>,
     pub exclusive: Option<bool>,
     pub confine_best_effort: Option<bool>,
+    pub exclusive_cores: Option<CoreGrain>,
+    pub hide_hyperthreads: Option<bool>,
 }
 
 /// A problem with an annotation: its value was ignored.
@@ -204,7 +213,18 @@ impl Overrides {
                 }),
             }
         }
+        if let Some((k, v)) = lookup(EXCLUSIVE_CORES_KEY) {
+            match CoreGrain::parse(v) {
+                Some(g) => o.exclusive_cores = Some(g),
+                None => warnings.push(AnnotationWarning {
+                    key: k,
+                    value: v.clone(),
+                    expected: "whole, threads or sibling-pair",
+                }),
+            }
+        }
         for (key, slot) in [
+            (HIDE_HYPERTHREADS_KEY, &mut o.hide_hyperthreads),
             (MEMORY_BINDING_KEY, &mut o.memory_binding),
             (EXCLUSIVE_KEY, &mut o.exclusive),
             (CONFINE_BEST_EFFORT_KEY, &mut o.confine_best_effort),
@@ -241,6 +261,54 @@ impl NumaPolicy {
             _ => None,
         }
     }
+}
+
+/// How exclusive CPUs are taken from cores (`exclusive-cores` annotation, `--exclusive-cores`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CoreGrain {
+    /// Whole cores only: a container whose CPU count is not made of whole free cores gets
+    /// shared CPUs instead (the kubelet's `full-pcpus-only`). The default.
+    #[default]
+    WholeCores,
+    /// Any hyperthreads: whole cores first, a remainder from a split core.
+    Threads,
+    /// Exactly the two hyperthreads of one core (a 2-CPU container).
+    SiblingPair,
+}
+
+impl CoreGrain {
+    pub fn parse(s: &str) -> Option<CoreGrain> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "whole" | "whole-cores" | "full-cores" => Some(CoreGrain::WholeCores),
+            "threads" | "any" => Some(CoreGrain::Threads),
+            "sibling-pair" | "pair" => Some(CoreGrain::SiblingPair),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CoreGrain::WholeCores => "whole",
+            CoreGrain::Threads => "threads",
+            CoreGrain::SiblingPair => "sibling-pair",
+        }
+    }
+}
+
+impl fmt::Display for CoreGrain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which hyperthreads of its grant a container sees (`hide-hyperthreads` annotation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Hyperthreads {
+    /// Every CPU of the grant (the default).
+    #[default]
+    Shown,
+    /// One hyperthread per core of the grant: the lowest-numbered one the grant holds.
+    Hidden,
 }
 
 fn parse_bool(s: &str) -> Option<bool> {
@@ -314,6 +382,9 @@ mod tests {
             super::MEMORY_BINDING_KEY,
             super::EXCLUSIVE_KEY,
             super::CONFINE_BEST_EFFORT_KEY,
+            super::NUMA_POLICY_KEY,
+            super::EXCLUSIVE_CORES_KEY,
+            super::HIDE_HYPERTHREADS_KEY,
             super::GRANT_KEY,
         ] {
             assert!(k.starts_with(super::KEY_PREFIX), "{k}");

@@ -293,6 +293,31 @@ impl Topology {
         out
     }
 
+    /// One CPU per core of `cpus`: the lowest-numbered CPU of each core that `cpus` holds
+    /// (what a container hiding hyperthreads sees). Allocates nothing.
+    pub fn one_thread_per_core(&self, cpus: &CpuSet) -> CpuSet {
+        let mut seen = CpuSet::new();
+        let mut out = CpuSet::new();
+        for cpu in cpus.iter() {
+            match self.core_of_cpu(cpu) {
+                Some(core) if seen.contains(core) => {}
+                Some(core) => {
+                    seen.insert(core);
+                    out.insert(cpu);
+                }
+                None => {
+                    out.insert(cpu);
+                }
+            }
+        }
+        out
+    }
+
+    /// The largest number of hyperthreads of any core (1 without SMT).
+    pub fn threads_per_core(&self) -> usize {
+        self.cores.iter().map(|c| c.len()).max().unwrap_or(1)
+    }
+
     /// NUMA nodes of the CPUs in `cpus`.
     pub fn nodes_of(&self, cpus: &CpuSet) -> NodeSet {
         let mut out = NodeSet::new();

@@ -5,7 +5,7 @@
 use crate::cpu_model::{ClusterAffinityRule, ClustersOff, CpuModel};
 use crate::cpuset::CpuSet;
 use crate::nodeset::NodeSet;
-use crate::request::{ContainerRequest, PolicyKind};
+use crate::request::{ContainerRequest, CoreGrain, PolicyKind};
 use crate::topology::{Level, PoolId};
 use std::fmt;
 use std::sync::Arc;
@@ -47,6 +47,8 @@ pub struct EngineConfig {
     /// Place BestEffort containers like the others (one pool or NUMA node, charged nothing)
     /// instead of on the machine's shared CPUs (the default, as the reference and the kubelet).
     pub confine_best_effort: bool,
+    /// How exclusive CPUs are taken from cores (whole cores by default).
+    pub exclusive_cores: CoreGrain,
 }
 
 impl Default for EngineConfig {
@@ -61,6 +63,7 @@ impl Default for EngineConfig {
             exclusive_cpus: true,
             annotations_allowed: true,
             confine_best_effort: false,
+            exclusive_cores: CoreGrain::WholeCores,
         }
     }
 }
@@ -106,6 +109,47 @@ impl fmt::Display for SkipReason {
                 "numa-policy strict: no single NUMA node holds the container"
             }
         })
+    }
+}
+
+/// A per-Pod control that the placement could not honour: the container is placed anyway (as
+/// it would be without the control), and the agent says so (a Warning Event, a metric).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unhonoured {
+    /// Exclusive CPUs in whole cores: no pool has this many CPUs in whole free cores (or the
+    /// count is not made of whole cores); the container shares CPUs instead.
+    WholeCores { cpus: usize },
+    /// `sibling-pair`: no core has two free hyperthreads; the container shares CPUs instead.
+    SiblingPair,
+    /// `sibling-pair` on a container that is not Guaranteed with exactly 2 CPUs: ignored.
+    SiblingPairSize,
+}
+
+impl Unhonoured {
+    /// The control, as the `tap_errors_total` metric's `kind` label names it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Unhonoured::WholeCores { .. } => "whole_cores",
+            Unhonoured::SiblingPair | Unhonoured::SiblingPairSize => "sibling_pair",
+        }
+    }
+}
+
+impl fmt::Display for Unhonoured {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unhonoured::WholeCores { cpus } => write!(
+                f,
+                "exclusive-cores whole: no pool has {cpus} CPUs in whole free cores; \
+                 shared CPUs instead (exclusive-cores: threads allows split cores)"
+            ),
+            Unhonoured::SiblingPair => f.write_str(
+                "exclusive-cores sibling-pair: no core has two free hyperthreads; shared CPUs instead",
+            ),
+            Unhonoured::SiblingPairSize => f.write_str(
+                "exclusive-cores sibling-pair needs a Guaranteed container of exactly 2 CPUs; ignored",
+            ),
+        }
     }
 }
 
@@ -164,6 +208,8 @@ pub struct Placement {
     pub exclusive: bool,
     pub reason: Reason,
     pub updates: Vec<CpusetUpdate>,
+    /// A per-Pod control this placement could not honour.
+    pub unhonoured: Option<Unhonoured>,
 }
 
 // Returned by value on the container start path: boxing the placement would allocate.
@@ -250,4 +296,6 @@ pub struct Choice {
     pub mems: Option<NodeSet>,
     pub charge_memory: bool,
     pub reason: Reason,
+    /// A per-Pod control this choice could not honour.
+    pub unhonoured: Option<Unhonoured>,
 }

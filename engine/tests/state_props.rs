@@ -71,26 +71,34 @@ fn config() -> impl Strategy<Value = EngineConfig> {
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(numa, mem, clusters, excl, gpu, confine)| EngineConfig {
-            policy: if numa {
-                PolicyKind::NumaAware
-            } else {
-                PolicyKind::TopologyAware
+        .prop_map(
+            |(numa, mem, clusters, excl, gpu, confine, whole)| EngineConfig {
+                policy: if numa {
+                    PolicyKind::NumaAware
+                } else {
+                    PolicyKind::TopologyAware
+                },
+                memory_topology: mem,
+                cluster_affinity: clusters,
+                cluster_rule: Default::default(),
+                exclusive_cpus: excl,
+                priority: if gpu {
+                    ResourcePriority::GpuFirst
+                } else {
+                    ResourcePriority::CpuFirst
+                },
+                reserved: CpuSet::parse("1").unwrap(),
+                annotations_allowed: true,
+                confine_best_effort: confine,
+                exclusive_cores: if whole {
+                    tap_engine::CoreGrain::WholeCores
+                } else {
+                    tap_engine::CoreGrain::Threads
+                },
             },
-            memory_topology: mem,
-            cluster_affinity: clusters,
-            cluster_rule: Default::default(),
-            exclusive_cpus: excl,
-            priority: if gpu {
-                ResourcePriority::GpuFirst
-            } else {
-                ResourcePriority::CpuFirst
-            },
-            reserved: CpuSet::parse("1").unwrap(),
-            annotations_allowed: true,
-            confine_best_effort: confine,
-        })
+        )
 }
 
 /// What the runtime knows of a container: its request and the cpuset it was last told.

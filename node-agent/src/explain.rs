@@ -4,17 +4,43 @@ use crate::agent::{Agent, ContainerInfo, PodInfo};
 use std::fmt::Write as _;
 use tap_engine::cpu_model::{CpuModel, CpuModelSource};
 use tap_engine::devices::{DeviceKind, DeviceScheme};
+use tap_engine::request::{EXCLUSIVE_CORES_KEY, HIDE_HYPERTHREADS_KEY};
 use tap_engine::topology::{Level, PciDevice, Topology};
 
-/// Sample containers: (name, QoS cgroup, request CPUs, limit CPUs).
-const SAMPLES: [(&str, &str, u64, Option<u64>); 6] = [
-    ("burstable-4-8", "burstable", 4, Some(8)),
+/// A sample container: name, QoS cgroup, request CPUs, limit CPUs, Pod annotations.
+type Sample = (
+    &'static str,
+    &'static str,
+    u64,
+    Option<u64>,
+    &'static [(&'static str, &'static str)],
+);
+
+const SAMPLES: [Sample; 9] = [
+    ("burstable-4-8", "burstable", 4, Some(8), &[]),
     // Small enough for one cluster (a Kunpeng's 4 cores, a test guest's 2).
-    ("burstable-1-2", "burstable", 1, Some(2)),
-    ("burstable-25-35", "burstable", 25, Some(35)),
-    ("burstable-50-60", "burstable", 50, Some(60)),
-    ("guaranteed-4", "", 4, Some(4)),
-    ("besteffort", "besteffort", 0, None),
+    ("burstable-1-2", "burstable", 1, Some(2), &[]),
+    ("burstable-25-35", "burstable", 25, Some(35), &[]),
+    ("burstable-50-60", "burstable", 50, Some(60), &[]),
+    ("guaranteed-4", "", 4, Some(4), &[]),
+    ("besteffort", "besteffort", 0, None, &[]),
+    // Hyperthreads: 3 CPUs are no whole number of 2-thread cores (shared, and said so on SMT
+    // machines); one core's sibling pair; 4 CPUs seen as one thread per core.
+    ("guaranteed-3", "", 3, Some(3), &[]),
+    (
+        "sibling-pair-2",
+        "",
+        2,
+        Some(2),
+        &[(EXCLUSIVE_CORES_KEY, "sibling-pair")],
+    ),
+    (
+        "hide-threads-4",
+        "",
+        4,
+        Some(4),
+        &[(HIDE_HYPERTHREADS_KEY, "true")],
+    ),
 ];
 
 /// The pool tree, one line per pool; cluster pools only when cluster affinity is on (they are
@@ -182,7 +208,7 @@ fn sample_lines(agent: &Agent) -> String {
         "sample decisions (each placed after the ones above it): cpus (pool), mems: why"
     );
     let mut notes = agent.notes().attach();
-    for (i, (name, qos, req, lim)) in SAMPLES.iter().enumerate() {
+    for (i, (name, qos, req, lim, annotations)) in SAMPLES.iter().enumerate() {
         let c = ContainerInfo {
             id: format!("sample-{i}"),
             name: (*name).into(),
@@ -190,6 +216,10 @@ fn sample_lines(agent: &Agent) -> String {
                 name: (*name).into(),
                 namespace: "default".into(),
                 cgroup_parent: Some(format!("/kubepods/{qos}")),
+                annotations: annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
                 ..Default::default()
             },
             cpu_shares: Some(if *req == 0 { 2 } else { req * 1024 }),
@@ -198,11 +228,16 @@ fn sample_lines(agent: &Agent) -> String {
             ..Default::default()
         };
         let adj = agent.create(&c);
-        // The note the agent made for the Pod Event says where and why.
-        let why = notes
-            .as_mut()
-            .and_then(|rx| rx.try_recv().ok())
-            .map(|n| n.message);
+        // The notes the agent made for the Pod Events say where and why, and what it could not
+        // honour.
+        let mut said = Vec::new();
+        while let Some(n) = notes.as_mut().and_then(|rx| rx.try_recv().ok()) {
+            said.push(match n.kind {
+                crate::notes::Kind::NotHonoured => format!("not honoured: {}", n.message),
+                _ => n.message,
+            });
+        }
+        let why = (!said.is_empty()).then(|| said.join("; "));
         let line = match (why, adj.cpus) {
             (Some(w), _) => w,
             (None, Some(cpus)) => format!("cpus {cpus}"),
@@ -221,7 +256,11 @@ mod tests {
     use tap_engine::{Engine, EngineConfig};
 
     fn agent(cluster_affinity: bool) -> Agent {
-        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
+        agent_on("synthetic-2s-4numa-96c-gpu", cluster_affinity)
+    }
+
+    fn agent_on(fixture: &str, cluster_affinity: bool) -> Agent {
+        let root = tap_engine::testdata::fixture_dir(fixture);
         let raw = tap_engine::sysfs::discover_dir(&root).expect("fixture");
         let topo = Arc::new(Topology::build(&raw).expect("topology"));
         let cfg = EngineConfig {
@@ -259,5 +298,37 @@ mod tests {
         let with = explain(&agent(true));
         assert!(with.contains("cluster0 [cluster] cpus 0-3"), "{with}");
         assert!(!with.contains("not shown"), "{with}");
+    }
+
+    /// The hyperthread samples on an SMT machine (siblings n and n+48): 3 CPUs are no whole
+    /// cores (shared, said so), the sibling pair is one core, hidden threads one per core.
+    #[test]
+    fn hyperthread_samples_say_what_they_got_on_smt() {
+        let out = explain(&agent_on("synthetic-2s-2numa-smt-96t", false));
+        let line = |name: &str| {
+            out.lines()
+                .find(|l| l.trim_start().starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} line: {out}"))
+                .to_string()
+        };
+        assert!(
+            line("guaranteed-3").contains("not honoured: exclusive-cores whole"),
+            "{out}"
+        );
+        assert!(
+            line("sibling-pair-2").contains("cpus 2,50 (socket0, exclusive)"),
+            "{out}"
+        );
+        assert!(
+            line("hide-threads-4").contains("cpus 3-4 (socket0, exclusive)"),
+            "{out}"
+        );
+        // Without SMT: no sibling pair, said so; 3 CPUs exclusive.
+        let flat = explain(&agent(false));
+        assert!(
+            flat.contains("not honoured: exclusive-cores sibling-pair: no core"),
+            "{flat}"
+        );
+        assert!(!flat.contains("exclusive-cores whole"), "{flat}");
     }
 }

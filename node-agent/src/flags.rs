@@ -4,7 +4,9 @@
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::Duration;
-use tap_engine::{ClusterAffinityRule, CpuSet, EngineConfig, PolicyKind, ResourcePriority};
+use tap_engine::{
+    ClusterAffinityRule, CoreGrain, CpuSet, EngineConfig, PolicyKind, ResourcePriority,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuntimeMode {
@@ -63,6 +65,15 @@ fn parse_priority(s: &str) -> Result<ResourcePriority, String> {
 fn parse_cluster_rule(s: &str) -> Result<ClusterAffinityRule, String> {
     ClusterAffinityRule::parse(s)
         .ok_or_else(|| format!("unknown cluster affinity rule {s:?}: use any or kunpeng-950-only"))
+}
+
+fn parse_core_grain(s: &str) -> Result<CoreGrain, String> {
+    match CoreGrain::parse(s) {
+        Some(g @ (CoreGrain::WholeCores | CoreGrain::Threads)) => Ok(g),
+        _ => Err(format!(
+            "unknown exclusive core grain {s:?}: use whole or threads (sibling-pair is per Pod)"
+        )),
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -183,6 +194,12 @@ pub struct Flags {
     /// Give Guaranteed integer-CPU containers exclusive CPUs (topology-aware).
     #[arg(help_heading = "Policy", long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub exclusive_cpus: bool,
+
+    /// How exclusive CPUs are taken: `whole` cores only (the kubelet's full-pcpus-only: a
+    /// count that is no whole number of free cores gets shared CPUs, with a Warning Event), or
+    /// any `threads` (whole cores first). Per Pod: the `exclusive-cores` annotation.
+    #[arg(help_heading = "Policy", long, default_value = "whole", value_parser = parse_core_grain)]
+    pub exclusive_cores: CoreGrain,
 
     /// Confine BestEffort containers to one pool or NUMA node like the others (charged
     /// nothing); by default they run on the machine's shared CPUs, as the kubelet leaves them.
@@ -310,6 +327,7 @@ impl Flags {
             exclusive_cpus: self.exclusive_cpus,
             annotations_allowed: true,
             confine_best_effort: self.confine_best_effort,
+            exclusive_cores: self.exclusive_cores,
         }
     }
 

@@ -88,6 +88,9 @@ pub enum ErrorKind {
     NotFound,
     /// `numa-policy: strict` and no single NUMA node holds the container (left on all CPUs).
     StrictNuma,
+    /// a per-Pod control the placement could not honour (placed without it): the control's
+    /// own label (`whole_cores`, `sibling_pair`, ...).
+    Unhonoured(tap_engine::Unhonoured),
 }
 
 impl ErrorKind {
@@ -113,6 +116,7 @@ impl ErrorKind {
             ErrorKind::Refused => "refused",
             ErrorKind::NotFound => "not_found",
             ErrorKind::StrictNuma => "strict_numa",
+            ErrorKind::Unhonoured(u) => u.kind(),
         }
     }
 }

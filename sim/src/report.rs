@@ -16,11 +16,11 @@ pub fn table(results: &[Outcomes]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| policy | containers | 1 NUMA | 1 NUMA (not BestEffort) | 1 die | 1 socket | 1 NUMA where one fits | spans NUMA though one fits | NUMA imbalance by request (max/mean) | by limit | exclusive grants / CPUs (peak) | Guaranteed-integer left shared | refused | fallback to root | cpuset updates of others | decision p50 µs | decision p99 µs | GPU-local |"
+        "| policy | containers | 1 NUMA | 1 NUMA (not BestEffort) | 1 die | 1 socket | 1 NUMA where one fits | spans NUMA though one fits | NUMA imbalance by request (max/mean) | by limit | exclusive grants / CPUs (peak) | Guaranteed-integer left shared | exclusive on split cores | refused | fallback to root | cpuset updates of others | decision p50 µs | decision p99 µs | GPU-local |"
     );
     let _ = writeln!(
         out,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in results {
         let s: Summary = r.summary();
@@ -31,7 +31,7 @@ pub fn table(results: &[Outcomes]) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.3} | {} / {} ({}) | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.3} | {} / {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.label,
             s.containers,
             pct(s.one_numa),
@@ -46,6 +46,7 @@ pub fn table(results: &[Outcomes]) -> String {
             s.exclusive_cpus,
             s.exclusive_peak,
             s.exclusive_missed,
+            s.exclusive_split,
             s.refused,
             s.fallback,
             s.updates,

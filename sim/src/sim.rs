@@ -146,6 +146,13 @@ pub fn standard_policies() -> Vec<PolicyRun> {
         },
     ];
     out.push(PolicyRun {
+        label: "topology-aware, exclusive-cores threads".into(),
+        policy: Policy::Engine(EngineConfig {
+            exclusive_cores: tap_engine::CoreGrain::Threads,
+            ..ta.clone()
+        }),
+    });
+    out.push(PolicyRun {
         label: "topology-aware +mem".into(),
         policy: Policy::Engine(EngineConfig {
             memory_topology: true,
@@ -181,6 +188,9 @@ pub struct Placed {
     pub single_possible: bool,
     pub best_effort: bool,
     pub exclusive_cpus: usize,
+    /// Exclusive CPUs that are not whole cores: the container shares a core's hyperthreads
+    /// with another container.
+    pub split_cores: bool,
     /// Whole CPUs a Guaranteed integer-CPU container qualifies for (the kubelet's rule).
     pub exclusive_eligible: Option<usize>,
     pub refused: bool,
@@ -233,6 +243,8 @@ pub struct Summary {
     pub exclusive_peak: usize,
     /// Guaranteed integer-CPU containers that ended up on shared CPUs.
     pub exclusive_missed: usize,
+    /// Exclusive grants that split a core (hyperthreads shared with another container).
+    pub exclusive_split: usize,
     pub refused: usize,
     pub fallback: usize,
     pub updates: usize,
@@ -294,6 +306,7 @@ impl Outcomes {
                 .iter()
                 .filter(|p| p.exclusive_eligible.is_some() && p.exclusive_cpus == 0)
                 .count(),
+            exclusive_split: self.placed.iter().filter(|p| p.split_cores).count(),
             refused: self.placed.iter().filter(|p| p.refused).count(),
             fallback: self.placed.iter().filter(|p| p.fallback).count(),
             updates: self.updates,
@@ -655,6 +668,11 @@ pub fn simulate_with(
                 single_possible,
                 best_effort,
                 exclusive_cpus: exclusive,
+                split_cores: exclusive > 0
+                    && topo
+                        .cores
+                        .iter()
+                        .any(|c| c.intersects(&cpus) && !c.is_subset(&cpus)),
                 exclusive_eligible: req.exclusive_cpus(),
                 refused,
                 fallback,

@@ -35,7 +35,7 @@ pub use crate::types::Choice;
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
 use crate::nodeset::NodeSet;
-use crate::request::{ContainerRequest, PolicyKind, Qos};
+use crate::request::{ContainerRequest, CoreGrain, Hyperthreads, PolicyKind, Qos};
 use crate::state::StateView;
 use crate::topology::{Level, PoolId};
 use crate::types::{EngineConfig, Reason};
@@ -76,6 +76,10 @@ pub struct Settings {
     /// Exclusive CPUs for Guaranteed integer-CPU containers.
     pub exclusive: bool,
     pub confine_best_effort: bool,
+    /// How exclusive CPUs are taken from cores.
+    pub cores: CoreGrain,
+    /// Which hyperthreads of its grant the container sees.
+    pub threads: Hyperthreads,
 }
 
 impl Settings {
@@ -92,6 +96,11 @@ impl Settings {
             clusters: cfg.cluster_affinity || o.level == Some(Level::Cluster),
             exclusive: cfg.exclusive_cpus && o.exclusive.unwrap_or(true),
             confine_best_effort: o.confine_best_effort.unwrap_or(cfg.confine_best_effort),
+            cores: o.exclusive_cores.unwrap_or(cfg.exclusive_cores),
+            threads: match o.hide_hyperthreads {
+                Some(true) => Hyperthreads::Hidden,
+                _ => Hyperthreads::Shown,
+            },
         }
     }
 }
@@ -198,6 +207,7 @@ pub fn pool_choice(
         mems,
         charge_memory: set.memory && req.memory_limit_bytes.is_some(),
         reason,
+        unhonoured: None,
     }
 }
 

@@ -111,6 +111,7 @@ fn place(
             mems: eff.memory.then(|| topo.mems_for_nodes(&set)),
             charge_memory: eff.memory && req.memory_limit_bytes.is_some(),
             reason: Reason::NumaNodes(set.len()),
+            unhonoured: None,
         }
     };
 

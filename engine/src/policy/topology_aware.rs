@@ -13,10 +13,10 @@ use crate::cpu_picker::pick_exclusive;
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
 use crate::nodeset::NodeSet;
-use crate::request::{ContainerRequest, PolicyKind};
+use crate::request::{ContainerRequest, CoreGrain, PolicyKind};
 use crate::state::StateView;
 use crate::topology::{Level, Pool, PoolId};
-use crate::types::{Reason, ResourcePriority};
+use crate::types::{Reason, ResourcePriority, Unhonoured};
 
 /// The built-in `topology-aware` policy (no state of its own).
 #[derive(Debug, Clone, Copy, Default)]
@@ -131,6 +131,7 @@ fn place(
     } else {
         None
     };
+    let (grain, mut unhonoured) = core_grain(eff.cores, excl_n);
     let mut device_nodes = NodeSet::new();
     for n in &req.device_nodes {
         device_nodes.insert(*n as usize);
@@ -157,7 +158,7 @@ fn place(
         let p = &topo.pools[old];
         if candidate(p) {
             if let Some(n) = excl_n {
-                if let Some(ex) = pick_exclusive(e, old, n) {
+                if let Some(ex) = pick_exclusive(e, old, n, grain) {
                     return Some(pool_choice(
                         e,
                         req,
@@ -190,12 +191,20 @@ fn place(
         );
         ranked.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
         for (_, id) in ranked {
-            if let Some(ex) = pick_exclusive(e, id, n) {
+            if let Some(ex) = pick_exclusive(e, id, n, grain) {
                 let level = topo.pools[id].level;
-                return Some(pool_choice(e, req, eff, id, ex, Reason::Exclusive(level)));
+                let mut c = pool_choice(e, req, eff, id, ex, Reason::Exclusive(level));
+                c.unhonoured = unhonoured;
+                return Some(c);
             }
         }
-        // No pool can give whole CPUs: fall through to a shared placement.
+        // No pool can give the CPUs: fall through to a shared placement, and say why where a
+        // core grain stood in the way.
+        unhonoured = match grain {
+            CoreGrain::WholeCores => Some(Unhonoured::WholeCores { cpus: n }),
+            CoreGrain::SiblingPair => Some(Unhonoured::SiblingPair),
+            CoreGrain::Threads => unhonoured,
+        };
     }
 
     let mut best: Option<(Key, PoolId)> = None;
@@ -218,5 +227,17 @@ fn place(
     if e.shared_cpus(&topo.pools[pool].cpus).is_empty() {
         return None;
     }
-    Some(pool_choice(e, req, eff, pool, CpuSet::new(), reason))
+    let mut c = pool_choice(e, req, eff, pool, CpuSet::new(), reason);
+    c.unhonoured = unhonoured;
+    Some(c)
+}
+
+/// The core grain exclusive CPUs are taken with: `sibling-pair` only for exactly 2 CPUs (else
+/// whole cores, and that it was not honoured).
+fn core_grain(asked: CoreGrain, excl_n: Option<usize>) -> (CoreGrain, Option<Unhonoured>) {
+    match (asked, excl_n) {
+        (CoreGrain::SiblingPair, Some(2)) => (CoreGrain::SiblingPair, None),
+        (CoreGrain::SiblingPair, _) => (CoreGrain::WholeCores, Some(Unhonoured::SiblingPairSize)),
+        (g, _) => (g, None),
+    }
 }
