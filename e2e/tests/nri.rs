@@ -403,6 +403,77 @@ async fn nri_hyperthread_controls() {
     cri.remove_all_pods().await.unwrap();
 }
 
+/// Memory tiers (issue 23 item 6) on the 2-PMEM server fixture, folded (this host has one NUMA
+/// node and no PMEM, so the runtime gets its node 0; the grant record keeps the fixture's
+/// nodes): a plain Pod's mems hold DRAM only; a `memory-type: pmem` Pod's hold its node and the
+/// PMEM node nearest to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_memory_tiers() {
+    let Some((_g, ctd)) = setup("nri_memory_tiers") else {
+        return;
+    };
+    let fixture = "2socket-snc2-4numa-2pmem-112cpu-smt2";
+    let agent =
+        Agent::start_on(&ctd, "tiers", fixture, &["--enable-memory-topology"]).expect("agent");
+    let mut cri = ctd.cri().await.expect("cri");
+    let mems_of = |p: &Placement| parse_list(&p.record.as_ref().expect("placed")["mems"]);
+
+    let sb = cri
+        .run_pod(&PodSpec::new("plain", CgroupQos::Burstable))
+        .await
+        .unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(4000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    let plain = mems_of(&p);
+    assert!(
+        plain.len() == 1 && plain.iter().all(|n| *n < 4),
+        "DRAM only: {p:?}"
+    );
+    assert_eq!(p.spec_mems, "0", "{p:?}");
+
+    let pod = PodSpec::new("pmem", CgroupQos::Burstable)
+        .annotation("tap.kunpeng.huawei.com/memory-type", "dram,pmem");
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(4000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    let mems = mems_of(&p);
+    let rec = p.record.as_ref().unwrap();
+    let node: usize = rec["n"].parse().expect("one node");
+    let near = if node == 2 { 5 } else { 4 };
+    assert_eq!(mems, BTreeSet::from([node, near]), "{p:?}");
+    assert_eq!(p.spec_mems, "0", "{p:?}");
+    assert_eq!(cgroup_mems(cri.pid(&id).await.unwrap()).unwrap(), "0");
+    eprintln!(
+        "memory-type pmem: record {rec:?}, spec mems {}",
+        p.spec_mems
+    );
+
+    // No HBM here: DRAM only, a Warning and the metric.
+    let pod = PodSpec::new("hbm", CgroupQos::Burstable)
+        .annotation("tap.kunpeng.huawei.com/memory-type", "hbm");
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(4000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    assert_eq!(mems_of(&p).len(), 1, "{p:?}");
+    assert!(agent.log_text().contains("not honoured: memory-type hbm"));
+    let m = agent.metrics_text().unwrap();
+    assert!(
+        m.lines()
+            .any(|l| l.contains("kind=\"memory_type\"") && l.ends_with(" 1")),
+        "{m}"
+    );
+    cri.remove_all_pods().await.unwrap();
+}
+
 /// Burstable 4/8, four of them on four NUMA nodes, Guaranteed exclusive, BestEffort, opt-out
 /// label and annotation, a malformed annotation, removal freeing capacity, memory binding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 //! What a runtime tells us about a container, normalised: QoS class, CPU request and limit,
 //! memory limit, device hints, and the per-Pod overrides read from annotations.
 
-use crate::topology::Level;
+use crate::topology::{Level, MemoryKind};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -123,6 +123,9 @@ pub const EXCLUSIVE_CORES_KEY: &str = "tap.kunpeng.huawei.com/exclusive-cores";
 /// Annotation: `true`/`false`, the container's cpuset holds one hyperthread per core of its
 /// grant (the siblings stay in the grant, unused).
 pub const HIDE_HYPERTHREADS_KEY: &str = "tap.kunpeng.huawei.com/hide-hyperthreads";
+/// Annotation: the memory kinds for `cpuset.mems`, comma-separated: `dram` (always), `pmem` or
+/// `cxl`, `hbm`: the nearest memory-only nodes of each kind are added (never by default).
+pub const MEMORY_TYPE_KEY: &str = "tap.kunpeng.huawei.com/memory-type";
 /// Annotation written by the agent into the container it placed (where the runtime lets it):
 /// the grant record that restart recovery reads back.
 pub const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
@@ -139,6 +142,7 @@ pub struct Overrides {
     pub confine_best_effort: Option<bool>,
     pub exclusive_cores: Option<CoreGrain>,
     pub hide_hyperthreads: Option<bool>,
+    pub memory_types: Option<MemoryTypes>,
 }
 
 /// A problem with an annotation: its value was ignored.
@@ -223,6 +227,16 @@ impl Overrides {
                 }),
             }
         }
+        if let Some((k, v)) = lookup(MEMORY_TYPE_KEY) {
+            match MemoryTypes::parse(v) {
+                Some(t) => o.memory_types = Some(t),
+                None => warnings.push(AnnotationWarning {
+                    key: k,
+                    value: v.clone(),
+                    expected: "a comma-separated list of dram, pmem, cxl, hbm",
+                }),
+            }
+        }
         for (key, slot) in [
             (HIDE_HYPERTHREADS_KEY, &mut o.hide_hyperthreads),
             (MEMORY_BINDING_KEY, &mut o.memory_binding),
@@ -298,6 +312,42 @@ impl CoreGrain {
 impl fmt::Display for CoreGrain {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// The memory kinds a container asks for (`memory-type` annotation). DRAM is always in;
+/// the others add memory-only nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryTypes {
+    pmem: bool,
+    hbm: bool,
+}
+
+impl MemoryTypes {
+    /// `dram`, `pmem`, `cxl`, `hbm`, comma-separated; `None` when empty or any item is unknown.
+    pub fn parse(s: &str) -> Option<MemoryTypes> {
+        let mut t = MemoryTypes::default();
+        let mut any = false;
+        for item in s.split(',').filter(|i| !i.trim().is_empty()) {
+            any = true;
+            match MemoryKind::parse(item)? {
+                MemoryKind::Dram => {}
+                MemoryKind::Pmem => t.pmem = true,
+                MemoryKind::Hbm => t.hbm = true,
+            }
+        }
+        any.then_some(t)
+    }
+
+    /// The memory-only kinds asked for (PMEM/CXL, then HBM).
+    pub fn tiers(self) -> impl Iterator<Item = MemoryKind> {
+        [(self.pmem, MemoryKind::Pmem), (self.hbm, MemoryKind::Hbm)]
+            .into_iter()
+            .filter_map(|(on, k)| on.then_some(k))
+    }
+
+    pub fn has_tiers(self) -> bool {
+        self.pmem || self.hbm
     }
 }
 
@@ -385,6 +435,7 @@ mod tests {
             super::NUMA_POLICY_KEY,
             super::EXCLUSIVE_CORES_KEY,
             super::HIDE_HYPERTHREADS_KEY,
+            super::MEMORY_TYPE_KEY,
             super::GRANT_KEY,
         ] {
             assert!(k.starts_with(super::KEY_PREFIX), "{k}");

@@ -6,7 +6,7 @@ use crate::cpu_model::{ClusterAffinityRule, ClustersOff, CpuModel};
 use crate::cpuset::CpuSet;
 use crate::nodeset::NodeSet;
 use crate::request::{ContainerRequest, CoreGrain, PolicyKind};
-use crate::topology::{Level, PoolId};
+use crate::topology::{Level, MemoryKind, PoolId};
 use std::fmt;
 use std::sync::Arc;
 
@@ -123,6 +123,11 @@ pub enum Unhonoured {
     SiblingPair,
     /// `sibling-pair` on a container that is not Guaranteed with exactly 2 CPUs: ignored.
     SiblingPairSize,
+    /// `memory-type`: the machine has no memory of this kind; DRAM only.
+    MemoryType(MemoryKind),
+    /// `memory-type` with memory binding turned off for the container (`memory-binding:
+    /// false`): no `cpuset.mems` is set.
+    MemoryTypeUnbound,
 }
 
 impl Unhonoured {
@@ -131,6 +136,7 @@ impl Unhonoured {
         match self {
             Unhonoured::WholeCores { .. } => "whole_cores",
             Unhonoured::SiblingPair | Unhonoured::SiblingPairSize => "sibling_pair",
+            Unhonoured::MemoryType(_) | Unhonoured::MemoryTypeUnbound => "memory_type",
         }
     }
 }
@@ -148,6 +154,12 @@ impl fmt::Display for Unhonoured {
             ),
             Unhonoured::SiblingPairSize => f.write_str(
                 "exclusive-cores sibling-pair needs a Guaranteed container of exactly 2 CPUs; ignored",
+            ),
+            Unhonoured::MemoryType(k) => {
+                write!(f, "memory-type {k}: this machine has no {k} memory; DRAM only")
+            }
+            Unhonoured::MemoryTypeUnbound => f.write_str(
+                "memory-type: memory binding is off for this container (memory-binding: false); mems not set",
             ),
         }
     }

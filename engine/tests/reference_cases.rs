@@ -49,6 +49,7 @@ fn shape(sockets: u32, numa: u32, cpus: usize, mem_gib: u64) -> Arc<Topology> {
             cpus: set,
             memory_bytes: mem_gib * GIB,
             distances,
+            read_bandwidth: None,
         });
     }
     Arc::new(Topology::build(&raw).expect("topology"))

@@ -4,7 +4,7 @@ use crate::agent::{Agent, ContainerInfo, PodInfo};
 use std::fmt::Write as _;
 use tap_engine::cpu_model::{CpuModel, CpuModelSource};
 use tap_engine::devices::{DeviceKind, DeviceScheme};
-use tap_engine::request::{EXCLUSIVE_CORES_KEY, HIDE_HYPERTHREADS_KEY};
+use tap_engine::request::{EXCLUSIVE_CORES_KEY, HIDE_HYPERTHREADS_KEY, MEMORY_TYPE_KEY};
 use tap_engine::topology::{Level, PciDevice, Topology};
 
 /// A sample container: name, QoS cgroup, request CPUs, limit CPUs, Pod annotations.
@@ -16,7 +16,7 @@ type Sample = (
     &'static [(&'static str, &'static str)],
 );
 
-const SAMPLES: [Sample; 9] = [
+const SAMPLES: [Sample; 10] = [
     ("burstable-4-8", "burstable", 4, Some(8), &[]),
     // Small enough for one cluster (a Kunpeng's 4 cores, a test guest's 2).
     ("burstable-1-2", "burstable", 1, Some(2), &[]),
@@ -40,6 +40,14 @@ const SAMPLES: [Sample; 9] = [
         4,
         Some(4),
         &[(HIDE_HYPERTHREADS_KEY, "true")],
+    ),
+    // Memory tiers: DRAM plus the nearest PMEM/CXL node (memory-only nodes never by default).
+    (
+        "pmem-1-2",
+        "burstable",
+        1,
+        Some(2),
+        &[(MEMORY_TYPE_KEY, "dram,pmem")],
     ),
 ];
 
@@ -162,9 +170,14 @@ fn machine_lines(topo: &Topology) -> String {
     let _ = writeln!(out, "{}", cpu_line(&topo.cpu));
     for n in &topo.nodes {
         let d: Vec<String> = n.distances.iter().map(|(_, d)| d.to_string()).collect();
+        let tier = if n.cpus.is_empty() {
+            format!(" memory-only ({}: only by memory-type)", n.kind)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "  numa node {}: cpus [{}] memory {} MiB distances [{}]",
+            "  numa node {}: cpus [{}] memory {} MiB distances [{}]{tier}",
             n.id,
             n.cpus,
             n.memory_bytes >> 20,
@@ -330,5 +343,34 @@ mod tests {
             "{flat}"
         );
         assert!(!flat.contains("exclusive-cores whole"), "{flat}");
+    }
+
+    /// The memory tier sample on the 2-PMEM server: memory-only nodes are listed as such and
+    /// enter only the `memory-type` sample's mems, with the PMEM node nearest to its CPUs.
+    #[test]
+    fn memory_tier_sample_adds_the_nearest_pmem_node() {
+        let out = explain(&agent_on("2socket-snc2-4numa-2pmem-112cpu-smt2", false));
+        assert!(
+            out.contains("numa node 4: cpus [] memory 126976 MiB distances [17 28 28 28 10 28] memory-only (pmem/cxl"),
+            "{out}"
+        );
+        let pmem = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("pmem-1-2"))
+            .unwrap_or_else(|| panic!("{out}"));
+        assert!(pmem.contains("(numa2), mems 2,5: fits one numa"), "{out}");
+        assert!(!pmem.contains("not honoured"), "{out}");
+        assert!(out.contains("socket0 [socket] cpus 0,2,4"), "{out}");
+        assert!(
+            !out.contains("mems 0,4") && !out.contains("mems 2,5 mem"),
+            "{out}"
+        );
+        let flat = explain(&agent(false));
+        assert!(
+            flat.contains(
+                "not honoured: memory-type pmem/cxl: this machine has no pmem/cxl memory"
+            ),
+            "{flat}"
+        );
     }
 }

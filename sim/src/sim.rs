@@ -732,6 +732,7 @@ mod tests {
                 } else {
                     vec![20, 10]
                 },
+                read_bandwidth: None,
             });
         }
         let raw = RawTopology {

@@ -35,10 +35,10 @@ pub use crate::types::Choice;
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
 use crate::nodeset::NodeSet;
-use crate::request::{ContainerRequest, CoreGrain, Hyperthreads, PolicyKind, Qos};
+use crate::request::{ContainerRequest, CoreGrain, Hyperthreads, MemoryTypes, PolicyKind, Qos};
 use crate::state::StateView;
 use crate::topology::{Level, PoolId};
-use crate::types::{EngineConfig, Reason};
+use crate::types::{EngineConfig, Reason, Unhonoured};
 use std::fmt;
 use std::sync::Arc;
 
@@ -80,6 +80,8 @@ pub struct Settings {
     pub cores: CoreGrain,
     /// Which hyperthreads of its grant the container sees.
     pub threads: Hyperthreads,
+    /// Memory kinds for `cpuset.mems` (memory-only nodes only when asked for).
+    pub memory_types: MemoryTypes,
 }
 
 impl Settings {
@@ -91,7 +93,10 @@ impl Settings {
         };
         Settings {
             policy: o.policy.unwrap_or(cfg.policy),
-            memory: o.memory_binding.unwrap_or(cfg.memory_topology),
+            // A memory type asked for binds memory unless binding is turned off explicitly.
+            memory: o
+                .memory_binding
+                .unwrap_or(cfg.memory_topology || o.memory_types.is_some_and(|t| t.has_tiers())),
             level: o.level,
             clusters: cfg.cluster_affinity || o.level == Some(Level::Cluster),
             exclusive: cfg.exclusive_cpus && o.exclusive.unwrap_or(true),
@@ -101,6 +106,7 @@ impl Settings {
                 Some(true) => Hyperthreads::Hidden,
                 _ => Hyperthreads::Shown,
             },
+            memory_types: o.memory_types.unwrap_or_default(),
         }
     }
 }
@@ -198,6 +204,7 @@ pub fn pool_choice(
             _ => topo.mems_for_nodes(&cpu_nodes),
         }
     });
+    let (mems, unhonoured) = with_tiers(topo, mems, set);
     Choice {
         policy: PolicyKind::TopologyAware,
         pool,
@@ -207,12 +214,37 @@ pub fn pool_choice(
         mems,
         charge_memory: set.memory && req.memory_limit_bytes.is_some(),
         reason,
-        unhonoured: None,
+        unhonoured,
     }
 }
 
-/// Whether the memory of `nodes` (their single-node pools, with attached memory-only nodes)
-/// has `need` bytes free. A node of unknown size (0) does not constrain.
+/// `cpuset.mems` (its DRAM nodes) with the memory-only nodes of each kind the container asks
+/// for added, the nearest to those nodes; and the first kind it asked for but could not get.
+/// Memory capacity is accounted on DRAM only.
+pub fn with_tiers(
+    topo: &crate::topology::Topology,
+    mems: Option<NodeSet>,
+    set: &Settings,
+) -> (Option<NodeSet>, Option<Unhonoured>) {
+    if !set.memory_types.has_tiers() {
+        return (mems, None);
+    }
+    let Some(dram) = mems else {
+        return (None, Some(Unhonoured::MemoryTypeUnbound));
+    };
+    let mut out = dram;
+    let mut missing = None;
+    for kind in set.memory_types.tiers() {
+        let extra = topo.tier_nodes(&dram, kind);
+        if extra.is_empty() {
+            missing = missing.or(Some(Unhonoured::MemoryType(kind)));
+        }
+        out = out.union(&extra);
+    }
+    (Some(out), missing)
+}
+
+/// Whether the memory of `nodes` (their single-node pools: DRAM) has `need` bytes free. A node of unknown size (0) does not constrain.
 fn nodes_hold_memory(e: &StateView<'_>, nodes: &NodeSet, need: u64) -> bool {
     let topo = e.topology();
     let mut free: u64 = 0;

@@ -194,7 +194,7 @@ fn place(
             if let Some(ex) = pick_exclusive(e, id, n, grain) {
                 let level = topo.pools[id].level;
                 let mut c = pool_choice(e, req, eff, id, ex, Reason::Exclusive(level));
-                c.unhonoured = unhonoured;
+                c.unhonoured = unhonoured.or(c.unhonoured);
                 return Some(c);
             }
         }
@@ -228,7 +228,7 @@ fn place(
         return None;
     }
     let mut c = pool_choice(e, req, eff, pool, CpuSet::new(), reason);
-    c.unhonoured = unhonoured;
+    c.unhonoured = unhonoured.or(c.unhonoured);
     Some(c)
 }
 

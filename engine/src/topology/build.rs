@@ -2,8 +2,8 @@
 //! then the pool tree (machine > socket > die > NUMA node > cluster).
 
 use super::{
-    attach_memory, CpuSet, Level, NumaNode, PoolId, RawTopology, Topology, TopologyError,
-    TreeBuilder,
+    attach_memory, CpuSet, Level, MemoryKind, NumaNode, PoolId, RawTopology, Topology,
+    TopologyError, TreeBuilder,
 };
 use std::collections::BTreeMap;
 
@@ -64,12 +64,19 @@ fn numa_nodes(raw: &RawTopology, online: &CpuSet, max_cpu: usize) -> (Vec<NumaNo
     let mut raw_nodes = raw.nodes.clone();
     raw_nodes.sort_by_key(|n| n.id);
     let node_ids: Vec<u32> = raw_nodes.iter().map(|n| n.id).collect();
+    // The fastest DRAM, by the HMAT's read bandwidth where it is given.
+    let dram_bandwidth = raw_nodes
+        .iter()
+        .filter(|n| !n.cpus.is_empty())
+        .filter_map(|n| n.read_bandwidth)
+        .max();
     let mut nodes: Vec<NumaNode> = raw_nodes
         .iter()
         .map(|n| NumaNode {
             id: n.id,
             cpus: n.cpus.intersection(online),
             memory_bytes: n.memory_bytes,
+            kind: memory_kind(n, dram_bandwidth),
             distances: node_ids
                 .iter()
                 .copied()
@@ -101,6 +108,7 @@ fn numa_nodes(raw: &RawTopology, online: &CpuSet, max_cpu: usize) -> (Vec<NumaNo
                     id: 0,
                     cpus: CpuSet::new(),
                     memory_bytes: 0,
+                    kind: MemoryKind::Dram,
                     distances: vec![(0, 10)],
                 },
             );
@@ -115,6 +123,19 @@ fn numa_nodes(raw: &RawTopology, online: &CpuSet, max_cpu: usize) -> (Vec<NumaNo
         }
     }
     (nodes, cpu_node)
+}
+
+/// What a node's memory is (see [`MemoryKind`]): a node with CPUs (in sysfs, online or not) is
+/// DRAM; a memory-only node is HBM when the HMAT gives it more bandwidth than the fastest DRAM,
+/// else PMEM/CXL.
+fn memory_kind(n: &super::RawNode, dram_bandwidth: Option<u64>) -> MemoryKind {
+    if !n.cpus.is_empty() {
+        return MemoryKind::Dram;
+    }
+    match (n.read_bandwidth, dram_bandwidth) {
+        (Some(own), Some(dram)) if own > dram => MemoryKind::Hbm,
+        _ => MemoryKind::Pmem,
+    }
 }
 
 /// CPUs grouped by a key (cores, clusters), ordered by their first CPU.
