@@ -474,6 +474,50 @@ async fn nri_memory_tiers() {
     cri.remove_all_pods().await.unwrap();
 }
 
+/// The cache level (issue 23 item 4) on the fixture with 4 L3 groups of 8 CPUs per NUMA node,
+/// folded: Burstable 4/8 containers land on L3 groups (`pool=cache<k>` in the grant record),
+/// different ones; with `level: numa` on the node; a metric zone per cache pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_cache_level() {
+    let Some((_g, ctd)) = setup("nri_cache_level") else {
+        return;
+    };
+    let fixture = "synthetic-2s-2numa-64t-8ccx";
+    let agent = Agent::start_on(&ctd, "cache", fixture, &[]).expect("agent");
+    let mut cri = ctd.cri().await.expect("cri");
+    let mut pools = BTreeSet::new();
+    for i in 0..2 {
+        let (_, id) = run_burstable(&mut cri, &format!("l3-{i}")).await.unwrap();
+        let p = placement(&mut cri, &id).await.unwrap();
+        let rec = p.record.as_ref().expect("placed");
+        assert!(rec["pool"].starts_with("cache"), "{p:?}");
+        let seen = logged_cpus(&agent, &id).expect("placed line");
+        assert_eq!(seen.len(), 8, "one L3 group: {seen:?}");
+        assert_eq!(parse_list(&p.cgroup_cpus), fold_in(fixture, &seen), "{p:?}");
+        eprintln!(
+            "burstable 4/8 #{i}: pool {}, cpus {seen:?}, cgroup cpuset {}",
+            rec["pool"], p.cgroup_cpus
+        );
+        pools.insert(rec["pool"].clone());
+    }
+    assert_eq!(pools.len(), 2, "two L3 groups: {pools:?}");
+    let pod = PodSpec::new("numa-level", CgroupQos::Burstable)
+        .annotation("tap.kunpeng.huawei.com/level", "numa");
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(8000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    assert!(
+        p.record.as_ref().unwrap()["pool"].starts_with("socket"),
+        "{p:?}"
+    );
+    let m = agent.metrics_text().unwrap();
+    assert!(m.contains("level=\"cache\""), "cache zones:\n{m}");
+    cri.remove_all_pods().await.unwrap();
+}
+
 /// Burstable 4/8, four of them on four NUMA nodes, Guaranteed exclusive, BestEffort, opt-out
 /// label and annotation, a malformed annotation, removal freeing capacity, memory binding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

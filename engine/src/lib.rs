@@ -41,6 +41,6 @@ pub use request::{ContainerRequest, CoreGrain, Overrides, PolicyKind, Qos};
 pub use state::StateView;
 pub use topology::{Level, MemoryKind, Pool, PoolId, RawTopology, Topology};
 pub use types::{
-    CpusetUpdate, EngineConfig, Existing, Outcome, Placement, Reason, ResourcePriority,
-    RestoreReport, SkipReason, Unhonoured,
+    CacheAffinity, CpusetUpdate, EngineConfig, Existing, Outcome, Placement, Reason,
+    ResourcePriority, RestoreReport, SkipReason, Unhonoured,
 };

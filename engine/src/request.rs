@@ -104,7 +104,7 @@ pub const KEY_PREFIX: &str = "tap.kunpeng.huawei.com/";
 pub const SKIP_KEY: &str = "tap.kunpeng.huawei.com/skip";
 /// Annotation: `numa-aware`, `topology-aware`, or `none` (same as skip).
 pub const POLICY_KEY: &str = "tap.kunpeng.huawei.com/policy";
-/// Annotation: `machine`, `socket`, `die`, `numa`, `cluster` (topology-aware only).
+/// Annotation: `machine`, `socket`, `die`, `numa`, `cache`, `cluster` (topology-aware only).
 pub const LEVEL_KEY: &str = "tap.kunpeng.huawei.com/level";
 /// Annotation: `true`/`false`, bind memory (`cpuset.mems`) to the chosen CPUs' NUMA nodes.
 pub const MEMORY_BINDING_KEY: &str = "tap.kunpeng.huawei.com/memory-binding";
@@ -203,7 +203,7 @@ impl Overrides {
                 None => warnings.push(AnnotationWarning {
                     key: k,
                     value: v.clone(),
-                    expected: "machine, socket, die, numa or cluster",
+                    expected: "machine, socket, die, numa, cache or cluster",
                 }),
             }
         }

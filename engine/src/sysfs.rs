@@ -316,7 +316,34 @@ fn read_cpu<S: FileSource + ?Sized>(
         cluster,
         core,
         numa: nodes.iter().find(|n| n.cpus.contains(id)).map(|n| n.id),
+        llc: read_l3(r, id)?,
     })
+}
+
+/// The CPU's level-3 cache identity: the first CPU of `cache/index<k>/shared_cpu_list` for
+/// the index whose `level` is 3. `None` without cache information; a list that does not parse
+/// or omits the CPU itself counts as none (the cache level is an optimisation, never a reason
+/// to refuse a machine).
+fn read_l3<S: FileSource + ?Sized>(
+    r: &Reader<S>,
+    id: usize,
+) -> Result<Option<u64>, DiscoveryError> {
+    let base = format!("{CPU_DIR}/cpu{id}/cache");
+    for name in r.list_opt(&base)?.unwrap_or_default() {
+        if !name.starts_with("index") {
+            continue;
+        }
+        let level = r.read_opt(&format!("{base}/{name}/level"))?;
+        if level.as_deref().map(str::trim) != Some("3") {
+            continue;
+        }
+        let list = r
+            .read_opt(&format!("{base}/{name}/shared_cpu_list"))?
+            .and_then(|t| CpuSet::parse(t.trim()).ok())
+            .filter(|l| l.contains(id));
+        return Ok(list.and_then(|l| l.first()).map(|c| c as u64));
+    }
+    Ok(None)
 }
 
 /// PCI devices: display controllers and processing accelerators (GPUs, NPUs and the consoles

@@ -2,11 +2,13 @@
 //!
 //! Discovery (see [`crate::sysfs`]) produces a [`RawTopology`]: flat facts per CPU and per NUMA
 //! node. [`Topology::build`] turns it into a tree of pools:
-//! machine > socket > die > NUMA node > cluster, with cores and threads below as CPU sets.
+//! machine > socket > die > NUMA node > cache (L3) > cluster, with cores and threads below as
+//! CPU sets.
 //! A level whose CPUs equal its parent's collapses into the parent (a one-die socket has no die
 //! pool, a one-NUMA die no NUMA pool), and the machine root exists only with several sockets,
-//! as in the reference implementation. Clusters are kept only where they are strictly smaller
-//! than their NUMA node and hold more than one core.
+//! as in the reference implementation. Cache (L3) groups and clusters are kept only where they
+//! are strictly smaller than their NUMA node (a cluster: than its cache group) and hold more
+//! than one core.
 
 mod build;
 use crate::cpu_model::CpuModel;
@@ -28,6 +30,9 @@ pub struct RawCpu {
     /// Identity of the CPU's core: CPUs with equal values are hyperthreads of one core.
     pub core: u64,
     pub numa: Option<u32>,
+    /// Identity of the CPU's last-level (L3) cache: CPUs with equal values share it. `None`
+    /// without cache information.
+    pub llc: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,15 +132,19 @@ pub enum Level {
     Socket,
     Die,
     Numa,
+    /// CPUs sharing a last-level (L3) cache, where that is smaller than their NUMA node (AMD
+    /// CCX/CCD, some Arm clusters).
+    Cache,
     Cluster,
 }
 
 impl Level {
-    pub const ALL: [Level; 5] = [
+    pub const ALL: [Level; 6] = [
         Level::Machine,
         Level::Socket,
         Level::Die,
         Level::Numa,
+        Level::Cache,
         Level::Cluster,
     ];
 
@@ -145,6 +154,7 @@ impl Level {
             Level::Socket => "socket",
             Level::Die => "die",
             Level::Numa => "numa",
+            Level::Cache => "cache",
             Level::Cluster => "cluster",
         }
     }
@@ -155,6 +165,7 @@ impl Level {
             "socket" | "package" => Some(Level::Socket),
             "die" => Some(Level::Die),
             "numa" | "node" | "numa-node" => Some(Level::Numa),
+            "cache" | "llc" | "l3" => Some(Level::Cache),
             "cluster" => Some(Level::Cluster),
             _ => None,
         }
@@ -231,6 +242,8 @@ pub struct Topology {
     pub cores: Vec<CpuSet>,
     /// Cluster CPU groups (empty without cluster information).
     pub clusters: Vec<CpuSet>,
+    /// Last-level (L3) cache CPU groups (empty without cache information).
+    pub caches: Vec<CpuSet>,
     pub sockets: usize,
     pub dies: usize,
     /// The CPU model, as discovery's caller identified it.
@@ -539,6 +552,7 @@ pub(crate) mod fixtures {
                                 cluster: Some((node * clusters_per_numa + cl) as u64),
                                 core: id as u64,
                                 numa: Some(node),
+                                llc: None,
                             });
                             set.insert(id);
                             id += 1;

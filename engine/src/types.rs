@@ -28,6 +28,27 @@ impl ResourcePriority {
     }
 }
 
+/// Whether topology-aware places containers on cache (L3) pools, where a last-level cache is
+/// smaller than its NUMA node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheAffinity {
+    /// Cache pools are candidates like the others (the default).
+    #[default]
+    On,
+    /// Cache pools only for a Pod that asks for `level: cache`.
+    Off,
+}
+
+impl CacheAffinity {
+    pub fn parse(s: &str) -> Option<CacheAffinity> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "on" | "true" => Some(CacheAffinity::On),
+            "off" | "false" => Some(CacheAffinity::Off),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineConfig {
     pub policy: PolicyKind,
@@ -49,6 +70,8 @@ pub struct EngineConfig {
     pub confine_best_effort: bool,
     /// How exclusive CPUs are taken from cores (whole cores by default).
     pub exclusive_cores: CoreGrain,
+    /// Let topology-aware place containers on cache (L3) pools.
+    pub cache_affinity: CacheAffinity,
 }
 
 impl Default for EngineConfig {
@@ -64,6 +87,7 @@ impl Default for EngineConfig {
             annotations_allowed: true,
             confine_best_effort: false,
             exclusive_cores: CoreGrain::WholeCores,
+            cache_affinity: CacheAffinity::On,
         }
     }
 }
@@ -125,6 +149,8 @@ pub enum Unhonoured {
     SiblingPairSize,
     /// `memory-type`: the machine has no memory of this kind; DRAM only.
     MemoryType(MemoryKind),
+    /// `level`: no pool of this level fits (or the machine has none); the root instead.
+    Level(Level),
     /// `memory-type` with memory binding turned off for the container (`memory-binding:
     /// false`): no `cpuset.mems` is set.
     MemoryTypeUnbound,
@@ -137,6 +163,7 @@ impl Unhonoured {
             Unhonoured::WholeCores { .. } => "whole_cores",
             Unhonoured::SiblingPair | Unhonoured::SiblingPairSize => "sibling_pair",
             Unhonoured::MemoryType(_) | Unhonoured::MemoryTypeUnbound => "memory_type",
+            Unhonoured::Level(_) => "level",
         }
     }
 }
@@ -158,6 +185,10 @@ impl fmt::Display for Unhonoured {
             Unhonoured::MemoryType(k) => {
                 write!(f, "memory-type {k}: this machine has no {k} memory; DRAM only")
             }
+            Unhonoured::Level(l) => write!(
+                f,
+                "level {l}: no {l} pool fits (full, or this machine has none); the whole machine instead"
+            ),
             Unhonoured::MemoryTypeUnbound => f.write_str(
                 "memory-type: memory binding is off for this container (memory-binding: false); mems not set",
             ),

@@ -34,6 +34,7 @@ fn shape(sockets: u32, numa: u32, cpus: usize, mem_gib: u64) -> Arc<Topology> {
                 cluster: None,
                 core: id as u64,
                 numa: Some(node),
+                llc: None,
             });
             set.insert(id);
         }

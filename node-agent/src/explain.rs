@@ -51,14 +51,20 @@ const SAMPLES: [Sample; 10] = [
     ),
 ];
 
-/// The pool tree, one line per pool; cluster pools only when cluster affinity is on (they are
-/// not placed on otherwise), else a note saying why not (`off`).
-fn pool_tree(topo: &Topology, clusters: bool, off: &str) -> String {
+/// The pool tree, one line per pool; cluster pools only when cluster affinity is on and cache
+/// pools only when cache affinity is (they are not placed on otherwise), else a note saying
+/// why not (`off`).
+fn pool_tree(topo: &Topology, clusters: bool, caches: bool, off: &str) -> String {
     let mut out = String::new();
     let mut hidden = 0usize;
+    let mut hidden_caches = 0usize;
     for p in topo.walk() {
         if p.level == Level::Cluster && !clusters {
             hidden += 1;
+            continue;
+        }
+        if p.level == Level::Cache && !caches {
+            hidden_caches += 1;
             continue;
         }
         let _ = writeln!(
@@ -75,6 +81,12 @@ fn pool_tree(topo: &Topology, clusters: bool, off: &str) -> String {
     }
     if hidden > 0 {
         let _ = writeln!(out, "  ({hidden} cluster pools not shown: {off})");
+    }
+    if hidden_caches > 0 {
+        let _ = writeln!(
+            out,
+            "  ({hidden_caches} cache pools not shown: --cache-affinity is off)"
+        );
     }
     out
 }
@@ -201,11 +213,22 @@ fn policy_lines(agent: &Agent) -> String {
         None => "--topology-cluster-affinity is off".to_string(),
     };
     let mut out = String::from("pool tree:\n");
-    out.push_str(&pool_tree(agent.topology(), cfg.cluster_affinity, &off));
+    let caches = cfg.cache_affinity == tap_engine::CacheAffinity::On;
+    out.push_str(&pool_tree(
+        agent.topology(),
+        cfg.cluster_affinity,
+        caches,
+        &off,
+    ));
     let _ = writeln!(
         out,
-        "policy: {} (memory topology {}, cluster affinity {}, exclusive CPUs {})",
-        cfg.policy, cfg.memory_topology, cfg.cluster_affinity, cfg.exclusive_cpus
+        "policy: {} (memory topology {}, cluster affinity {}, cache affinity {}, exclusive CPUs {} in {} cores)",
+        cfg.policy,
+        cfg.memory_topology,
+        cfg.cluster_affinity,
+        caches,
+        cfg.exclusive_cpus,
+        cfg.exclusive_cores
     );
     if let Some(o) = clusters_off {
         let _ = writeln!(out, "  {o}");
@@ -372,5 +395,21 @@ mod tests {
             ),
             "{flat}"
         );
+    }
+
+    /// L3 groups smaller than a NUMA node are cache pools in the tree, and the small samples
+    /// land on one; `--cache-affinity=off` hides them.
+    #[test]
+    fn cache_pools_are_listed_and_used() {
+        let out = explain(&agent_on("synthetic-2s-2numa-64t-8ccx", false));
+        assert!(
+            out.contains("    cache0 [cache] cpus 0-3,32-35 (8) mems 0"),
+            "{out}"
+        );
+        assert!(
+            out.contains("burstable-4-8    -> cpus 0-3,32-35 (cache0): fits one cache"),
+            "{out}"
+        );
+        assert!(out.contains("cache affinity true"), "{out}");
     }
 }

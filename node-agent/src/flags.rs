@@ -5,7 +5,8 @@ use clap::Parser;
 use std::path::PathBuf;
 use std::time::Duration;
 use tap_engine::{
-    ClusterAffinityRule, CoreGrain, CpuSet, EngineConfig, PolicyKind, ResourcePriority,
+    CacheAffinity, ClusterAffinityRule, CoreGrain, CpuSet, EngineConfig, PolicyKind,
+    ResourcePriority,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +75,10 @@ fn parse_core_grain(s: &str) -> Result<CoreGrain, String> {
             "unknown exclusive core grain {s:?}: use whole or threads (sibling-pair is per Pod)"
         )),
     }
+}
+
+fn parse_cache_affinity(s: &str) -> Result<CacheAffinity, String> {
+    CacheAffinity::parse(s).ok_or_else(|| format!("unknown cache affinity {s:?}: use on or off"))
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -200,6 +205,12 @@ pub struct Flags {
     /// any `threads` (whole cores first). Per Pod: the `exclusive-cores` annotation.
     #[arg(help_heading = "Policy", long, default_value = "whole", value_parser = parse_core_grain)]
     pub exclusive_cores: CoreGrain,
+
+    /// Cache (L3) pools between the NUMA node and the core, where CPUs share a last-level cache
+    /// smaller than their NUMA node (`cpu*/cache/index*/shared_cpu_list`, level 3): `on` (the
+    /// default) or `off` (only for Pods that ask for `level: cache`).
+    #[arg(help_heading = "Policy", long, default_value = "on", value_parser = parse_cache_affinity)]
+    pub cache_affinity: CacheAffinity,
 
     /// Confine BestEffort containers to one pool or NUMA node like the others (charged
     /// nothing); by default they run on the machine's shared CPUs, as the kubelet leaves them.
@@ -328,6 +339,7 @@ impl Flags {
             annotations_allowed: true,
             confine_best_effort: self.confine_best_effort,
             exclusive_cores: self.exclusive_cores,
+            cache_affinity: self.cache_affinity,
         }
     }
 

@@ -232,14 +232,18 @@ impl Collector for UsageCollector {
                     .unwrap_or_default(),
             })?,
         )?;
-        let (pools, cluster_affinity) = figures
-            .map(|f| (f.pools, f.config.cluster_affinity))
+        let (pools, cluster_affinity, cache_affinity) = figures
+            .map(|f| {
+                let caches = f.config.cache_affinity == tap_engine::CacheAffinity::On;
+                (f.pools, f.config.cluster_affinity, caches)
+            })
             .unwrap_or_default();
-        // Cluster pools hold containers only with cluster affinity; without it their series
-        // would only repeat their NUMA node's CPUs.
+        // Cluster (and cache) pools hold containers only with cluster (cache) affinity; without
+        // it their series would only repeat their NUMA node's CPUs.
         let pools: Vec<PoolStatus> = pools
             .into_iter()
             .filter(|p| cluster_affinity || p.level != Level::Cluster)
+            .filter(|p| cache_affinity || p.level != Level::Cache)
             .collect();
         let labels: Vec<ZoneLabels> = pools
             .iter()

@@ -248,9 +248,11 @@ impl Engine {
         cpus: &CpuSet,
         req: &crate::request::ContainerRequest,
     ) -> usize {
-        let clusters = self.cfg.cluster_affinity || req.overrides.level == Some(Level::Cluster);
+        let set = crate::policy::Settings::new(&self.cfg, req);
+        let off =
+            |l: Level| (l == Level::Cluster && !set.clusters) || (l == Level::Cache && !set.caches);
         let mut pool = self.topo.deepest_pool_containing(cpus);
-        while self.topo.pools[pool].level == Level::Cluster && !clusters {
+        while off(self.topo.pools[pool].level) {
             match self.topo.pools[pool].parent {
                 Some(p) => pool = p,
                 None => break,

@@ -1,7 +1,7 @@
 //! Placement policies: the [`Policy`] trait, the settings of one request, and the dispatch
 //! that every request goes through before a policy sees it.
 //!
-//! - [`topology_aware`]: the pool tree (machine > socket > die > NUMA > cluster), exclusive
+//! - [`topology_aware`]: the pool tree (machine > socket > die > NUMA > cache > cluster), exclusive
 //!   CPUs for Guaranteed integer-CPU containers.
 //! - [`numa_aware`]: the smallest set of nearest NUMA nodes that holds the container's size.
 //! - Before either: a `kube-system` Pod gets the whole machine, and a BestEffort container
@@ -73,6 +73,8 @@ pub struct Settings {
     pub level: Option<Level>,
     /// Cluster pools may be chosen.
     pub clusters: bool,
+    /// Cache (L3) pools may be chosen.
+    pub caches: bool,
     /// Exclusive CPUs for Guaranteed integer-CPU containers.
     pub exclusive: bool,
     pub confine_best_effort: bool,
@@ -99,6 +101,8 @@ impl Settings {
                 .unwrap_or(cfg.memory_topology || o.memory_types.is_some_and(|t| t.has_tiers())),
             level: o.level,
             clusters: cfg.cluster_affinity || o.level == Some(Level::Cluster),
+            caches: cfg.cache_affinity == crate::types::CacheAffinity::On
+                || o.level == Some(Level::Cache),
             exclusive: cfg.exclusive_cpus && o.exclusive.unwrap_or(true),
             confine_best_effort: o.confine_best_effort.unwrap_or(cfg.confine_best_effort),
             cores: o.exclusive_cores.unwrap_or(cfg.exclusive_cores),

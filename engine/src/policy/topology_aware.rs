@@ -1,4 +1,4 @@
-//! `topology-aware`: the pool tree (machine > socket > die > NUMA > cluster). Among pools whose
+//! `topology-aware`: the pool tree (machine > socket > die > NUMA > cache > cluster). Among pools whose
 //! free request capacity (and that of every ancestor below the root) covers the request, the
 //! best by: below the root (the root is the last resort); device affinity first with
 //! `gpu-first`; holds the limit too; deeper; device affinity with `cpu-first`; more free
@@ -56,8 +56,12 @@ fn limit_room(e: &StateView<'_>, id: PoolId) -> i128 {
     i128::from(e.capacity_milli(id)) - i128::from(e.pool_load(id).limit_milli)
 }
 
-fn matches_level(p: &Pool, level: Level) -> bool {
-    p.level == level || (level == Level::Numa && p.numa_nodes.len() == 1 && p.level < Level::Numa)
+/// Whether `p` is a pool of `level`, or stands for one: a NUMA node collapsed into its socket
+/// or die, an L3 group equal to its NUMA pool (or socket) where the cache is not smaller.
+fn matches_level(topo: &crate::topology::Topology, p: &Pool, level: Level) -> bool {
+    p.level == level
+        || (level == Level::Numa && p.numa_nodes.len() == 1 && p.level < Level::Numa)
+        || (level == Level::Cache && p.level <= Level::Numa && topo.caches.contains(&p.cpus))
 }
 
 /// Whether `pool` and every ancestor below the root have room for the request.
@@ -142,8 +146,11 @@ fn place(
         if p.level == Level::Cluster && !eff.clusters {
             return false;
         }
+        if p.level == Level::Cache && !eff.caches {
+            return false;
+        }
         if let Some(l) = eff.level {
-            if !matches_level(p, l) {
+            if !matches_level(topo, p, l) {
                 return false;
             }
         }
@@ -220,7 +227,10 @@ fn place(
     let (pool, reason) = match best {
         Some((_, id)) => (id, Reason::Fits(topo.pools[id].level)),
         None => match eff.level {
-            Some(l) => (0, Reason::ForcedLevelUnavailable(l)),
+            Some(l) => {
+                unhonoured = unhonoured.or(Some(Unhonoured::Level(l)));
+                (0, Reason::ForcedLevelUnavailable(l))
+            }
             None => (0, Reason::Fallback),
         },
     };

@@ -13,6 +13,7 @@ pub(super) fn build(raw: &RawTopology) -> Result<Topology, TopologyError> {
     let (nodes, cpu_node) = numa_nodes(raw, &online, max_cpu);
     let cores = groups(raw, |c| Some((c.package, c.die, c.core)));
     let clusters = groups(raw, |c| c.cluster.map(|cl| (c.package, c.die, cl)));
+    let caches = groups(raw, |c| c.llc.map(|l| (c.package, l)));
     let cpu_core = index_of(&cores, max_cpu);
     let cpu_cluster = index_of(&clusters, max_cpu);
     let mut sockets: BTreeMap<u32, CpuSet> = BTreeMap::new();
@@ -23,7 +24,15 @@ pub(super) fn build(raw: &RawTopology) -> Result<Topology, TopologyError> {
     }
     let socket_sets: Vec<CpuSet> = sockets.values().copied().collect();
     let die_sets: Vec<CpuSet> = dies.values().copied().collect();
-    let mut pools = pool_tree(online, &socket_sets, &die_sets, &nodes, &cores, &clusters);
+    let shapes = Shapes {
+        sockets: &socket_sets,
+        dies: &die_sets,
+        nodes: &nodes,
+        cores: &cores,
+        caches: &caches,
+        clusters: &clusters,
+    };
+    let mut pools = pool_tree(online, &shapes);
     attach_memory(&mut pools, &nodes);
     Ok(Topology {
         online,
@@ -33,6 +42,7 @@ pub(super) fn build(raw: &RawTopology) -> Result<Topology, TopologyError> {
         pools,
         cores,
         clusters,
+        caches,
         sockets: sockets.len(),
         dies: dies.len(),
         cpu: raw.cpu.clone(),
@@ -162,18 +172,30 @@ fn index_of(groups: &[CpuSet], max_cpu: usize) -> Vec<u32> {
     out
 }
 
+/// The CPU groups the pool tree is made of.
+struct Shapes<'a> {
+    sockets: &'a [CpuSet],
+    dies: &'a [CpuSet],
+    nodes: &'a [NumaNode],
+    cores: &'a [CpuSet],
+    caches: &'a [CpuSet],
+    clusters: &'a [CpuSet],
+}
+
 /// The pool tree. The machine is a real pool only with several sockets; with one socket the
 /// socket is the root (named after its level), as in the reference. A die is a pool only where
-/// it holds several NUMA nodes and is smaller than its socket; a cluster only where it has
-/// several cores inside one NUMA pool. A level equal to its parent collapses into it.
-fn pool_tree(
-    online: CpuSet,
-    sockets: &[CpuSet],
-    dies: &[CpuSet],
-    nodes: &[NumaNode],
-    cores: &[CpuSet],
-    clusters: &[CpuSet],
-) -> Vec<super::Pool> {
+/// it holds several NUMA nodes and is smaller than its socket; a cache (L3) group and a cluster
+/// only where they have several cores inside one NUMA pool (a cluster inside its cache group).
+/// A level equal to its parent collapses into it.
+fn pool_tree(online: CpuSet, shapes: &Shapes<'_>) -> Vec<super::Pool> {
+    let Shapes {
+        sockets,
+        dies,
+        nodes,
+        cores,
+        caches,
+        clusters,
+    } = *shapes;
     let mut b = TreeBuilder { pools: Vec::new() };
     let several = sockets.len() > 1;
     let root = b.push(
@@ -218,16 +240,21 @@ fn pool_tree(
             .or_else(|| b.deepest_containing(&socket_pools, &n.cpus));
         numa_pools.push(b.push_or_collapse(Level::Numa, n.id as usize, parent, n.cpus));
     }
-    for (i, set) in clusters.iter().enumerate() {
-        let n_cores = cores.iter().filter(|c| c.is_subset(set)).count();
-        if n_cores < 2 {
-            continue;
-        }
-        if let Some(parent) = b.deepest_containing(&numa_pools, set) {
-            if b.pools[parent].cpus != *set {
-                b.push(Level::Cluster, i, Some(parent), *set);
+    let mut parents = numa_pools.clone();
+    for (level, groups) in [(Level::Cache, caches), (Level::Cluster, clusters)] {
+        let mut added = Vec::new();
+        for (i, set) in groups.iter().enumerate() {
+            let n_cores = cores.iter().filter(|c| c.is_subset(set)).count();
+            if n_cores < 2 {
+                continue;
+            }
+            if let Some(parent) = b.deepest_containing(&parents, set) {
+                if b.pools[parent].cpus != *set {
+                    added.push(b.push(level, i, Some(parent), *set));
+                }
             }
         }
+        parents.extend(added);
     }
     b.pools
 }
