@@ -155,3 +155,26 @@ fn hidden_hyperthreads_show_one_thread_per_core_and_follow_updates() {
     );
     assert_eq!(e.grant("b").unwrap().cpus, up.cpus);
 }
+
+/// A restarted agent reads a hidden-hyperthread grant back from its record: the live cpuset
+/// (one thread per core) agrees with the record's exclusive cores.
+#[test]
+fn hidden_hyperthreads_restore_from_the_record() {
+    let mut e = engine(SMT, EngineConfig::default());
+    let mut r = guaranteed("g", 4);
+    r.overrides.hide_hyperthreads = Some(true);
+    let p = placed(e.create(&r));
+    let record = e.record("g");
+    let mut fresh = engine(SMT, EngineConfig::default());
+    let report = fresh.restore(&[tap_engine::Existing {
+        request: r,
+        cpus: Some(p.cpus),
+        mems: None,
+        record,
+    }]);
+    assert_eq!(report.from_record, 1, "{report:?}");
+    assert!(report.updates.is_empty(), "{report:?}");
+    let g = fresh.grant("g").unwrap();
+    assert_eq!(g.exclusive, e.grant("g").unwrap().exclusive);
+    assert_eq!(g.cpus, p.cpus);
+}
