@@ -518,6 +518,71 @@ async fn nri_cache_level() {
     cri.remove_all_pods().await.unwrap();
 }
 
+/// `numa-policy: exclusive` (issue 23 item 2) on the 4-node fixture, folded: the Pod gets every
+/// CPU of one node (its grant record), a BestEffort container started next runs without them,
+/// Burstable containers go to the other nodes, and a second exclusive Pod with no free node is
+/// left unpinned with the metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_numa_exclusive() {
+    let Some((_g, ctd)) = setup("nri_numa_exclusive") else {
+        return;
+    };
+    let agent = Agent::start(&ctd, "numa-exclusive", &[]).expect("agent");
+    let mut cri = ctd.cri().await.expect("cri");
+    let exclusive = |name: &str| {
+        PodSpec::new(name, CgroupQos::Burstable)
+            .annotation("tap.kunpeng.huawei.com/numa-policy", "exclusive")
+    };
+    let sb = cri.run_pod(&exclusive("whole-node")).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(4000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    let rec = p.record.as_ref().expect("placed");
+    let node: usize = rec["n"].parse().expect("one node");
+    let x = parse_list(&rec["x"]);
+    assert_eq!(x, node_cpus(node), "every CPU of node {node}: {p:?}");
+    assert_eq!(parse_list(&p.cgroup_cpus), fold(&x), "{p:?}");
+    eprintln!(
+        "numa-policy exclusive: node {node}, x={}, cgroup cpuset {}",
+        rec["x"], p.cgroup_cpus
+    );
+
+    let sb = cri
+        .run_pod(&PodSpec::new("be", CgroupQos::BestEffort))
+        .await
+        .unwrap();
+    let be = cri
+        .run_container(&sb, &ContainerSpec::sleeper("app"))
+        .await
+        .unwrap();
+    placement(&mut cri, &be).await.unwrap();
+    let seen = logged_cpus(&agent, &be).expect("placed line");
+    assert!(
+        seen.is_disjoint(&x) && seen.len() == 72,
+        "BestEffort: {seen:?}"
+    );
+    for i in 0..3 {
+        let (_, id) = run_burstable(&mut cri, &format!("b{i}")).await.unwrap();
+        let p = placement(&mut cri, &id).await.unwrap();
+        assert_ne!(assert_placed_on_node(&p, "burstable"), node, "{p:?}");
+    }
+    let sb = cri.run_pod(&exclusive("no-node-left")).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(4000)))
+        .await
+        .unwrap();
+    assert_untouched(&placement(&mut cri, &id).await.unwrap(), "no free node");
+    let m = agent.metrics_text().unwrap();
+    assert!(
+        m.lines()
+            .any(|l| l.contains("kind=\"exclusive_numa\"") && l.ends_with(" 1")),
+        "{m}"
+    );
+    cri.remove_all_pods().await.unwrap();
+}
+
 /// Burstable 4/8, four of them on four NUMA nodes, Guaranteed exclusive, BestEffort, opt-out
 /// label and annotation, a malformed annotation, removal freeing capacity, memory binding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -210,10 +210,17 @@ impl Engine {
     }
 
     /// Why a new container's choice may not be taken: a strict NUMA policy with more than one
-    /// NUMA node.
+    /// NUMA node, an exclusive one without a whole node.
     fn refusal(&self, req: &ContainerRequest, choice: &Choice) -> Option<SkipReason> {
-        let strict = self.cfg.annotations_allowed
-            && req.overrides.numa_policy == Some(crate::request::NumaPolicy::Strict);
+        use crate::request::NumaPolicy;
+        let policy = req
+            .overrides
+            .numa_policy
+            .filter(|_| self.cfg.annotations_allowed);
+        if policy == Some(NumaPolicy::Exclusive) && choice.reason != Reason::ExclusiveNuma {
+            return Some(SkipReason::NoFreeNumaNode);
+        }
+        let strict = policy == Some(NumaPolicy::Strict);
         let nodes = if choice.exclusive.is_empty() {
             choice.nodes.len()
         } else {
@@ -227,9 +234,12 @@ impl Engine {
         let Some(old) = self.grants.get(req.id.as_str()).cloned() else {
             return self.create(req);
         };
+        // A whole NUMA node (`numa-policy: exclusive`) stays the container's whatever its size.
+        let whole_node = old.is_exclusive()
+            && req.overrides.numa_policy == Some(crate::request::NumaPolicy::Exclusive);
         let unchanged = old.request_milli == req.cpu_request_milli
             && old.limit_milli == req.cpu_limit_milli
-            && old.exclusive.len() == req.exclusive_cpus().unwrap_or(0);
+            && (whole_node || old.exclusive.len() == req.exclusive_cpus().unwrap_or(0));
         if unchanged {
             return Outcome::Placed(Placement {
                 cpus: old.cpus,
@@ -317,7 +327,7 @@ impl Engine {
             .collect::<smallvec_like::Ancestors>()
         {
             let l = &mut self.pool_load[a];
-            l.request_milli = step(l.request_milli, g.request_milli);
+            l.request_milli = step(l.request_milli, g.charged_request());
             l.limit_milli = step(l.limit_milli, g.limit_milli.unwrap_or(0));
             l.memory_bytes = step(l.memory_bytes, g.memory_bytes);
             l.exclusive_cpus = step32(l.exclusive_cpus, excl);
@@ -344,7 +354,8 @@ impl Engine {
             };
             // Even split; the first node takes the remainder so the sum is exact.
             let extra = |v: u64| if i == 0 { v % n } else { 0 };
-            let r = (g.request_milli / n).saturating_add(extra(g.request_milli));
+            let req = g.charged_request();
+            let r = (req / n).saturating_add(extra(req));
             let l = (lim / n).saturating_add(extra(lim));
             let load = &mut self.node_load[pos];
             if add {

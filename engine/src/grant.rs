@@ -41,6 +41,15 @@ impl Grant {
         }
     }
 
+    /// The request charged to the grant's pool and nodes: its request, and at least its
+    /// exclusive CPUs (a `numa-policy: exclusive` grant holds a whole node whatever it asked).
+    pub fn charged_request(&self) -> u64 {
+        let excl = u64::try_from(self.exclusive.len())
+            .unwrap_or(u64::MAX)
+            .saturating_mul(1000);
+        self.request_milli.max(excl)
+    }
+
     pub fn is_exclusive(&self) -> bool {
         !self.exclusive.is_empty()
     }

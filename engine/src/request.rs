@@ -114,7 +114,8 @@ pub const EXCLUSIVE_KEY: &str = "tap.kunpeng.huawei.com/exclusive-cpus";
 /// the others (`false`, the default: the machine's shared CPUs).
 pub const CONFINE_BEST_EFFORT_KEY: &str = "tap.kunpeng.huawei.com/confine-best-effort";
 /// Annotation: `strict` (one NUMA node or no placement: the container starts on all CPUs, with
-/// a Warning Event) or `preferred` (the default: the nearest fit, wider if need be).
+/// a Warning Event), `preferred` (the default: the nearest fit, wider if need be) or
+/// `exclusive` (a whole NUMA node to itself, or no placement).
 pub const NUMA_POLICY_KEY: &str = "tap.kunpeng.huawei.com/numa-policy";
 /// Annotation: how exclusive CPUs are taken: `whole` (whole cores only, the default, as the
 /// kubelet's `full-pcpus-only`), `threads` (any hyperthreads, whole cores first) or
@@ -213,7 +214,7 @@ impl Overrides {
                 None => warnings.push(AnnotationWarning {
                     key: k,
                     value: v.clone(),
-                    expected: "strict or preferred",
+                    expected: "strict, preferred or exclusive",
                 }),
             }
         }
@@ -265,6 +266,9 @@ pub enum NumaPolicy {
     Preferred,
     /// One NUMA node or no placement at all (the container is left on all CPUs).
     Strict,
+    /// A whole NUMA node to itself: every usable CPU of a node that holds nothing else, taken
+    /// out of every shared cpuset while it runs; no such node, no placement (as `Strict`).
+    Exclusive,
 }
 
 impl NumaPolicy {
@@ -272,6 +276,7 @@ impl NumaPolicy {
         match s.trim().to_ascii_lowercase().as_str() {
             "preferred" => Some(NumaPolicy::Preferred),
             "strict" => Some(NumaPolicy::Strict),
+            "exclusive" => Some(NumaPolicy::Exclusive),
             _ => None,
         }
     }

@@ -121,6 +121,8 @@ pub enum SkipReason {
     NoCapacity,
     /// `numa-policy: strict` and no single NUMA node holds the container.
     NoSingleNumaNode,
+    /// `numa-policy: exclusive` and no NUMA node is free of other containers (or holds it).
+    NoFreeNumaNode,
 }
 
 impl fmt::Display for SkipReason {
@@ -131,6 +133,9 @@ impl fmt::Display for SkipReason {
             SkipReason::NoCapacity => "no shared CPUs left to place on",
             SkipReason::NoSingleNumaNode => {
                 "numa-policy strict: no single NUMA node holds the container"
+            }
+            SkipReason::NoFreeNumaNode => {
+                "numa-policy exclusive: no NUMA node is free of other containers and holds this one"
             }
         })
     }
@@ -213,6 +218,8 @@ pub enum Reason {
     BestEffort,
     /// A forced level (annotation) that had no pool that fits: the root instead.
     ForcedLevelUnavailable(Level),
+    /// `numa-policy: exclusive`: a whole NUMA node, free of other containers.
+    ExclusiveNuma,
 }
 
 impl fmt::Display for Reason {
@@ -228,6 +235,7 @@ impl fmt::Display for Reason {
             Reason::ForcedLevelUnavailable(l) => {
                 write!(f, "no {l} pool fits the requested level; using the root")
             }
+            Reason::ExclusiveNuma => f.write_str("numa-policy exclusive: a whole NUMA node"),
         }
     }
 }

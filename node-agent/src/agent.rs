@@ -436,6 +436,12 @@ impl Agent {
                             .count_error(hook, crate::metrics::ErrorKind::StrictNuma);
                         self.note(hook, c, crate::notes::Kind::FailedOpen, msg);
                     }
+                    tap_engine::SkipReason::NoFreeNumaNode => {
+                        let msg = format!("left on all CPUs: {why}");
+                        self.metrics
+                            .count_error(hook, crate::metrics::ErrorKind::ExclusiveNuma);
+                        self.note(hook, c, crate::notes::Kind::FailedOpen, msg);
+                    }
                     _ => {}
                 }
                 Adjustment::default()
@@ -744,6 +750,38 @@ mod tests {
         assert!(
             m.lines()
                 .any(|l| l.contains("kind=\"strict_numa\"") && l.ends_with(" 1")),
+            "{m}"
+        );
+    }
+
+    /// `numa-policy: exclusive` with no free node: left on all CPUs, a `TopologyNotPlaced` note
+    /// and `tap_errors_total{kind="exclusive_numa"}`; with a free node, the whole node.
+    #[test]
+    fn an_exclusive_numa_policy_gets_a_whole_node_or_is_left_unpinned() {
+        let a = agent("synthetic-2s-4numa-96c-gpu");
+        let mut rx = a.notes().attach().expect("notes");
+        let excl = |id: &str| {
+            let mut c = burstable(id, 2, 4);
+            c.pod.annotations.insert(
+                "tap.kunpeng.huawei.com/numa-policy".into(),
+                "exclusive".into(),
+            );
+            c
+        };
+        assert_eq!(shown(a.create(&excl("x0")).cpus).as_deref(), Some("0-23"));
+        for i in 1..3 {
+            assert!(a.create(&excl(&format!("x{i}"))).cpus.is_some());
+        }
+        let _ = std::iter::from_fn(|| rx.try_recv().ok()).count();
+        // The fourth node is free, but the machine keeps shared CPUs.
+        assert!(a.create(&excl("x3")).is_empty(), "no node left");
+        let n = rx.try_recv().expect("a note");
+        assert_eq!(n.reason(), "TopologyNotPlaced");
+        assert!(n.message.contains("numa-policy exclusive"), "{n:?}");
+        let m = a.metrics().render();
+        assert!(
+            m.lines()
+                .any(|l| l.contains("kind=\"exclusive_numa\"") && l.ends_with(" 1")),
             "{m}"
         );
     }

@@ -4,7 +4,9 @@ use crate::agent::{Agent, ContainerInfo, PodInfo};
 use std::fmt::Write as _;
 use tap_engine::cpu_model::{CpuModel, CpuModelSource};
 use tap_engine::devices::{DeviceKind, DeviceScheme};
-use tap_engine::request::{EXCLUSIVE_CORES_KEY, HIDE_HYPERTHREADS_KEY, MEMORY_TYPE_KEY};
+use tap_engine::request::{
+    EXCLUSIVE_CORES_KEY, HIDE_HYPERTHREADS_KEY, MEMORY_TYPE_KEY, NUMA_POLICY_KEY,
+};
 use tap_engine::topology::{Level, PciDevice, Topology};
 
 /// A sample container: name, QoS cgroup, request CPUs, limit CPUs, Pod annotations.
@@ -16,7 +18,7 @@ type Sample = (
     &'static [(&'static str, &'static str)],
 );
 
-const SAMPLES: [Sample; 10] = [
+const SAMPLES: [Sample; 11] = [
     ("burstable-4-8", "burstable", 4, Some(8), &[]),
     // Small enough for one cluster (a Kunpeng's 4 cores, a test guest's 2).
     ("burstable-1-2", "burstable", 1, Some(2), &[]),
@@ -49,7 +51,18 @@ const SAMPLES: [Sample; 10] = [
         Some(2),
         &[(MEMORY_TYPE_KEY, "dram,pmem")],
     ),
+    // A whole NUMA node, if one is still free of the samples above.
+    PROBE,
 ];
+
+/// `numa-policy: exclusive`: shown alone on the empty machine first, and after the others.
+const PROBE: Sample = (
+    "numa-exclusive-2-4",
+    "burstable",
+    2,
+    Some(4),
+    &[(NUMA_POLICY_KEY, "exclusive")],
+);
 
 /// The pool tree, one line per pool; cluster pools only when cluster affinity is on and cache
 /// pools only when cache affinity is (they are not placed on otherwise), else a note saying
@@ -239,49 +252,66 @@ fn policy_lines(agent: &Agent) -> String {
 /// What the policy decides for the sample containers, placed one after the other.
 fn sample_lines(agent: &Agent) -> String {
     let mut out = String::new();
+    let mut notes = agent.notes().attach();
+    // Alone on the empty machine, then removed: a whole NUMA node.
+    let _ = writeln!(out, "alone on the empty machine, then removed:");
+    let probe = sample_container(usize::MAX, &PROBE);
+    let line = sample_line(agent, &mut notes, &probe);
+    let _ = writeln!(out, "  {:<16} -> {line}", PROBE.0);
+    agent.remove(&probe.id);
     let _ = writeln!(
         out,
         "sample decisions (each placed after the ones above it): cpus (pool), mems: why"
     );
-    let mut notes = agent.notes().attach();
-    for (i, (name, qos, req, lim, annotations)) in SAMPLES.iter().enumerate() {
-        let c = ContainerInfo {
-            id: format!("sample-{i}"),
-            name: (*name).into(),
-            pod: PodInfo {
-                name: (*name).into(),
-                namespace: "default".into(),
-                cgroup_parent: Some(format!("/kubepods/{qos}")),
-                annotations: annotations
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                ..Default::default()
-            },
-            cpu_shares: Some(if *req == 0 { 2 } else { req * 1024 }),
-            cpu_quota: lim.map(|l| (l * 100_000) as i64),
-            cpu_period: Some(100_000),
-            ..Default::default()
-        };
-        let adj = agent.create(&c);
-        // The notes the agent made for the Pod Events say where and why, and what it could not
-        // honour.
-        let mut said = Vec::new();
-        while let Some(n) = notes.as_mut().and_then(|rx| rx.try_recv().ok()) {
-            said.push(match n.kind {
-                crate::notes::Kind::NotHonoured => format!("not honoured: {}", n.message),
-                _ => n.message,
-            });
-        }
-        let why = (!said.is_empty()).then(|| said.join("; "));
-        let line = match (why, adj.cpus) {
-            (Some(w), _) => w,
-            (None, Some(cpus)) => format!("cpus {cpus}"),
-            (None, None) => "unchanged".into(),
-        };
-        let _ = writeln!(out, "  {name:<16} -> {line}");
+    for (i, sample) in SAMPLES.iter().enumerate() {
+        let line = sample_line(agent, &mut notes, &sample_container(i, sample));
+        let _ = writeln!(out, "  {:<16} -> {line}", sample.0);
     }
     out
+}
+
+/// The container of sample `i`.
+fn sample_container(i: usize, (name, qos, req, lim, annotations): &Sample) -> ContainerInfo {
+    ContainerInfo {
+        id: format!("sample-{i}"),
+        name: (*name).into(),
+        pod: PodInfo {
+            name: (*name).into(),
+            namespace: "default".into(),
+            cgroup_parent: Some(format!("/kubepods/{qos}")),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        },
+        cpu_shares: Some(if *req == 0 { 2 } else { req * 1024 }),
+        cpu_quota: lim.map(|l| (l * 100_000) as i64),
+        cpu_period: Some(100_000),
+        ..Default::default()
+    }
+}
+
+/// Places `c` and says what the agent decided: the notes it made for the Pod Events (where and
+/// why, and what it could not honour).
+fn sample_line(
+    agent: &Agent,
+    notes: &mut Option<tokio::sync::mpsc::Receiver<crate::notes::Note>>,
+    c: &ContainerInfo,
+) -> String {
+    let adj = agent.create(c);
+    let mut said = Vec::new();
+    while let Some(n) = notes.as_mut().and_then(|rx| rx.try_recv().ok()) {
+        said.push(match n.kind {
+            crate::notes::Kind::NotHonoured => format!("not honoured: {}", n.message),
+            _ => n.message,
+        });
+    }
+    match (said.is_empty(), adj.cpus) {
+        (false, _) => said.join("; "),
+        (true, Some(cpus)) => format!("cpus {cpus}"),
+        (true, None) => "unchanged".into(),
+    }
 }
 
 #[cfg(test)]
@@ -331,6 +361,15 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("(numa2, exclusive)"), "{out}");
+        // numa-policy exclusive: a whole node alone, none left after the samples.
+        assert!(
+            out.contains("numa-exclusive-2-4 -> cpus 0-23 (numa0, exclusive): numa-policy exclusive: a whole NUMA node"),
+            "{out}"
+        );
+        assert!(
+            out.contains("numa-exclusive-2-4 -> left on all CPUs: numa-policy exclusive: no NUMA node is free"),
+            "{out}"
+        );
         let with = explain(&agent(true));
         assert!(with.contains("cluster0 [cluster] cpus 0-3"), "{with}");
         assert!(!with.contains("not shown"), "{with}");

@@ -88,6 +88,8 @@ pub enum ErrorKind {
     NotFound,
     /// `numa-policy: strict` and no single NUMA node holds the container (left on all CPUs).
     StrictNuma,
+    /// `numa-policy: exclusive` and no NUMA node free of other containers (left on all CPUs).
+    ExclusiveNuma,
     /// a per-Pod control the placement could not honour (placed without it): the control's
     /// own label (`whole_cores`, `sibling_pair`, ...).
     Unhonoured(tap_engine::Unhonoured),
@@ -116,6 +118,7 @@ impl ErrorKind {
             ErrorKind::Refused => "refused",
             ErrorKind::NotFound => "not_found",
             ErrorKind::StrictNuma => "strict_numa",
+            ErrorKind::ExclusiveNuma => "exclusive_numa",
             ErrorKind::Unhonoured(u) => u.kind(),
         }
     }

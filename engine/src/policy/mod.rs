@@ -28,6 +28,7 @@
 //! the memory binding worked out) and [`crate::cpu_picker::pick_exclusive`].
 
 pub mod numa_aware;
+pub mod numa_exclusive;
 pub mod topology_aware;
 
 pub use crate::types::Choice;
@@ -35,7 +36,9 @@ pub use crate::types::Choice;
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
 use crate::nodeset::NodeSet;
-use crate::request::{ContainerRequest, CoreGrain, Hyperthreads, MemoryTypes, PolicyKind, Qos};
+use crate::request::{
+    ContainerRequest, CoreGrain, Hyperthreads, MemoryTypes, NumaPolicy, PolicyKind, Qos,
+};
 use crate::state::StateView;
 use crate::topology::{Level, PoolId};
 use crate::types::{EngineConfig, Reason, Unhonoured};
@@ -84,6 +87,8 @@ pub struct Settings {
     pub threads: Hyperthreads,
     /// Memory kinds for `cpuset.mems` (memory-only nodes only when asked for).
     pub memory_types: MemoryTypes,
+    /// How hard the container holds to one NUMA node (`exclusive`: a whole node to itself).
+    pub numa: NumaPolicy,
 }
 
 impl Settings {
@@ -111,6 +116,7 @@ impl Settings {
                 _ => Hyperthreads::Shown,
             },
             memory_types: o.memory_types.unwrap_or_default(),
+            numa: o.numa_policy.unwrap_or(NumaPolicy::Preferred),
         }
     }
 }
@@ -171,6 +177,12 @@ impl Policies {
         }
         if req.namespace == "kube-system" {
             return Some(root(view, req, &set, Reason::KubeSystem));
+        }
+        if set.numa == NumaPolicy::Exclusive {
+            // Else placed as usual: a create is then refused by the engine, a resize kept.
+            if let Some(c) = numa_exclusive::choose(view, req, &set, old) {
+                return Some(c);
+            }
         }
         if req.qos() == Qos::BestEffort && !set.confine_best_effort {
             return Some(root(view, req, &set, Reason::BestEffort));
