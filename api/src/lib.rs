@@ -404,13 +404,13 @@ pub struct DeviceSummary {
 }
 
 /// One pool (zone) of the placement tree. Zones nest (machine > socket > die > NUMA node >
-/// cluster): a zone's figures include the zones below it.
+/// cache > cluster): a zone's figures include the zones below it.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ZoneStatus {
     /// The pool's name, e.g. `socket0` or `numa1`.
     pub name: String,
-    /// `machine`, `socket`, `die`, `numa` or `cluster`.
+    /// `machine`, `socket`, `die`, `numa`, `cache` (CPUs sharing an L3 cache) or `cluster`.
     pub level: String,
     /// The pool's CPUs, kernel list syntax.
     pub cpus: String,

@@ -21,6 +21,8 @@ use tap_e2e::util;
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
+/// Two threads per core, siblings n and n+48 (hyperthread controls).
+const SMT: &str = "synthetic-2s-2numa-smt-96t";
 
 // ---- small helpers ---------------------------------------------------------------------------
 
@@ -48,10 +50,20 @@ fn host_cpus() -> Vec<usize> {
 /// What `--fold-cpus-to-host` does to a fixture cpuset: every CPU of NUMA node k ->
 /// host[k % n] (node_agent::fold).
 fn fold(fixture_cpus: &BTreeSet<usize>) -> BTreeSet<usize> {
+    fold_in(FIXTURE, fixture_cpus)
+}
+
+/// [`fold`] for another fixture: its NUMA node k onto host CPU k mod n.
+fn fold_in(fixture: &str, fixture_cpus: &BTreeSet<usize>) -> BTreeSet<usize> {
     let host = host_cpus();
-    (0..4)
-        .filter(|k| !node_cpus(*k).is_disjoint(fixture_cpus))
-        .map(|k| host[k % host.len()])
+    let node = |k: usize| {
+        let p = util::fixture_dir(fixture).join(format!("devices/system/node/node{k}/cpulist"));
+        std::fs::read_to_string(p).ok().map(|s| parse_list(&s))
+    };
+    (0..)
+        .map_while(|k| node(k).map(|cpus| (k, cpus)))
+        .filter(|(_, cpus)| !cpus.is_disjoint(fixture_cpus))
+        .map(|(k, _)| host[k % host.len()])
         .collect()
 }
 
@@ -85,6 +97,11 @@ struct Agent {
 
 impl Agent {
     fn start(ctd: &Containerd, tag: &str, extra: &[&str]) -> Result<Agent> {
+        Agent::start_on(ctd, tag, FIXTURE, extra)
+    }
+
+    /// The agent on another fixture's topology (folded onto this host).
+    fn start_on(ctd: &Containerd, tag: &str, fixture: &str, extra: &[&str]) -> Result<Agent> {
         let log = ctd.dir().join(format!("agent-{tag}.log"));
         let f = std::fs::File::create(&log)?;
         let metrics_port = free_port();
@@ -94,7 +111,7 @@ impl Agent {
             .arg("--resource-policy=topology-aware")
             .arg(format!(
                 "--sysfs-root={}",
-                util::fixture_dir(FIXTURE).display()
+                util::fixture_dir(fixture).display()
             ))
             .arg("--fold-cpus-to-host")
             .arg(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"))
@@ -283,6 +300,282 @@ fn setup(test: &str) -> Option<(CgroupGuard, Containerd)> {
 }
 
 // ---- tests -----------------------------------------------------------------------------------
+
+/// The cpuset the agent decided for container `id`, in the fixture's CPUs (unfolded), from its
+/// `placed` log line.
+fn logged_cpus(agent: &Agent, id: &str) -> Option<BTreeSet<usize>> {
+    let needle = format!("container={id} ");
+    let text = agent.log_text();
+    let line = text
+        .lines()
+        .rfind(|l| l.contains(" placed ") && l.contains(&needle))?;
+    let cpus = line.split(" cpus=").nth(1)?.split(' ').next()?;
+    Some(parse_list(cpus))
+}
+
+/// Hyperthreads (issue 23 item 3) on the 2-thread fixture (siblings n and n+48), folded: a
+/// Guaranteed 3-CPU Pod is no whole number of cores (shared CPUs, a Warning, a metric); a
+/// `sibling-pair` Pod gets one core's two threads; a `hide-hyperthreads` Pod holds two whole
+/// cores and runs on one thread of each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_hyperthread_controls() {
+    let Some((_g, ctd)) = setup("nri_hyperthread_controls") else {
+        return;
+    };
+    let agent = Agent::start_on(&ctd, "ht", SMT, &[]).expect("agent");
+    let mut cri = ctd.cri().await.expect("cri");
+    let guaranteed = |name: &str| PodSpec::new(name, CgroupQos::Guaranteed);
+
+    let sb = cri.run_pod(&guaranteed("three")).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 3000, Some(3000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    let rec = p.record.as_ref().expect("placed");
+    assert_eq!(rec["x"], "", "3 CPUs are no whole cores: shared, {p:?}");
+    assert!(
+        !p.cgroup_cpus.is_empty() && p.cgroup_cpus == p.spec_cpus,
+        "{p:?}"
+    );
+    assert!(
+        agent
+            .log_text()
+            .contains("not honoured: exclusive-cores whole"),
+        "{}",
+        agent.log_text()
+    );
+    let m = agent.metrics_text().unwrap();
+    assert!(
+        m.lines()
+            .any(|l| l.contains("kind=\"whole_cores\"") && l.ends_with(" 1")),
+        "{m}"
+    );
+    eprintln!(
+        "guaranteed-3: record {rec:?}, cgroup cpuset {}",
+        p.cgroup_cpus
+    );
+
+    let pod =
+        guaranteed("pair").annotation("tap.kunpeng.huawei.com/exclusive-cores", "sibling-pair");
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(2000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    let x = parse_list(&p.record.as_ref().expect("placed")["x"]);
+    let v: Vec<usize> = x.iter().copied().collect();
+    assert!(
+        v.len() == 2 && v[1] == v[0] + 48,
+        "one core's siblings: {p:?}"
+    );
+    assert_eq!(parse_list(&p.cgroup_cpus), fold_in(SMT, &x), "{p:?}");
+    eprintln!("sibling-pair: x={v:?}, cgroup cpuset {}", p.cgroup_cpus);
+
+    let pod = guaranteed("hide").annotation("tap.kunpeng.huawei.com/hide-hyperthreads", "true");
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(4000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    let x = parse_list(&p.record.as_ref().expect("placed")["x"]);
+    assert_eq!(x.len(), 4, "two whole cores held: {p:?}");
+    assert!(x.iter().all(|c| x.contains(&((c + 48) % 96))), "{x:?}");
+    let seen = logged_cpus(&agent, &id).expect("placed line");
+    assert_eq!(seen.len(), 2, "one thread per core: {seen:?}");
+    assert!(
+        seen.is_subset(&x) && seen.iter().all(|c| *c < 48),
+        "{seen:?} of {x:?}"
+    );
+    assert_eq!(parse_list(&p.cgroup_cpus), fold_in(SMT, &seen), "{p:?}");
+    eprintln!(
+        "hide-hyperthreads: x={x:?}, container cpuset {seen:?}, cgroup cpuset {}",
+        p.cgroup_cpus
+    );
+    cri.remove_all_pods().await.unwrap();
+}
+
+/// Memory tiers (issue 23 item 6) on the 2-PMEM server fixture, folded (this host has one NUMA
+/// node and no PMEM, so the runtime gets its node 0; the grant record keeps the fixture's
+/// nodes): a plain Pod's mems hold DRAM only; a `memory-type: pmem` Pod's hold its node and the
+/// PMEM node nearest to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_memory_tiers() {
+    let Some((_g, ctd)) = setup("nri_memory_tiers") else {
+        return;
+    };
+    let fixture = "2socket-snc2-4numa-2pmem-112cpu-smt2";
+    let agent =
+        Agent::start_on(&ctd, "tiers", fixture, &["--enable-memory-topology"]).expect("agent");
+    let mut cri = ctd.cri().await.expect("cri");
+    let mems_of = |p: &Placement| parse_list(&p.record.as_ref().expect("placed")["mems"]);
+
+    let sb = cri
+        .run_pod(&PodSpec::new("plain", CgroupQos::Burstable))
+        .await
+        .unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(4000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    let plain = mems_of(&p);
+    assert!(
+        plain.len() == 1 && plain.iter().all(|n| *n < 4),
+        "DRAM only: {p:?}"
+    );
+    assert_eq!(p.spec_mems, "0", "{p:?}");
+
+    let pod = PodSpec::new("pmem", CgroupQos::Burstable)
+        .annotation("tap.kunpeng.huawei.com/memory-type", "dram,pmem");
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(4000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    let mems = mems_of(&p);
+    let rec = p.record.as_ref().unwrap();
+    let node: usize = rec["n"].parse().expect("one node");
+    let near = if node == 2 { 5 } else { 4 };
+    assert_eq!(mems, BTreeSet::from([node, near]), "{p:?}");
+    assert_eq!(p.spec_mems, "0", "{p:?}");
+    assert_eq!(cgroup_mems(cri.pid(&id).await.unwrap()).unwrap(), "0");
+    eprintln!(
+        "memory-type pmem: record {rec:?}, spec mems {}",
+        p.spec_mems
+    );
+
+    // No HBM here: DRAM only, a Warning and the metric.
+    let pod = PodSpec::new("hbm", CgroupQos::Burstable)
+        .annotation("tap.kunpeng.huawei.com/memory-type", "hbm");
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(4000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    assert_eq!(mems_of(&p).len(), 1, "{p:?}");
+    assert!(agent.log_text().contains("not honoured: memory-type hbm"));
+    let m = agent.metrics_text().unwrap();
+    assert!(
+        m.lines()
+            .any(|l| l.contains("kind=\"memory_type\"") && l.ends_with(" 1")),
+        "{m}"
+    );
+    cri.remove_all_pods().await.unwrap();
+}
+
+/// The cache level (issue 23 item 4) on the fixture with 4 L3 groups of 8 CPUs per NUMA node,
+/// folded: Burstable 4/8 containers land on L3 groups (`pool=cache<k>` in the grant record),
+/// different ones; with `level: numa` on the node; a metric zone per cache pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_cache_level() {
+    let Some((_g, ctd)) = setup("nri_cache_level") else {
+        return;
+    };
+    let fixture = "synthetic-2s-2numa-64t-8ccx";
+    let agent = Agent::start_on(&ctd, "cache", fixture, &[]).expect("agent");
+    let mut cri = ctd.cri().await.expect("cri");
+    let mut pools = BTreeSet::new();
+    for i in 0..2 {
+        let (_, id) = run_burstable(&mut cri, &format!("l3-{i}")).await.unwrap();
+        let p = placement(&mut cri, &id).await.unwrap();
+        let rec = p.record.as_ref().expect("placed");
+        assert!(rec["pool"].starts_with("cache"), "{p:?}");
+        let seen = logged_cpus(&agent, &id).expect("placed line");
+        assert_eq!(seen.len(), 8, "one L3 group: {seen:?}");
+        assert_eq!(parse_list(&p.cgroup_cpus), fold_in(fixture, &seen), "{p:?}");
+        eprintln!(
+            "burstable 4/8 #{i}: pool {}, cpus {seen:?}, cgroup cpuset {}",
+            rec["pool"], p.cgroup_cpus
+        );
+        pools.insert(rec["pool"].clone());
+    }
+    assert_eq!(pools.len(), 2, "two L3 groups: {pools:?}");
+    let pod = PodSpec::new("numa-level", CgroupQos::Burstable)
+        .annotation("tap.kunpeng.huawei.com/level", "numa");
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(8000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    assert!(
+        p.record.as_ref().unwrap()["pool"].starts_with("socket"),
+        "{p:?}"
+    );
+    let m = agent.metrics_text().unwrap();
+    assert!(m.contains("level=\"cache\""), "cache zones:\n{m}");
+    cri.remove_all_pods().await.unwrap();
+}
+
+/// `numa-policy: exclusive` (issue 23 item 2) on the 4-node fixture, folded: the Pod gets every
+/// CPU of one node (its grant record), a BestEffort container started next runs without them,
+/// Burstable containers go to the other nodes, and a second exclusive Pod with no free node is
+/// left unpinned with the metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_numa_exclusive() {
+    let Some((_g, ctd)) = setup("nri_numa_exclusive") else {
+        return;
+    };
+    let agent = Agent::start(&ctd, "numa-exclusive", &[]).expect("agent");
+    let mut cri = ctd.cri().await.expect("cri");
+    let exclusive = |name: &str| {
+        PodSpec::new(name, CgroupQos::Burstable)
+            .annotation("tap.kunpeng.huawei.com/numa-policy", "exclusive")
+    };
+    let sb = cri.run_pod(&exclusive("whole-node")).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(4000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &id).await.unwrap();
+    let rec = p.record.as_ref().expect("placed");
+    let node: usize = rec["n"].parse().expect("one node");
+    let x = parse_list(&rec["x"]);
+    assert_eq!(x, node_cpus(node), "every CPU of node {node}: {p:?}");
+    assert_eq!(parse_list(&p.cgroup_cpus), fold(&x), "{p:?}");
+    eprintln!(
+        "numa-policy exclusive: node {node}, x={}, cgroup cpuset {}",
+        rec["x"], p.cgroup_cpus
+    );
+
+    let sb = cri
+        .run_pod(&PodSpec::new("be", CgroupQos::BestEffort))
+        .await
+        .unwrap();
+    let be = cri
+        .run_container(&sb, &ContainerSpec::sleeper("app"))
+        .await
+        .unwrap();
+    placement(&mut cri, &be).await.unwrap();
+    let seen = logged_cpus(&agent, &be).expect("placed line");
+    assert!(
+        seen.is_disjoint(&x) && seen.len() == 72,
+        "BestEffort: {seen:?}"
+    );
+    for i in 0..3 {
+        let (_, id) = run_burstable(&mut cri, &format!("b{i}")).await.unwrap();
+        let p = placement(&mut cri, &id).await.unwrap();
+        assert_ne!(assert_placed_on_node(&p, "burstable"), node, "{p:?}");
+    }
+    let sb = cri.run_pod(&exclusive("no-node-left")).await.unwrap();
+    let id = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(4000)))
+        .await
+        .unwrap();
+    assert_untouched(&placement(&mut cri, &id).await.unwrap(), "no free node");
+    let m = agent.metrics_text().unwrap();
+    assert!(
+        m.lines()
+            .any(|l| l.contains("kind=\"exclusive_numa\"") && l.ends_with(" 1")),
+        "{m}"
+    );
+    cri.remove_all_pods().await.unwrap();
+}
 
 /// Burstable 4/8, four of them on four NUMA nodes, Guaranteed exclusive, BestEffort, opt-out
 /// label and annotation, a malformed annotation, removal freeing capacity, memory binding.

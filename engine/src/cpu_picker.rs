@@ -2,6 +2,7 @@
 //! Policies call it; it reads the state through a [`StateView`] and decides nothing else.
 
 use crate::cpuset::CpuSet;
+use crate::request::CoreGrain;
 use crate::state::StateView;
 use crate::topology::{PoolId, Topology};
 
@@ -91,10 +92,12 @@ fn free_cores(
 }
 
 /// Takes `n` exclusive CPUs from pool `id`: whole free cores first, packed into the cluster (or
-/// NUMA node) with the fewest free CPUs; a remainder smaller than a core comes from an already
-/// split core first. `None` when the pool cannot give `n` CPUs without leaving a pool that has
-/// shared containers with no CPU, or the machine with no shared CPU at all.
-pub fn pick_exclusive(e: &StateView<'_>, id: PoolId, n: usize) -> Option<CpuSet> {
+/// NUMA node) with the fewest free CPUs; with [`CoreGrain::Threads`] a remainder smaller than a
+/// core comes from an already split core first, with [`CoreGrain::WholeCores`] there is none
+/// (whole cores or nothing), and [`CoreGrain::SiblingPair`] takes two hyperthreads of one core.
+/// `None` when the pool cannot give `n` CPUs so without leaving a pool that has shared
+/// containers with no CPU, or the machine with no shared CPU at all.
+pub fn pick_exclusive(e: &StateView<'_>, id: PoolId, n: usize, grain: CoreGrain) -> Option<CpuSet> {
     let topo = e.topology();
     let pool = &topo.pools[id];
     let avail = e.shared_cpus(&pool.cpus);
@@ -138,9 +141,23 @@ pub fn pick_exclusive(e: &StateView<'_>, id: PoolId, n: usize) -> Option<CpuSet>
             .map(|(n, _)| e.shared_cpus(&n.cpus)),
     );
     let keeps = |set: &CpuSet| guarded.iter().all(|g| !g.difference(set).is_empty());
-    let mut picked = CpuSet::new();
     // Whole cores, packed.
     cores.sort_unstable_by_key(|c| (!c.whole, c.group_free, c.first));
+    if grain == CoreGrain::SiblingPair {
+        // Two threads of one core: the first core (whole ones first, packed) with two free.
+        return cores
+            .iter()
+            .filter(|c| n == 2 && c.free >= 2)
+            .map(|c| {
+                let mut pair = CpuSet::new();
+                for cpu in topo.cores[c.index].intersection(&avail).iter().take(2) {
+                    pair.insert(cpu);
+                }
+                pair
+            })
+            .find(|pair| keeps(pair));
+    }
+    let mut picked = CpuSet::new();
     for c in &cores {
         let need = n - picked.len();
         if need == 0 {
@@ -153,8 +170,8 @@ pub fn pick_exclusive(e: &StateView<'_>, id: PoolId, n: usize) -> Option<CpuSet>
             }
         }
     }
-    // Remainder: split cores first, then whole ones.
-    if picked.len() < n {
+    // Remainder: split cores first, then whole ones (not with whole cores only).
+    if picked.len() < n && grain == CoreGrain::Threads {
         cores.sort_unstable_by_key(|c| (c.whole, c.group_free, c.first));
         for c in &cores {
             let free = topo.cores[c.index].intersection(&avail);

@@ -223,10 +223,17 @@ impl Engine {
     }
 
     /// Why a new container's choice may not be taken: a strict NUMA policy with more than one
-    /// NUMA node.
+    /// NUMA node, an exclusive one without a whole node.
     fn refusal(&self, req: &ContainerRequest, choice: &Choice) -> Option<SkipReason> {
-        let strict = self.cfg.annotations_allowed
-            && req.overrides.numa_policy == Some(crate::request::NumaPolicy::Strict);
+        use crate::request::NumaPolicy;
+        let policy = req
+            .overrides
+            .numa_policy
+            .filter(|_| self.cfg.annotations_allowed);
+        if policy == Some(NumaPolicy::Exclusive) && choice.reason != Reason::ExclusiveNuma {
+            return Some(SkipReason::NoFreeNumaNode);
+        }
+        let strict = policy == Some(NumaPolicy::Strict);
         let nodes = if choice.exclusive.is_empty() {
             choice.nodes.len()
         } else {
@@ -240,9 +247,12 @@ impl Engine {
         let Some(old) = self.grants.get(req.id.as_str()).cloned() else {
             return self.create(req);
         };
+        // A whole NUMA node (`numa-policy: exclusive`) stays the container's whatever its size.
+        let whole_node = old.is_exclusive()
+            && req.overrides.numa_policy == Some(crate::request::NumaPolicy::Exclusive);
         let unchanged = old.request_milli == req.cpu_request_milli
             && old.limit_milli == req.cpu_limit_milli
-            && old.exclusive.len() == req.exclusive_cpus().unwrap_or(0);
+            && (whole_node || old.exclusive.len() == req.exclusive_cpus().unwrap_or(0));
         if unchanged {
             return Outcome::Placed(Placement {
                 cpus: old.cpus,
@@ -251,6 +261,7 @@ impl Engine {
                 exclusive: old.is_exclusive(),
                 reason: Reason::Fits(self.topo.pools[old.pool].level),
                 updates: Vec::new(),
+                unhonoured: None,
             });
         }
         let mut updates = self.release(&req.id);
@@ -329,7 +340,7 @@ impl Engine {
             .collect::<smallvec_like::Ancestors>()
         {
             let l = &mut self.pool_load[a];
-            l.request_milli = step(l.request_milli, g.request_milli);
+            l.request_milli = step(l.request_milli, g.charged_request());
             l.limit_milli = step(l.limit_milli, g.limit_milli.unwrap_or(0));
             l.memory_bytes = step(l.memory_bytes, g.memory_bytes);
             l.exclusive_cpus = step32(l.exclusive_cpus, excl);
@@ -356,7 +367,8 @@ impl Engine {
             };
             // Even split; the first node takes the remainder so the sum is exact.
             let extra = |v: u64| if i == 0 { v % n } else { 0 };
-            let r = (g.request_milli / n).saturating_add(extra(g.request_milli));
+            let req = g.charged_request();
+            let r = (req / n).saturating_add(extra(req));
             let l = (lim / n).saturating_add(extra(lim));
             let load = &mut self.node_load[pos];
             if add {
@@ -398,11 +410,12 @@ impl Engine {
                 let Some(g) = self.grants.get_mut(&**id) else {
                     continue;
                 };
-                if g.cpus != cpus {
-                    g.cpus = cpus;
+                let mine = g.visible(&self.topo, &cpus);
+                if g.cpus != mine {
+                    g.cpus = mine;
                     out.push(CpusetUpdate {
                         container_id: Arc::clone(id),
-                        cpus,
+                        cpus: mine,
                         mems: g.mems,
                     });
                 }
@@ -417,10 +430,15 @@ impl Engine {
         } else {
             0
         };
-        let cpus = if c.exclusive.is_empty() {
+        let all = if c.exclusive.is_empty() {
             self.shared_cpus(&c.span)
         } else {
             c.exclusive
+        };
+        let threads = crate::policy::Settings::new(&self.cfg, req).threads;
+        let cpus = match threads {
+            crate::request::Hyperthreads::Shown => all,
+            crate::request::Hyperthreads::Hidden => self.topo.one_thread_per_core(&all),
         };
         let g = Grant {
             policy: c.policy,
@@ -433,6 +451,7 @@ impl Engine {
             memory_bytes,
             mems: c.mems,
             cpus,
+            threads,
         };
         self.charge(&g);
         let id: Arc<str> = Arc::from(req.id.as_str());
@@ -452,6 +471,7 @@ impl Engine {
             exclusive: !c.exclusive.is_empty(),
             reason: c.reason,
             updates,
+            unhonoured: c.unhonoured,
         }
     }
 

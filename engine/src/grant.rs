@@ -4,7 +4,7 @@
 
 use crate::cpuset::CpuSet;
 use crate::nodeset::NodeSet;
-use crate::request::PolicyKind;
+use crate::request::{Hyperthreads, PolicyKind};
 use crate::topology::{PoolId, Topology};
 use std::fmt::Write as _;
 
@@ -27,9 +27,29 @@ pub struct Grant {
     pub mems: Option<NodeSet>,
     /// The cpuset the container has now.
     pub cpus: CpuSet,
+    /// Which hyperthreads of the grant the container sees (`cpus` follows it).
+    pub threads: Hyperthreads,
 }
 
 impl Grant {
+    /// The cpuset the container gets from `cpus` (its exclusive CPUs, or its span's shared
+    /// CPUs): one hyperthread per core when it hides them.
+    pub fn visible(&self, topo: &Topology, cpus: &CpuSet) -> CpuSet {
+        match self.threads {
+            Hyperthreads::Shown => *cpus,
+            Hyperthreads::Hidden => topo.one_thread_per_core(cpus),
+        }
+    }
+
+    /// The request charged to the grant's pool and nodes: its request, and at least its
+    /// exclusive CPUs (a `numa-policy: exclusive` grant holds a whole node whatever it asked).
+    pub fn charged_request(&self) -> u64 {
+        let excl = u64::try_from(self.exclusive.len())
+            .unwrap_or(u64::MAX)
+            .saturating_mul(1000);
+        self.request_milli.max(excl)
+    }
+
     pub fn is_exclusive(&self) -> bool {
         !self.exclusive.is_empty()
     }

@@ -37,10 +37,10 @@ pub use cpuset::CpuSet;
 pub use engine::Engine;
 pub use nodeset::NodeSet;
 pub use policy::{Choice, Policy, Settings};
-pub use request::{ContainerRequest, Overrides, PolicyKind, Qos};
+pub use request::{ContainerRequest, CoreGrain, Overrides, PolicyKind, Qos};
 pub use state::StateView;
-pub use topology::{Level, Pool, PoolId, RawTopology, Topology};
+pub use topology::{Level, MemoryKind, Pool, PoolId, RawTopology, Topology};
 pub use types::{
-    CpusetUpdate, EngineConfig, Existing, Outcome, Placement, Reason, ResourcePriority,
-    RestoreReport, SkipReason,
+    CacheAffinity, CpusetUpdate, EngineConfig, Existing, Outcome, Placement, Reason,
+    ResourcePriority, RestoreReport, SkipReason, Unhonoured,
 };

@@ -2,6 +2,9 @@
 //! memory limit, device hints, and the per-Pod overrides read from annotations.
 
 use crate::topology::Level;
+
+mod controls;
+pub use controls::{CoreGrain, Hyperthreads, MemoryTypes};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -104,7 +107,7 @@ pub const KEY_PREFIX: &str = "tap.kunpeng.huawei.com/";
 pub const SKIP_KEY: &str = "tap.kunpeng.huawei.com/skip";
 /// Annotation: `numa-aware`, `topology-aware`, or `none` (same as skip).
 pub const POLICY_KEY: &str = "tap.kunpeng.huawei.com/policy";
-/// Annotation: `machine`, `socket`, `die`, `numa`, `cluster` (topology-aware only).
+/// Annotation: `machine`, `socket`, `die`, `numa`, `cache`, `cluster` (topology-aware only).
 pub const LEVEL_KEY: &str = "tap.kunpeng.huawei.com/level";
 /// Annotation: `true`/`false`, bind memory (`cpuset.mems`) to the chosen CPUs' NUMA nodes.
 pub const MEMORY_BINDING_KEY: &str = "tap.kunpeng.huawei.com/memory-binding";
@@ -114,8 +117,19 @@ pub const EXCLUSIVE_KEY: &str = "tap.kunpeng.huawei.com/exclusive-cpus";
 /// the others (`false`, the default: the machine's shared CPUs).
 pub const CONFINE_BEST_EFFORT_KEY: &str = "tap.kunpeng.huawei.com/confine-best-effort";
 /// Annotation: `strict` (one NUMA node or no placement: the container starts on all CPUs, with
-/// a Warning Event) or `preferred` (the default: the nearest fit, wider if need be).
+/// a Warning Event), `preferred` (the default: the nearest fit, wider if need be) or
+/// `exclusive` (a whole NUMA node to itself, or no placement).
 pub const NUMA_POLICY_KEY: &str = "tap.kunpeng.huawei.com/numa-policy";
+/// Annotation: how exclusive CPUs are taken: `whole` (whole cores only, the default, as the
+/// kubelet's `full-pcpus-only`), `threads` (any hyperthreads, whole cores first) or
+/// `sibling-pair` (a 2-CPU container: the two hyperthreads of one core).
+pub const EXCLUSIVE_CORES_KEY: &str = "tap.kunpeng.huawei.com/exclusive-cores";
+/// Annotation: `true`/`false`, the container's cpuset holds one hyperthread per core of its
+/// grant (the siblings stay in the grant, unused).
+pub const HIDE_HYPERTHREADS_KEY: &str = "tap.kunpeng.huawei.com/hide-hyperthreads";
+/// Annotation: the memory kinds for `cpuset.mems`, comma-separated: `dram` (always), `pmem` or
+/// `cxl`, `hbm`: the nearest memory-only nodes of each kind are added (never by default).
+pub const MEMORY_TYPE_KEY: &str = "tap.kunpeng.huawei.com/memory-type";
 /// Annotation written by the agent into the container it placed (where the runtime lets it):
 /// the grant record that restart recovery reads back.
 pub const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
@@ -130,6 +144,9 @@ pub struct Overrides {
     pub memory_binding: Option<bool>,
     pub exclusive: Option<bool>,
     pub confine_best_effort: Option<bool>,
+    pub exclusive_cores: Option<CoreGrain>,
+    pub hide_hyperthreads: Option<bool>,
+    pub memory_types: Option<MemoryTypes>,
 }
 
 /// A problem with an annotation: its value was ignored.
@@ -190,7 +207,7 @@ impl Overrides {
                 None => warnings.push(AnnotationWarning {
                     key: k,
                     value: v.clone(),
-                    expected: "machine, socket, die, numa or cluster",
+                    expected: "machine, socket, die, numa, cache or cluster",
                 }),
             }
         }
@@ -200,11 +217,32 @@ impl Overrides {
                 None => warnings.push(AnnotationWarning {
                     key: k,
                     value: v.clone(),
-                    expected: "strict or preferred",
+                    expected: "strict, preferred or exclusive",
+                }),
+            }
+        }
+        if let Some((k, v)) = lookup(EXCLUSIVE_CORES_KEY) {
+            match CoreGrain::parse(v) {
+                Some(g) => o.exclusive_cores = Some(g),
+                None => warnings.push(AnnotationWarning {
+                    key: k,
+                    value: v.clone(),
+                    expected: "whole, threads or sibling-pair",
+                }),
+            }
+        }
+        if let Some((k, v)) = lookup(MEMORY_TYPE_KEY) {
+            match MemoryTypes::parse(v) {
+                Some(t) => o.memory_types = Some(t),
+                None => warnings.push(AnnotationWarning {
+                    key: k,
+                    value: v.clone(),
+                    expected: "a comma-separated list of dram, pmem, cxl, hbm",
                 }),
             }
         }
         for (key, slot) in [
+            (HIDE_HYPERTHREADS_KEY, &mut o.hide_hyperthreads),
             (MEMORY_BINDING_KEY, &mut o.memory_binding),
             (EXCLUSIVE_KEY, &mut o.exclusive),
             (CONFINE_BEST_EFFORT_KEY, &mut o.confine_best_effort),
@@ -231,6 +269,9 @@ pub enum NumaPolicy {
     Preferred,
     /// One NUMA node or no placement at all (the container is left on all CPUs).
     Strict,
+    /// A whole NUMA node to itself: every usable CPU of a node that holds nothing else, taken
+    /// out of every shared cpuset while it runs; no such node, no placement (as `Strict`).
+    Exclusive,
 }
 
 impl NumaPolicy {
@@ -238,6 +279,7 @@ impl NumaPolicy {
         match s.trim().to_ascii_lowercase().as_str() {
             "preferred" => Some(NumaPolicy::Preferred),
             "strict" => Some(NumaPolicy::Strict),
+            "exclusive" => Some(NumaPolicy::Exclusive),
             _ => None,
         }
     }
@@ -314,6 +356,10 @@ mod tests {
             super::MEMORY_BINDING_KEY,
             super::EXCLUSIVE_KEY,
             super::CONFINE_BEST_EFFORT_KEY,
+            super::NUMA_POLICY_KEY,
+            super::EXCLUSIVE_CORES_KEY,
+            super::HIDE_HYPERTHREADS_KEY,
+            super::MEMORY_TYPE_KEY,
             super::GRANT_KEY,
         ] {
             assert!(k.starts_with(super::KEY_PREFIX), "{k}");

@@ -246,12 +246,18 @@ fn read_nodes<S: FileSource + ?Sized>(r: &Reader<S>) -> Result<Vec<NodeFiles>, D
                 .map_err(|_| malformed(&distance_path, "not a list of integers".into(), &t))?,
             None => Vec::new(),
         };
+        // The HMAT's bandwidth (MB/s); optional, and a value that does not parse is no value.
+        let bw_path = format!("{base}/access0/initiators/read_bandwidth");
+        let read_bandwidth = r
+            .read_opt(&bw_path)?
+            .and_then(|t| t.trim().parse::<u64>().ok());
         nodes.push(NodeFiles {
             node: RawNode {
                 id,
                 cpus,
                 memory_bytes,
                 distances,
+                read_bandwidth,
             },
             cpus_path,
             distance_path,
@@ -310,7 +316,34 @@ fn read_cpu<S: FileSource + ?Sized>(
         cluster,
         core,
         numa: nodes.iter().find(|n| n.cpus.contains(id)).map(|n| n.id),
+        llc: read_l3(r, id)?,
     })
+}
+
+/// The CPU's level-3 cache identity: the first CPU of `cache/index<k>/shared_cpu_list` for
+/// the index whose `level` is 3. `None` without cache information; a list that does not parse
+/// or omits the CPU itself counts as none (the cache level is an optimisation, never a reason
+/// to refuse a machine).
+fn read_l3<S: FileSource + ?Sized>(
+    r: &Reader<S>,
+    id: usize,
+) -> Result<Option<u64>, DiscoveryError> {
+    let base = format!("{CPU_DIR}/cpu{id}/cache");
+    for name in r.list_opt(&base)?.unwrap_or_default() {
+        if !name.starts_with("index") {
+            continue;
+        }
+        let level = r.read_opt(&format!("{base}/{name}/level"))?;
+        if level.as_deref().map(str::trim) != Some("3") {
+            continue;
+        }
+        let list = r
+            .read_opt(&format!("{base}/{name}/shared_cpu_list"))?
+            .and_then(|t| CpuSet::parse(t.trim()).ok())
+            .filter(|l| l.contains(id));
+        return Ok(list.and_then(|l| l.first()).map(|c| c as u64));
+    }
+    Ok(None)
 }
 
 /// PCI devices: display controllers and processing accelerators (GPUs, NPUs and the consoles
@@ -422,7 +455,27 @@ mod tests {
         assert_eq!(t.sockets, 2);
         // CPU 3 is offline: it is in node1's cpulist but not in the model.
         assert_eq!(t.node(1).unwrap().cpus.to_string(), "2,4");
-        assert_eq!(t.pool_by_name("socket0").unwrap().mems.to_string(), "0,2");
+        // The memory-only node is a tier of its own (PMEM/CXL without HMAT data), in no pool.
+        assert_eq!(t.pool_by_name("socket0").unwrap().mems.to_string(), "0");
+        assert_eq!(t.node(2).unwrap().kind, crate::topology::MemoryKind::Pmem);
+        assert_eq!(raw.nodes[2].read_bandwidth, None);
+    }
+
+    #[test]
+    fn hmat_bandwidth_makes_a_memory_only_node_hbm() {
+        let m = tiny()
+            .with(
+                "devices/system/node/node0/access0/initiators/read_bandwidth",
+                "100000\n",
+            )
+            .with(
+                "devices/system/node/node2/access0/initiators/read_bandwidth",
+                "400000\n",
+            );
+        let raw = discover(&m, &DiscoveryOptions::default()).unwrap();
+        assert_eq!(raw.nodes[2].read_bandwidth, Some(400_000));
+        let t = Topology::build(&raw).unwrap();
+        assert_eq!(t.node(2).unwrap().kind, crate::topology::MemoryKind::Hbm);
     }
 
     #[test]

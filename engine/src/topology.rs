@@ -2,17 +2,21 @@
 //!
 //! Discovery (see [`crate::sysfs`]) produces a [`RawTopology`]: flat facts per CPU and per NUMA
 //! node. [`Topology::build`] turns it into a tree of pools:
-//! machine > socket > die > NUMA node > cluster, with cores and threads below as CPU sets.
+//! machine > socket > die > NUMA node > cache (L3) > cluster, with cores and threads below as
+//! CPU sets.
 //! A level whose CPUs equal its parent's collapses into the parent (a one-die socket has no die
 //! pool, a one-NUMA die no NUMA pool), and the machine root exists only with several sockets,
-//! as in the reference implementation. Clusters are kept only where they are strictly smaller
-//! than their NUMA node and hold more than one core.
+//! as in the reference implementation. Cache (L3) groups and clusters are kept only where they
+//! are strictly smaller than their NUMA node (a cluster: than its cache group) and hold more
+//! than one core.
 
 mod build;
+mod memory;
 use crate::cpu_model::CpuModel;
 use crate::cpuset::CpuSet;
 use crate::devices::DeviceKind;
 use crate::nodeset::NodeSet;
+pub use memory::MemoryKind;
 use serde::Serialize;
 use std::fmt;
 
@@ -28,6 +32,9 @@ pub struct RawCpu {
     /// Identity of the CPU's core: CPUs with equal values are hyperthreads of one core.
     pub core: u64,
     pub numa: Option<u32>,
+    /// Identity of the CPU's last-level (L3) cache: CPUs with equal values share it. `None`
+    /// without cache information.
+    pub llc: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +45,9 @@ pub struct RawNode {
     /// Distances to every node, as `node<id>/distance` lists them (same order as node ids in
     /// `RawTopology::nodes` sorted ascending).
     pub distances: Vec<u32>,
+    /// Read bandwidth from the node's nearest initiators in MB/s, where the firmware's HMAT
+    /// tells it (`node<id>/access0/initiators/read_bandwidth`): tells HBM from PMEM/CXL.
+    pub read_bandwidth: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -87,15 +97,19 @@ pub enum Level {
     Socket,
     Die,
     Numa,
+    /// CPUs sharing a last-level (L3) cache, where that is smaller than their NUMA node (AMD
+    /// CCX/CCD, some Arm clusters).
+    Cache,
     Cluster,
 }
 
 impl Level {
-    pub const ALL: [Level; 5] = [
+    pub const ALL: [Level; 6] = [
         Level::Machine,
         Level::Socket,
         Level::Die,
         Level::Numa,
+        Level::Cache,
         Level::Cluster,
     ];
 
@@ -105,6 +119,7 @@ impl Level {
             Level::Socket => "socket",
             Level::Die => "die",
             Level::Numa => "numa",
+            Level::Cache => "cache",
             Level::Cluster => "cluster",
         }
     }
@@ -115,6 +130,7 @@ impl Level {
             "socket" | "package" => Some(Level::Socket),
             "die" => Some(Level::Die),
             "numa" | "node" | "numa-node" => Some(Level::Numa),
+            "cache" | "llc" | "l3" => Some(Level::Cache),
             "cluster" => Some(Level::Cluster),
             _ => None,
         }
@@ -143,8 +159,8 @@ pub struct Pool {
     pub cpus: CpuSet,
     /// NUMA nodes whose CPUs are in this pool.
     pub numa_nodes: NodeSet,
-    /// Memory nodes for `cpuset.mems`: `numa_nodes` plus CPU-less memory nodes attached to
-    /// their nearest node in this pool.
+    /// Memory nodes for `cpuset.mems`: the DRAM of `numa_nodes` (memory-only nodes are added
+    /// per container, by `memory-type`: [`Topology::tier_nodes`]).
     pub mems: NodeSet,
     pub memory_bytes: u64,
 }
@@ -154,6 +170,8 @@ pub struct NumaNode {
     pub id: u32,
     pub cpus: CpuSet,
     pub memory_bytes: u64,
+    /// DRAM for nodes with CPUs; memory-only nodes are PMEM/CXL or HBM (see [`MemoryKind`]).
+    pub kind: MemoryKind,
     /// (node id, distance) for every node, own node included.
     pub distances: Vec<(u32, u32)>,
 }
@@ -189,6 +207,8 @@ pub struct Topology {
     pub cores: Vec<CpuSet>,
     /// Cluster CPU groups (empty without cluster information).
     pub clusters: Vec<CpuSet>,
+    /// Last-level (L3) cache CPU groups (empty without cache information).
+    pub caches: Vec<CpuSet>,
     pub sockets: usize,
     pub dies: usize,
     /// The CPU model, as discovery's caller identified it.
@@ -295,18 +315,29 @@ impl Topology {
         self.nodes.iter().filter(|n| !n.cpus.is_empty())
     }
 
-    /// Memory nodes to use with a set of CPU nodes: the nodes themselves plus the CPU-less
-    /// (memory-only) nodes whose nearest CPU node is among them.
-    pub fn mems_for_nodes(&self, cpu_nodes: &NodeSet) -> NodeSet {
-        let mut out = *cpu_nodes;
-        for n in self.nodes.iter().filter(|n| n.cpus.is_empty()) {
-            if let Some(near) = nearest_cpu_node(&self.nodes, n) {
-                if cpu_nodes.contains(near as usize) {
-                    out.insert(n.id as usize);
+    /// One CPU per core of `cpus`: the lowest-numbered CPU of each core that `cpus` holds
+    /// (what a container hiding hyperthreads sees). Allocates nothing.
+    pub fn one_thread_per_core(&self, cpus: &CpuSet) -> CpuSet {
+        let mut seen = CpuSet::new();
+        let mut out = CpuSet::new();
+        for cpu in cpus.iter() {
+            match self.core_of_cpu(cpu) {
+                Some(core) if seen.contains(core) => {}
+                Some(core) => {
+                    seen.insert(core);
+                    out.insert(cpu);
+                }
+                None => {
+                    out.insert(cpu);
                 }
             }
         }
         out
+    }
+
+    /// The largest number of hyperthreads of any core (1 without SMT).
+    pub fn threads_per_core(&self) -> usize {
+        self.cores.iter().map(|c| c.len()).max().unwrap_or(1)
     }
 
     /// NUMA nodes of the CPUs in `cpus`.
@@ -363,14 +394,6 @@ pub fn memory_text(bytes: u64) -> String {
     }
 }
 
-fn nearest_cpu_node(nodes: &[NumaNode], from: &NumaNode) -> Option<u32> {
-    nodes
-        .iter()
-        .filter(|n| !n.cpus.is_empty())
-        .min_by_key(|n| (from.distance_to(n.id), n.id))
-        .map(|n| n.id)
-}
-
 fn attach_memory(pools: &mut [Pool], nodes: &[NumaNode]) {
     for p in pools.iter_mut() {
         let mut numa = NodeSet::new();
@@ -380,14 +403,7 @@ fn attach_memory(pools: &mut [Pool], nodes: &[NumaNode]) {
             }
         }
         p.numa_nodes = numa;
-        let mut mems = numa;
-        for n in nodes.iter().filter(|n| n.cpus.is_empty()) {
-            if let Some(near) = nearest_cpu_node(nodes, n) {
-                if numa.contains(near as usize) {
-                    mems.insert(n.id as usize);
-                }
-            }
-        }
+        let mems = numa;
         p.mems = mems;
         p.memory_bytes = nodes
             .iter()
@@ -493,6 +509,7 @@ pub(crate) mod fixtures {
                                 cluster: Some((node * clusters_per_numa + cl) as u64),
                                 core: id as u64,
                                 numa: Some(node),
+                                llc: None,
                             });
                             set.insert(id);
                             id += 1;
@@ -514,6 +531,7 @@ pub(crate) mod fixtures {
                         cpus: set,
                         memory_bytes: 64 << 30,
                         distances,
+                        read_bandwidth: None,
                     });
                 }
             }
@@ -596,25 +614,6 @@ mod tests {
             assert_eq!(t.pool(*c).level, Level::Numa);
             assert_eq!(t.pool(*c).children.len(), 2);
         }
-    }
-
-    #[test]
-    fn memory_only_node_joins_its_nearest_cpu_node() {
-        let mut raw = machine(2, 1, 1, 1, 4);
-        for n in raw.nodes.iter_mut() {
-            n.distances.push(17);
-        }
-        raw.nodes.push(RawNode {
-            id: 2,
-            cpus: CpuSet::new(),
-            memory_bytes: 128 << 30,
-            distances: vec![17, 28, 10],
-        });
-        let t = Topology::build(&raw).unwrap();
-        let s0 = t.pool_by_name("socket0").unwrap();
-        assert_eq!(s0.mems.to_string(), "0,2");
-        assert_eq!(s0.memory_bytes, (64 + 128) << 30);
-        assert_eq!(t.pool_by_name("socket1").unwrap().mems.to_string(), "1");
     }
 
     #[test]

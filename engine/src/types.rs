@@ -5,8 +5,8 @@
 use crate::cpu_model::{ClusterAffinityRule, ClustersOff, CpuModel};
 use crate::cpuset::CpuSet;
 use crate::nodeset::NodeSet;
-use crate::request::{ContainerRequest, PolicyKind};
-use crate::topology::{Level, PoolId};
+use crate::request::{ContainerRequest, CoreGrain, PolicyKind};
+use crate::topology::{Level, MemoryKind, PoolId};
 use std::fmt;
 use std::sync::Arc;
 
@@ -23,6 +23,27 @@ impl ResourcePriority {
         match s.trim() {
             "cpu-first" => Some(ResourcePriority::CpuFirst),
             "gpu-first" => Some(ResourcePriority::GpuFirst),
+            _ => None,
+        }
+    }
+}
+
+/// Whether topology-aware places containers on cache (L3) pools, where a last-level cache is
+/// smaller than its NUMA node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheAffinity {
+    /// Cache pools are candidates like the others (the default).
+    #[default]
+    On,
+    /// Cache pools only for a Pod that asks for `level: cache`.
+    Off,
+}
+
+impl CacheAffinity {
+    pub fn parse(s: &str) -> Option<CacheAffinity> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "on" | "true" => Some(CacheAffinity::On),
+            "off" | "false" => Some(CacheAffinity::Off),
             _ => None,
         }
     }
@@ -47,6 +68,10 @@ pub struct EngineConfig {
     /// Place BestEffort containers like the others (one pool or NUMA node, charged nothing)
     /// instead of on the machine's shared CPUs (the default, as the reference and the kubelet).
     pub confine_best_effort: bool,
+    /// How exclusive CPUs are taken from cores (whole cores by default).
+    pub exclusive_cores: CoreGrain,
+    /// Let topology-aware place containers on cache (L3) pools.
+    pub cache_affinity: CacheAffinity,
 }
 
 impl Default for EngineConfig {
@@ -61,6 +86,8 @@ impl Default for EngineConfig {
             exclusive_cpus: true,
             annotations_allowed: true,
             confine_best_effort: false,
+            exclusive_cores: CoreGrain::WholeCores,
+            cache_affinity: CacheAffinity::On,
         }
     }
 }
@@ -94,6 +121,8 @@ pub enum SkipReason {
     NoCapacity,
     /// `numa-policy: strict` and no single NUMA node holds the container.
     NoSingleNumaNode,
+    /// `numa-policy: exclusive` and no NUMA node is free of other containers (or holds it).
+    NoFreeNumaNode,
 }
 
 impl fmt::Display for SkipReason {
@@ -105,7 +134,70 @@ impl fmt::Display for SkipReason {
             SkipReason::NoSingleNumaNode => {
                 "numa-policy strict: no single NUMA node holds the container"
             }
+            SkipReason::NoFreeNumaNode => {
+                "numa-policy exclusive: no NUMA node is free of other containers and holds this one"
+            }
         })
+    }
+}
+
+/// A per-Pod control that the placement could not honour: the container is placed anyway (as
+/// it would be without the control), and the agent says so (a Warning Event, a metric).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unhonoured {
+    /// Exclusive CPUs in whole cores: no pool has this many CPUs in whole free cores (or the
+    /// count is not made of whole cores); the container shares CPUs instead.
+    WholeCores { cpus: usize },
+    /// `sibling-pair`: no core has two free hyperthreads; the container shares CPUs instead.
+    SiblingPair,
+    /// `sibling-pair` on a container that is not Guaranteed with exactly 2 CPUs: ignored.
+    SiblingPairSize,
+    /// `memory-type`: the machine has no memory of this kind; DRAM only.
+    MemoryType(MemoryKind),
+    /// `level`: no pool of this level fits (or the machine has none); the root instead.
+    Level(Level),
+    /// `memory-type` with memory binding turned off for the container (`memory-binding:
+    /// false`): no `cpuset.mems` is set.
+    MemoryTypeUnbound,
+}
+
+impl Unhonoured {
+    /// The control, as the `tap_errors_total` metric's `kind` label names it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Unhonoured::WholeCores { .. } => "whole_cores",
+            Unhonoured::SiblingPair | Unhonoured::SiblingPairSize => "sibling_pair",
+            Unhonoured::MemoryType(_) | Unhonoured::MemoryTypeUnbound => "memory_type",
+            Unhonoured::Level(_) => "level",
+        }
+    }
+}
+
+impl fmt::Display for Unhonoured {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unhonoured::WholeCores { cpus } => write!(
+                f,
+                "exclusive-cores whole: no pool has {cpus} CPUs in whole free cores; \
+                 shared CPUs instead (exclusive-cores: threads allows split cores)"
+            ),
+            Unhonoured::SiblingPair => f.write_str(
+                "exclusive-cores sibling-pair: no core has two free hyperthreads; shared CPUs instead",
+            ),
+            Unhonoured::SiblingPairSize => f.write_str(
+                "exclusive-cores sibling-pair needs a Guaranteed container of exactly 2 CPUs; ignored",
+            ),
+            Unhonoured::MemoryType(k) => {
+                write!(f, "memory-type {k}: this machine has no {k} memory; DRAM only")
+            }
+            Unhonoured::Level(l) => write!(
+                f,
+                "level {l}: no {l} pool fits (full, or this machine has none); the whole machine instead"
+            ),
+            Unhonoured::MemoryTypeUnbound => f.write_str(
+                "memory-type: memory binding is off for this container (memory-binding: false); mems not set",
+            ),
+        }
     }
 }
 
@@ -126,6 +218,8 @@ pub enum Reason {
     BestEffort,
     /// A forced level (annotation) that had no pool that fits: the root instead.
     ForcedLevelUnavailable(Level),
+    /// `numa-policy: exclusive`: a whole NUMA node, free of other containers.
+    ExclusiveNuma,
 }
 
 impl fmt::Display for Reason {
@@ -141,6 +235,7 @@ impl fmt::Display for Reason {
             Reason::ForcedLevelUnavailable(l) => {
                 write!(f, "no {l} pool fits the requested level; using the root")
             }
+            Reason::ExclusiveNuma => f.write_str("numa-policy exclusive: a whole NUMA node"),
         }
     }
 }
@@ -164,6 +259,8 @@ pub struct Placement {
     pub exclusive: bool,
     pub reason: Reason,
     pub updates: Vec<CpusetUpdate>,
+    /// A per-Pod control this placement could not honour.
+    pub unhonoured: Option<Unhonoured>,
 }
 
 // Returned by value on the container start path: boxing the placement would allocate.
@@ -250,6 +347,8 @@ pub struct Choice {
     pub mems: Option<NodeSet>,
     pub charge_memory: bool,
     pub reason: Reason,
+    /// A per-Pod control this choice could not honour.
+    pub unhonoured: Option<Unhonoured>,
 }
 
 /// The maps on the placement path hash container ids with foldhash's fixed-seed hasher: a

@@ -34,6 +34,7 @@ fn shape(sockets: u32, numa: u32, cpus: usize, mem_gib: u64) -> Arc<Topology> {
                 cluster: None,
                 core: id as u64,
                 numa: Some(node),
+                llc: None,
             });
             set.insert(id);
         }
@@ -49,6 +50,7 @@ fn shape(sockets: u32, numa: u32, cpus: usize, mem_gib: u64) -> Arc<Topology> {
             cpus: set,
             memory_bytes: mem_gib * GIB,
             distances,
+            read_bandwidth: None,
         });
     }
     Arc::new(Topology::build(&raw).expect("topology"))

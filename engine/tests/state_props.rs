@@ -12,11 +12,12 @@ use tap_engine::{
     ResourcePriority, Topology,
 };
 
-const FIXTURES: [&str; 6] = [
+const FIXTURES: [&str; 7] = [
     "synthetic-2s-4numa-96c-gpu",
     "synthetic-2s-2numa-smt-96t",
     "synthetic-1s-2numa-per-die-offline",
     "2socket-snc2-4numa-2pmem-112cpu-smt2",
+    "synthetic-2s-2numa-64t-8ccx",
     "2socket-snc2-4numa-80cpu-smt2",
     "hybrid-1socket-1numa-16cpu-4p8e",
 ];
@@ -71,26 +72,40 @@ fn config() -> impl Strategy<Value = EngineConfig> {
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(numa, mem, clusters, excl, gpu, confine)| EngineConfig {
-            policy: if numa {
-                PolicyKind::NumaAware
-            } else {
-                PolicyKind::TopologyAware
+        .prop_map(
+            |(numa, mem, clusters, excl, gpu, confine, whole, caches)| EngineConfig {
+                policy: if numa {
+                    PolicyKind::NumaAware
+                } else {
+                    PolicyKind::TopologyAware
+                },
+                memory_topology: mem,
+                cluster_affinity: clusters,
+                cluster_rule: Default::default(),
+                exclusive_cpus: excl,
+                priority: if gpu {
+                    ResourcePriority::GpuFirst
+                } else {
+                    ResourcePriority::CpuFirst
+                },
+                reserved: CpuSet::parse("1").unwrap(),
+                annotations_allowed: true,
+                confine_best_effort: confine,
+                cache_affinity: if caches {
+                    tap_engine::CacheAffinity::On
+                } else {
+                    tap_engine::CacheAffinity::Off
+                },
+                exclusive_cores: if whole {
+                    tap_engine::CoreGrain::WholeCores
+                } else {
+                    tap_engine::CoreGrain::Threads
+                },
             },
-            memory_topology: mem,
-            cluster_affinity: clusters,
-            cluster_rule: Default::default(),
-            exclusive_cpus: excl,
-            priority: if gpu {
-                ResourcePriority::GpuFirst
-            } else {
-                ResourcePriority::CpuFirst
-            },
-            reserved: CpuSet::parse("1").unwrap(),
-            annotations_allowed: true,
-            confine_best_effort: confine,
-        })
+        )
 }
 
 /// What the runtime knows of a container: its request and the cpuset it was last told.

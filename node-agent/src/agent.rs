@@ -410,6 +410,12 @@ impl Agent {
                 }
                 msg.push_str(&format!(": {}", p.reason));
                 self.note(hook, c, crate::notes::Kind::Placed, msg);
+                if let Some(u) = p.unhonoured {
+                    tracing::warn!(hook, container = %c.id, name = %c.name, pod = %c.pod.name, "not honoured: {u}");
+                    self.metrics
+                        .count_error(hook, crate::metrics::ErrorKind::Unhonoured(u));
+                    self.note(hook, c, crate::notes::Kind::NotHonoured, u.to_string());
+                }
                 Adjustment {
                     cpus: Some(self.fold_cpus(&p.cpus)),
                     mems: p.mems.as_ref().map(|m| self.fold_nodes(m)),
@@ -428,6 +434,12 @@ impl Agent {
                         let msg = format!("left on all CPUs: {why}");
                         self.metrics
                             .count_error(hook, crate::metrics::ErrorKind::StrictNuma);
+                        self.note(hook, c, crate::notes::Kind::FailedOpen, msg);
+                    }
+                    tap_engine::SkipReason::NoFreeNumaNode => {
+                        let msg = format!("left on all CPUs: {why}");
+                        self.metrics
+                            .count_error(hook, crate::metrics::ErrorKind::ExclusiveNuma);
                         self.note(hook, c, crate::notes::Kind::FailedOpen, msg);
                     }
                     _ => {}
@@ -738,6 +750,62 @@ mod tests {
         assert!(
             m.lines()
                 .any(|l| l.contains("kind=\"strict_numa\"") && l.ends_with(" 1")),
+            "{m}"
+        );
+    }
+
+    /// `numa-policy: exclusive` with no free node: left on all CPUs, a `TopologyNotPlaced` note
+    /// and `tap_errors_total{kind="exclusive_numa"}`; with a free node, the whole node.
+    #[test]
+    fn an_exclusive_numa_policy_gets_a_whole_node_or_is_left_unpinned() {
+        let a = agent("synthetic-2s-4numa-96c-gpu");
+        let mut rx = a.notes().attach().expect("notes");
+        let excl = |id: &str| {
+            let mut c = burstable(id, 2, 4);
+            c.pod.annotations.insert(
+                "tap.kunpeng.huawei.com/numa-policy".into(),
+                "exclusive".into(),
+            );
+            c
+        };
+        assert_eq!(shown(a.create(&excl("x0")).cpus).as_deref(), Some("0-23"));
+        for i in 1..3 {
+            assert!(a.create(&excl(&format!("x{i}"))).cpus.is_some());
+        }
+        let _ = std::iter::from_fn(|| rx.try_recv().ok()).count();
+        // The fourth node is free, but the machine keeps shared CPUs.
+        assert!(a.create(&excl("x3")).is_empty(), "no node left");
+        let n = rx.try_recv().expect("a note");
+        assert_eq!(n.reason(), "TopologyNotPlaced");
+        assert!(n.message.contains("numa-policy exclusive"), "{n:?}");
+        let m = a.metrics().render();
+        assert!(
+            m.lines()
+                .any(|l| l.contains("kind=\"exclusive_numa\"") && l.ends_with(" 1")),
+            "{m}"
+        );
+    }
+
+    /// A control that cannot be honoured (3 exclusive CPUs in whole 2-thread cores): the
+    /// container is placed on shared CPUs, with a `TopologyNotHonoured` note and a metric.
+    #[test]
+    fn an_unhonoured_control_places_the_container_and_says_so() {
+        let a = agent("synthetic-2s-2numa-smt-96t");
+        let mut rx = a.notes().attach().expect("notes");
+        let mut c = burstable("g3", 3, 3);
+        c.pod.cgroup_parent = Some("/kubepods/pod1".into());
+        let adj = a.create(&c);
+        assert!(adj.cpus.is_some_and(|s| s.len() > 3), "shared: {adj:?}");
+        let kinds: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|n| (n.reason(), n.message))
+            .collect();
+        assert_eq!(kinds.len(), 2, "{kinds:?}");
+        assert_eq!(kinds[1].0, "TopologyNotHonoured");
+        assert!(kinds[1].1.contains("whole free cores"), "{kinds:?}");
+        let m = a.metrics().render();
+        assert!(
+            m.lines()
+                .any(|l| l.contains("kind=\"whole_cores\"") && l.ends_with(" 1")),
             "{m}"
         );
     }

@@ -4,27 +4,80 @@ use crate::agent::{Agent, ContainerInfo, PodInfo};
 use std::fmt::Write as _;
 use tap_engine::cpu_model::{CpuModel, CpuModelSource};
 use tap_engine::devices::{DeviceKind, DeviceScheme};
+use tap_engine::request::{
+    EXCLUSIVE_CORES_KEY, HIDE_HYPERTHREADS_KEY, MEMORY_TYPE_KEY, NUMA_POLICY_KEY,
+};
 use tap_engine::topology::{Level, PciDevice, Topology};
 
-/// Sample containers: (name, QoS cgroup, request CPUs, limit CPUs).
-const SAMPLES: [(&str, &str, u64, Option<u64>); 6] = [
-    ("burstable-4-8", "burstable", 4, Some(8)),
+/// A sample container: name, QoS cgroup, request CPUs, limit CPUs, Pod annotations.
+type Sample = (
+    &'static str,
+    &'static str,
+    u64,
+    Option<u64>,
+    &'static [(&'static str, &'static str)],
+);
+
+const SAMPLES: [Sample; 11] = [
+    ("burstable-4-8", "burstable", 4, Some(8), &[]),
     // Small enough for one cluster (a Kunpeng's 4 cores, a test guest's 2).
-    ("burstable-1-2", "burstable", 1, Some(2)),
-    ("burstable-25-35", "burstable", 25, Some(35)),
-    ("burstable-50-60", "burstable", 50, Some(60)),
-    ("guaranteed-4", "", 4, Some(4)),
-    ("besteffort", "besteffort", 0, None),
+    ("burstable-1-2", "burstable", 1, Some(2), &[]),
+    ("burstable-25-35", "burstable", 25, Some(35), &[]),
+    ("burstable-50-60", "burstable", 50, Some(60), &[]),
+    ("guaranteed-4", "", 4, Some(4), &[]),
+    ("besteffort", "besteffort", 0, None, &[]),
+    // Hyperthreads: 3 CPUs are no whole number of 2-thread cores (shared, and said so on SMT
+    // machines); one core's sibling pair; 4 CPUs seen as one thread per core.
+    ("guaranteed-3", "", 3, Some(3), &[]),
+    (
+        "sibling-pair-2",
+        "",
+        2,
+        Some(2),
+        &[(EXCLUSIVE_CORES_KEY, "sibling-pair")],
+    ),
+    (
+        "hide-threads-4",
+        "",
+        4,
+        Some(4),
+        &[(HIDE_HYPERTHREADS_KEY, "true")],
+    ),
+    // Memory tiers: DRAM plus the nearest PMEM/CXL node (memory-only nodes never by default).
+    (
+        "pmem-1-2",
+        "burstable",
+        1,
+        Some(2),
+        &[(MEMORY_TYPE_KEY, "dram,pmem")],
+    ),
+    // A whole NUMA node, if one is still free of the samples above.
+    PROBE,
 ];
 
-/// The pool tree, one line per pool; cluster pools only when cluster affinity is on (they are
-/// not placed on otherwise), else a note saying why not (`off`).
-fn pool_tree(topo: &Topology, clusters: bool, off: &str) -> String {
+/// `numa-policy: exclusive`: shown alone on the empty machine first, and after the others.
+const PROBE: Sample = (
+    "numa-exclusive-2-4",
+    "burstable",
+    2,
+    Some(4),
+    &[(NUMA_POLICY_KEY, "exclusive")],
+);
+
+/// The pool tree, one line per pool; cluster pools only when cluster affinity is on and cache
+/// pools only when cache affinity is (they are not placed on otherwise), else a note saying
+/// why not (`off`).
+fn pool_tree(topo: &Topology, clusters: bool, caches: bool, off: &str) -> String {
     let mut out = String::new();
     let mut hidden = 0usize;
+    let mut hidden_caches = 0usize;
     for p in topo.walk() {
         if p.level == Level::Cluster && !clusters {
             hidden += 1;
+            continue;
+        }
+        if p.level == Level::Cache && !caches {
+            hidden_caches += 1;
             continue;
         }
         let _ = writeln!(
@@ -41,6 +94,12 @@ fn pool_tree(topo: &Topology, clusters: bool, off: &str) -> String {
     }
     if hidden > 0 {
         let _ = writeln!(out, "  ({hidden} cluster pools not shown: {off})");
+    }
+    if hidden_caches > 0 {
+        let _ = writeln!(
+            out,
+            "  ({hidden_caches} cache pools not shown: --cache-affinity is off)"
+        );
     }
     out
 }
@@ -136,9 +195,14 @@ fn machine_lines(topo: &Topology) -> String {
     let _ = writeln!(out, "{}", cpu_line(&topo.cpu));
     for n in &topo.nodes {
         let d: Vec<String> = n.distances.iter().map(|(_, d)| d.to_string()).collect();
+        let tier = if n.cpus.is_empty() {
+            format!(" memory-only ({}: only by memory-type)", n.kind)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "  numa node {}: cpus [{}] memory {} MiB distances [{}]",
+            "  numa node {}: cpus [{}] memory {} MiB distances [{}]{tier}",
             n.id,
             n.cpus,
             n.memory_bytes >> 20,
@@ -162,11 +226,22 @@ fn policy_lines(agent: &Agent) -> String {
         None => "--topology-cluster-affinity is off".to_string(),
     };
     let mut out = String::from("pool tree:\n");
-    out.push_str(&pool_tree(agent.topology(), cfg.cluster_affinity, &off));
+    let caches = cfg.cache_affinity == tap_engine::CacheAffinity::On;
+    out.push_str(&pool_tree(
+        agent.topology(),
+        cfg.cluster_affinity,
+        caches,
+        &off,
+    ));
     let _ = writeln!(
         out,
-        "policy: {} (memory topology {}, cluster affinity {}, exclusive CPUs {})",
-        cfg.policy, cfg.memory_topology, cfg.cluster_affinity, cfg.exclusive_cpus
+        "policy: {} (memory topology {}, cluster affinity {}, cache affinity {}, exclusive CPUs {} in {} cores)",
+        cfg.policy,
+        cfg.memory_topology,
+        cfg.cluster_affinity,
+        caches,
+        cfg.exclusive_cpus,
+        cfg.exclusive_cores
     );
     if let Some(o) = clusters_off {
         let _ = writeln!(out, "  {o}");
@@ -177,40 +252,66 @@ fn policy_lines(agent: &Agent) -> String {
 /// What the policy decides for the sample containers, placed one after the other.
 fn sample_lines(agent: &Agent) -> String {
     let mut out = String::new();
+    let mut notes = agent.notes().attach();
+    // Alone on the empty machine, then removed: a whole NUMA node.
+    let _ = writeln!(out, "alone on the empty machine, then removed:");
+    let probe = sample_container(usize::MAX, &PROBE);
+    let line = sample_line(agent, &mut notes, &probe);
+    let _ = writeln!(out, "  {:<16} -> {line}", PROBE.0);
+    agent.remove(&probe.id);
     let _ = writeln!(
         out,
         "sample decisions (each placed after the ones above it): cpus (pool), mems: why"
     );
-    let mut notes = agent.notes().attach();
-    for (i, (name, qos, req, lim)) in SAMPLES.iter().enumerate() {
-        let c = ContainerInfo {
-            id: format!("sample-{i}"),
-            name: (*name).into(),
-            pod: PodInfo {
-                name: (*name).into(),
-                namespace: "default".into(),
-                cgroup_parent: Some(format!("/kubepods/{qos}")),
-                ..Default::default()
-            },
-            cpu_shares: Some(if *req == 0 { 2 } else { req * 1024 }),
-            cpu_quota: lim.map(|l| (l * 100_000) as i64),
-            cpu_period: Some(100_000),
-            ..Default::default()
-        };
-        let adj = agent.create(&c);
-        // The note the agent made for the Pod Event says where and why.
-        let why = notes
-            .as_mut()
-            .and_then(|rx| rx.try_recv().ok())
-            .map(|n| n.message);
-        let line = match (why, adj.cpus) {
-            (Some(w), _) => w,
-            (None, Some(cpus)) => format!("cpus {cpus}"),
-            (None, None) => "unchanged".into(),
-        };
-        let _ = writeln!(out, "  {name:<16} -> {line}");
+    for (i, sample) in SAMPLES.iter().enumerate() {
+        let line = sample_line(agent, &mut notes, &sample_container(i, sample));
+        let _ = writeln!(out, "  {:<16} -> {line}", sample.0);
     }
     out
+}
+
+/// The container of sample `i`.
+fn sample_container(i: usize, (name, qos, req, lim, annotations): &Sample) -> ContainerInfo {
+    ContainerInfo {
+        id: format!("sample-{i}"),
+        name: (*name).into(),
+        pod: PodInfo {
+            name: (*name).into(),
+            namespace: "default".into(),
+            cgroup_parent: Some(format!("/kubepods/{qos}")),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        },
+        cpu_shares: Some(if *req == 0 { 2 } else { req * 1024 }),
+        cpu_quota: lim.map(|l| (l * 100_000) as i64),
+        cpu_period: Some(100_000),
+        ..Default::default()
+    }
+}
+
+/// Places `c` and says what the agent decided: the notes it made for the Pod Events (where and
+/// why, and what it could not honour).
+fn sample_line(
+    agent: &Agent,
+    notes: &mut Option<tokio::sync::mpsc::Receiver<crate::notes::Note>>,
+    c: &ContainerInfo,
+) -> String {
+    let adj = agent.create(c);
+    let mut said = Vec::new();
+    while let Some(n) = notes.as_mut().and_then(|rx| rx.try_recv().ok()) {
+        said.push(match n.kind {
+            crate::notes::Kind::NotHonoured => format!("not honoured: {}", n.message),
+            _ => n.message,
+        });
+    }
+    match (said.is_empty(), adj.cpus) {
+        (false, _) => said.join("; "),
+        (true, Some(cpus)) => format!("cpus {cpus}"),
+        (true, None) => "unchanged".into(),
+    }
 }
 
 #[cfg(test)]
@@ -221,7 +322,11 @@ mod tests {
     use tap_engine::{Engine, EngineConfig};
 
     fn agent(cluster_affinity: bool) -> Agent {
-        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
+        agent_on("synthetic-2s-4numa-96c-gpu", cluster_affinity)
+    }
+
+    fn agent_on(fixture: &str, cluster_affinity: bool) -> Agent {
+        let root = tap_engine::testdata::fixture_dir(fixture);
         let raw = tap_engine::sysfs::discover_dir(&root).expect("fixture");
         let topo = Arc::new(Topology::build(&raw).expect("topology"));
         let cfg = EngineConfig {
@@ -256,8 +361,94 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("(numa2, exclusive)"), "{out}");
+        // numa-policy exclusive: a whole node alone, none left after the samples.
+        assert!(
+            out.contains("numa-exclusive-2-4 -> cpus 0-23 (numa0, exclusive): numa-policy exclusive: a whole NUMA node"),
+            "{out}"
+        );
+        assert!(
+            out.contains("numa-exclusive-2-4 -> left on all CPUs: numa-policy exclusive: no NUMA node is free"),
+            "{out}"
+        );
         let with = explain(&agent(true));
         assert!(with.contains("cluster0 [cluster] cpus 0-3"), "{with}");
         assert!(!with.contains("not shown"), "{with}");
+    }
+
+    /// The hyperthread samples on an SMT machine (siblings n and n+48): 3 CPUs are no whole
+    /// cores (shared, said so), the sibling pair is one core, hidden threads one per core.
+    #[test]
+    fn hyperthread_samples_say_what_they_got_on_smt() {
+        let out = explain(&agent_on("synthetic-2s-2numa-smt-96t", false));
+        let line = |name: &str| {
+            out.lines()
+                .find(|l| l.trim_start().starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} line: {out}"))
+                .to_string()
+        };
+        assert!(
+            line("guaranteed-3").contains("not honoured: exclusive-cores whole"),
+            "{out}"
+        );
+        assert!(
+            line("sibling-pair-2").contains("cpus 2,50 (socket0, exclusive)"),
+            "{out}"
+        );
+        assert!(
+            line("hide-threads-4").contains("cpus 3-4 (socket0, exclusive)"),
+            "{out}"
+        );
+        // Without SMT: no sibling pair, said so; 3 CPUs exclusive.
+        let flat = explain(&agent(false));
+        assert!(
+            flat.contains("not honoured: exclusive-cores sibling-pair: no core"),
+            "{flat}"
+        );
+        assert!(!flat.contains("exclusive-cores whole"), "{flat}");
+    }
+
+    /// The memory tier sample on the 2-PMEM server: memory-only nodes are listed as such and
+    /// enter only the `memory-type` sample's mems, with the PMEM node nearest to its CPUs.
+    #[test]
+    fn memory_tier_sample_adds_the_nearest_pmem_node() {
+        let out = explain(&agent_on("2socket-snc2-4numa-2pmem-112cpu-smt2", false));
+        assert!(
+            out.contains("numa node 4: cpus [] memory 126976 MiB distances [17 28 28 28 10 28] memory-only (pmem/cxl"),
+            "{out}"
+        );
+        let pmem = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("pmem-1-2"))
+            .unwrap_or_else(|| panic!("{out}"));
+        assert!(pmem.contains("(numa2), mems 2,5: fits one numa"), "{out}");
+        assert!(!pmem.contains("not honoured"), "{out}");
+        assert!(out.contains("socket0 [socket] cpus 0,2,4"), "{out}");
+        assert!(
+            !out.contains("mems 0,4") && !out.contains("mems 2,5 mem"),
+            "{out}"
+        );
+        let flat = explain(&agent(false));
+        assert!(
+            flat.contains(
+                "not honoured: memory-type pmem/cxl: this machine has no pmem/cxl memory"
+            ),
+            "{flat}"
+        );
+    }
+
+    /// L3 groups smaller than a NUMA node are cache pools in the tree, and the small samples
+    /// land on one; `--cache-affinity=off` hides them.
+    #[test]
+    fn cache_pools_are_listed_and_used() {
+        let out = explain(&agent_on("synthetic-2s-2numa-64t-8ccx", false));
+        assert!(
+            out.contains("    cache0 [cache] cpus 0-3,32-35 (8) mems 0"),
+            "{out}"
+        );
+        assert!(
+            out.contains("burstable-4-8    -> cpus 0-3,32-35 (cache0): fits one cache"),
+            "{out}"
+        );
+        assert!(out.contains("cache affinity true"), "{out}");
     }
 }

@@ -4,7 +4,10 @@
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::Duration;
-use tap_engine::{ClusterAffinityRule, CpuSet, EngineConfig, PolicyKind, ResourcePriority};
+use tap_engine::{
+    CacheAffinity, ClusterAffinityRule, CoreGrain, CpuSet, EngineConfig, PolicyKind,
+    ResourcePriority,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuntimeMode {
@@ -63,6 +66,19 @@ fn parse_priority(s: &str) -> Result<ResourcePriority, String> {
 fn parse_cluster_rule(s: &str) -> Result<ClusterAffinityRule, String> {
     ClusterAffinityRule::parse(s)
         .ok_or_else(|| format!("unknown cluster affinity rule {s:?}: use any or kunpeng-950-only"))
+}
+
+fn parse_core_grain(s: &str) -> Result<CoreGrain, String> {
+    match CoreGrain::parse(s) {
+        Some(g @ (CoreGrain::WholeCores | CoreGrain::Threads)) => Ok(g),
+        _ => Err(format!(
+            "unknown exclusive core grain {s:?}: use whole or threads (sibling-pair is per Pod)"
+        )),
+    }
+}
+
+fn parse_cache_affinity(s: &str) -> Result<CacheAffinity, String> {
+    CacheAffinity::parse(s).ok_or_else(|| format!("unknown cache affinity {s:?}: use on or off"))
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -183,6 +199,18 @@ pub struct Flags {
     /// Give Guaranteed integer-CPU containers exclusive CPUs (topology-aware).
     #[arg(help_heading = "Policy", long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub exclusive_cpus: bool,
+
+    /// How exclusive CPUs are taken: `whole` cores only (the kubelet's full-pcpus-only: a
+    /// count that is no whole number of free cores gets shared CPUs, with a Warning Event), or
+    /// any `threads` (whole cores first). Per Pod: the `exclusive-cores` annotation.
+    #[arg(help_heading = "Policy", long, default_value = "whole", value_parser = parse_core_grain)]
+    pub exclusive_cores: CoreGrain,
+
+    /// Cache (L3) pools between the NUMA node and the core, where CPUs share a last-level cache
+    /// smaller than their NUMA node (`cpu*/cache/index*/shared_cpu_list`, level 3): `on` (the
+    /// default) or `off` (only for Pods that ask for `level: cache`).
+    #[arg(help_heading = "Policy", long, default_value = "on", value_parser = parse_cache_affinity)]
+    pub cache_affinity: CacheAffinity,
 
     /// Confine BestEffort containers to one pool or NUMA node like the others (charged
     /// nothing); by default they run on the machine's shared CPUs, as the kubelet leaves them.
@@ -310,6 +338,8 @@ impl Flags {
             exclusive_cpus: self.exclusive_cpus,
             annotations_allowed: true,
             confine_best_effort: self.confine_best_effort,
+            exclusive_cores: self.exclusive_cores,
+            cache_affinity: self.cache_affinity,
         }
     }
 

@@ -88,6 +88,11 @@ pub enum ErrorKind {
     NotFound,
     /// `numa-policy: strict` and no single NUMA node holds the container (left on all CPUs).
     StrictNuma,
+    /// `numa-policy: exclusive` and no NUMA node free of other containers (left on all CPUs).
+    ExclusiveNuma,
+    /// a per-Pod control the placement could not honour (placed without it): the control's
+    /// own label (`whole_cores`, `sibling_pair`, ...).
+    Unhonoured(tap_engine::Unhonoured),
 }
 
 impl ErrorKind {
@@ -113,6 +118,8 @@ impl ErrorKind {
             ErrorKind::Refused => "refused",
             ErrorKind::NotFound => "not_found",
             ErrorKind::StrictNuma => "strict_numa",
+            ErrorKind::ExclusiveNuma => "exclusive_numa",
+            ErrorKind::Unhonoured(u) => u.kind(),
         }
     }
 }
@@ -231,14 +238,18 @@ impl Collector for UsageCollector {
                     .unwrap_or_default(),
             })?,
         )?;
-        let (pools, cluster_affinity) = figures
-            .map(|f| (f.pools, f.config.cluster_affinity))
+        let (pools, cluster_affinity, cache_affinity) = figures
+            .map(|f| {
+                let caches = f.config.cache_affinity == tap_engine::CacheAffinity::On;
+                (f.pools, f.config.cluster_affinity, caches)
+            })
             .unwrap_or_default();
-        // Cluster pools hold containers only with cluster affinity; without it their series
-        // would only repeat their NUMA node's CPUs.
+        // Cluster (and cache) pools hold containers only with cluster (cache) affinity; without
+        // it their series would only repeat their NUMA node's CPUs.
         let pools: Vec<PoolStatus> = pools
             .into_iter()
             .filter(|p| cluster_affinity || p.level != Level::Cluster)
+            .filter(|p| cache_affinity || p.level != Level::Cache)
             .collect();
         let labels: Vec<ZoneLabels> = pools
             .iter()

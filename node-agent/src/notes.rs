@@ -14,6 +14,8 @@ pub enum Kind {
     Placed,
     /// Left unadjusted because something went wrong (fail open): `TopologyNotPlaced` (Warning).
     FailedOpen,
+    /// Placed, but without a per-Pod control it asked for: `TopologyNotHonoured` (Warning).
+    NotHonoured,
 }
 
 /// One decision about one container of a Pod.
@@ -36,6 +38,7 @@ impl Note {
         match self.kind {
             Kind::Placed => "TopologyPlaced",
             Kind::FailedOpen => "TopologyNotPlaced",
+            Kind::NotHonoured => "TopologyNotHonoured",
         }
     }
 

@@ -146,6 +146,20 @@ pub fn standard_policies() -> Vec<PolicyRun> {
         },
     ];
     out.push(PolicyRun {
+        label: "topology-aware, cache affinity off".into(),
+        policy: Policy::Engine(EngineConfig {
+            cache_affinity: tap_engine::CacheAffinity::Off,
+            ..ta.clone()
+        }),
+    });
+    out.push(PolicyRun {
+        label: "topology-aware, exclusive-cores threads".into(),
+        policy: Policy::Engine(EngineConfig {
+            exclusive_cores: tap_engine::CoreGrain::Threads,
+            ..ta.clone()
+        }),
+    });
+    out.push(PolicyRun {
         label: "topology-aware +mem".into(),
         policy: Policy::Engine(EngineConfig {
             memory_topology: true,
@@ -181,6 +195,11 @@ pub struct Placed {
     pub single_possible: bool,
     pub best_effort: bool,
     pub exclusive_cpus: usize,
+    /// Exclusive CPUs that are not whole cores: the container shares a core's hyperthreads
+    /// with another container.
+    pub split_cores: bool,
+    /// All its CPUs share one last-level (L3) cache (`None`: the machine reports no L3 groups).
+    pub one_l3: Option<bool>,
     /// Whole CPUs a Guaranteed integer-CPU container qualifies for (the kubelet's rule).
     pub exclusive_eligible: Option<usize>,
     pub refused: bool,
@@ -221,6 +240,8 @@ pub struct Summary {
     pub one_socket: f64,
     /// Share of Guaranteed and Burstable containers within one NUMA node.
     pub one_numa_not_be: f64,
+    /// Share of Guaranteed and Burstable containers within one L3 cache (`None`: no L3 data).
+    pub one_l3_not_be: Option<f64>,
     /// Share within one NUMA node among containers for which one was possible.
     pub one_numa_where_fits: f64,
     /// Share of all containers spanning NUMA nodes although one node was possible.
@@ -233,6 +254,8 @@ pub struct Summary {
     pub exclusive_peak: usize,
     /// Guaranteed integer-CPU containers that ended up on shared CPUs.
     pub exclusive_missed: usize,
+    /// Exclusive grants that split a core (hyperthreads shared with another container).
+    pub exclusive_split: usize,
     pub refused: usize,
     pub fallback: usize,
     pub updates: usize,
@@ -278,6 +301,15 @@ impl Outcomes {
                     .count(),
                 self.placed.iter().filter(|p| !p.best_effort).count(),
             ),
+            one_l3_not_be: self.placed.iter().any(|p| p.one_l3.is_some()).then(|| {
+                share(
+                    self.placed
+                        .iter()
+                        .filter(|p| !p.best_effort && p.one_l3 == Some(true))
+                        .count(),
+                    self.placed.iter().filter(|p| !p.best_effort).count(),
+                )
+            }),
             one_numa_where_fits: share(
                 fits.iter().filter(|p| p.numa_nodes == 1).count(),
                 fits.len(),
@@ -294,6 +326,7 @@ impl Outcomes {
                 .iter()
                 .filter(|p| p.exclusive_eligible.is_some() && p.exclusive_cpus == 0)
                 .count(),
+            exclusive_split: self.placed.iter().filter(|p| p.split_cores).count(),
             refused: self.placed.iter().filter(|p| p.refused).count(),
             fallback: self.placed.iter().filter(|p| p.fallback).count(),
             updates: self.updates,
@@ -655,6 +688,13 @@ pub fn simulate_with(
                 single_possible,
                 best_effort,
                 exclusive_cpus: exclusive,
+                split_cores: exclusive > 0
+                    && topo
+                        .cores
+                        .iter()
+                        .any(|c| c.intersects(&cpus) && !c.is_subset(&cpus)),
+                one_l3: (!topo.caches.is_empty())
+                    .then(|| topo.caches.iter().any(|l| cpus.is_subset(l))),
                 exclusive_eligible: req.exclusive_cpus(),
                 refused,
                 fallback,
@@ -702,6 +742,7 @@ mod tests {
                     cluster: None,
                     core: id as u64,
                     numa: Some(node),
+                    llc: None,
                 });
                 set.insert(id);
             }
@@ -714,6 +755,7 @@ mod tests {
                 } else {
                     vec![20, 10]
                 },
+                read_bandwidth: None,
             });
         }
         let raw = RawTopology {

@@ -21,12 +21,13 @@ impl Engine {
         if g.is_exclusive() && g.exclusive.intersects(&self.taken) {
             g.exclusive = CpuSet::new();
         }
-        g.cpus = if g.is_exclusive() {
+        let cpus = if g.is_exclusive() {
             self.set_taken(self.taken.union(&g.exclusive));
             g.exclusive
         } else {
             self.shared_cpus(&g.span)
         };
+        g.cpus = g.visible(&self.topo, &cpus);
         let (exclusive, cpus, mems) = (g.exclusive, g.cpus, g.mems);
         self.charge(&g);
         self.put(Arc::from(id), g);

@@ -16,7 +16,7 @@
 use super::{CpusetUpdate, Engine, RestoreReport};
 use crate::cpuset::CpuSet;
 use crate::grant::{Grant, GrantRecord};
-use crate::request::PolicyKind;
+use crate::request::{Hyperthreads, PolicyKind};
 use crate::topology::Level;
 use crate::types::Existing;
 use std::sync::Arc;
@@ -113,7 +113,7 @@ impl Engine {
                 }
             }
             // Shared cpusets are filled in once all exclusive CPUs are known.
-            g.cpus = g.exclusive;
+            g.cpus = g.visible(&self.topo, &g.exclusive);
             self.charge(&g);
             self.put(Arc::from(e.request.id.as_str()), g);
             match source {
@@ -169,7 +169,7 @@ impl Engine {
                 continue;
             };
             if !g.is_exclusive() {
-                g.cpus = g.span.intersection(&usable).difference(&taken);
+                g.cpus = g.visible(&self.topo, &g.span.intersection(&usable).difference(&taken));
             }
             if e.cpus != Some(g.cpus) && !g.cpus.is_empty() {
                 updates.push(CpusetUpdate {
@@ -198,12 +198,15 @@ impl Engine {
             }
             PolicyKind::TopologyAware => pool.cpus,
         };
+        let threads = crate::policy::Settings::new(&self.cfg, &e.request).threads;
         if let Some(live) = e.cpus {
             // The live cpuset wins over a record it contradicts.
             let agrees = if r.exclusive.is_empty() {
                 live.is_subset(&span)
             } else {
                 live == r.exclusive
+                    || (threads == Hyperthreads::Hidden
+                        && live == self.topo.one_thread_per_core(&r.exclusive))
             };
             if !agrees {
                 return None;
@@ -233,6 +236,7 @@ impl Engine {
             memory_bytes,
             mems: r.mems,
             cpus: CpuSet::new(),
+            threads,
         })
     }
 
@@ -244,9 +248,11 @@ impl Engine {
         cpus: &CpuSet,
         req: &crate::request::ContainerRequest,
     ) -> usize {
-        let clusters = self.cfg.cluster_affinity || req.overrides.level == Some(Level::Cluster);
+        let set = crate::policy::Settings::new(&self.cfg, req);
+        let off =
+            |l: Level| (l == Level::Cluster && !set.clusters) || (l == Level::Cache && !set.caches);
         let mut pool = self.topo.deepest_pool_containing(cpus);
-        while self.topo.pools[pool].level == Level::Cluster && !clusters {
+        while off(self.topo.pools[pool].level) {
             match self.topo.pools[pool].parent {
                 Some(p) => pool = p,
                 None => break,
@@ -313,6 +319,7 @@ impl Engine {
             },
             mems,
             cpus: CpuSet::new(),
+            threads: crate::policy::Settings::new(&self.cfg, req).threads,
         })
     }
 }

@@ -1,7 +1,7 @@
 //! Placement policies: the [`Policy`] trait, the settings of one request, and the dispatch
 //! that every request goes through before a policy sees it.
 //!
-//! - [`topology_aware`]: the pool tree (machine > socket > die > NUMA > cluster), exclusive
+//! - [`topology_aware`]: the pool tree (machine > socket > die > NUMA > cache > cluster), exclusive
 //!   CPUs for Guaranteed integer-CPU containers.
 //! - [`numa_aware`]: the smallest set of nearest NUMA nodes that holds the container's size.
 //! - Before either: a `kube-system` Pod gets the whole machine, and a BestEffort container
@@ -28,6 +28,7 @@
 //! the memory binding worked out) and [`crate::cpu_picker::pick_exclusive`].
 
 pub mod numa_aware;
+pub mod numa_exclusive;
 pub mod topology_aware;
 
 pub use crate::types::Choice;
@@ -35,10 +36,12 @@ pub use crate::types::Choice;
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
 use crate::nodeset::NodeSet;
-use crate::request::{ContainerRequest, PolicyKind, Qos};
+use crate::request::{
+    ContainerRequest, CoreGrain, Hyperthreads, MemoryTypes, NumaPolicy, PolicyKind, Qos,
+};
 use crate::state::StateView;
 use crate::topology::{Level, PoolId};
-use crate::types::{EngineConfig, Reason};
+use crate::types::{EngineConfig, Reason, Unhonoured};
 use std::fmt;
 use std::sync::Arc;
 
@@ -73,9 +76,19 @@ pub struct Settings {
     pub level: Option<Level>,
     /// Cluster pools may be chosen.
     pub clusters: bool,
+    /// Cache (L3) pools may be chosen.
+    pub caches: bool,
     /// Exclusive CPUs for Guaranteed integer-CPU containers.
     pub exclusive: bool,
     pub confine_best_effort: bool,
+    /// How exclusive CPUs are taken from cores.
+    pub cores: CoreGrain,
+    /// Which hyperthreads of its grant the container sees.
+    pub threads: Hyperthreads,
+    /// Memory kinds for `cpuset.mems` (memory-only nodes only when asked for).
+    pub memory_types: MemoryTypes,
+    /// How hard the container holds to one NUMA node (`exclusive`: a whole node to itself).
+    pub numa: NumaPolicy,
 }
 
 impl Settings {
@@ -87,11 +100,23 @@ impl Settings {
         };
         Settings {
             policy: o.policy.unwrap_or(cfg.policy),
-            memory: o.memory_binding.unwrap_or(cfg.memory_topology),
+            // A memory type asked for binds memory unless binding is turned off explicitly.
+            memory: o
+                .memory_binding
+                .unwrap_or(cfg.memory_topology || o.memory_types.is_some_and(|t| t.has_tiers())),
             level: o.level,
             clusters: cfg.cluster_affinity || o.level == Some(Level::Cluster),
+            caches: cfg.cache_affinity == crate::types::CacheAffinity::On
+                || o.level == Some(Level::Cache),
             exclusive: cfg.exclusive_cpus && o.exclusive.unwrap_or(true),
             confine_best_effort: o.confine_best_effort.unwrap_or(cfg.confine_best_effort),
+            cores: o.exclusive_cores.unwrap_or(cfg.exclusive_cores),
+            threads: match o.hide_hyperthreads {
+                Some(true) => Hyperthreads::Hidden,
+                _ => Hyperthreads::Shown,
+            },
+            memory_types: o.memory_types.unwrap_or_default(),
+            numa: o.numa_policy.unwrap_or(NumaPolicy::Preferred),
         }
     }
 }
@@ -153,6 +178,12 @@ impl Policies {
         if req.namespace == "kube-system" {
             return Some(root(view, req, &set, Reason::KubeSystem));
         }
+        if set.numa == NumaPolicy::Exclusive {
+            // Else placed as usual: a create is then refused by the engine, a resize kept.
+            if let Some(c) = numa_exclusive::choose(view, req, &set, old) {
+                return Some(c);
+            }
+        }
         if req.qos() == Qos::BestEffort && !set.confine_best_effort {
             return Some(root(view, req, &set, Reason::BestEffort));
         }
@@ -189,6 +220,7 @@ pub fn pool_choice(
             _ => topo.mems_for_nodes(&cpu_nodes),
         }
     });
+    let (mems, unhonoured) = with_tiers(topo, mems, set);
     Choice {
         policy: PolicyKind::TopologyAware,
         pool,
@@ -198,11 +230,37 @@ pub fn pool_choice(
         mems,
         charge_memory: set.memory && req.memory_limit_bytes.is_some(),
         reason,
+        unhonoured,
     }
 }
 
-/// Whether the memory of `nodes` (their single-node pools, with attached memory-only nodes)
-/// has `need` bytes free. A node of unknown size (0) does not constrain.
+/// `cpuset.mems` (its DRAM nodes) with the memory-only nodes of each kind the container asks
+/// for added, the nearest to those nodes; and the first kind it asked for but could not get.
+/// Memory capacity is accounted on DRAM only.
+pub fn with_tiers(
+    topo: &crate::topology::Topology,
+    mems: Option<NodeSet>,
+    set: &Settings,
+) -> (Option<NodeSet>, Option<Unhonoured>) {
+    if !set.memory_types.has_tiers() {
+        return (mems, None);
+    }
+    let Some(dram) = mems else {
+        return (None, Some(Unhonoured::MemoryTypeUnbound));
+    };
+    let mut out = dram;
+    let mut missing = None;
+    for kind in set.memory_types.tiers() {
+        let extra = topo.tier_nodes(&dram, kind);
+        if extra.is_empty() {
+            missing = missing.or(Some(Unhonoured::MemoryType(kind)));
+        }
+        out = out.union(&extra);
+    }
+    (Some(out), missing)
+}
+
+/// Whether the memory of `nodes` (their single-node pools: DRAM) has `need` bytes free. A node of unknown size (0) does not constrain.
 fn nodes_hold_memory(e: &StateView<'_>, nodes: &NodeSet, need: u64) -> bool {
     let topo = e.topology();
     let mut free: u64 = 0;

@@ -47,8 +47,7 @@ struct NodeFig {
     free: i128,
     /// Capacity minus the limits charged to the node.
     limit_room: i128,
-    /// Memory of the node and its attached memory-only nodes (`u64::MAX` when unknown or not
-    /// needed).
+    /// Memory of the node (DRAM; `u64::MAX` when unknown or not needed).
     mem: u64,
 }
 
@@ -102,15 +101,18 @@ fn place(
             }
         }
         let pool = topo.deepest_pool_containing(&span);
+        let (mems, unhonoured) =
+            super::with_tiers(topo, eff.memory.then(|| topo.mems_for_nodes(&set)), eff);
         Choice {
             policy: PolicyKind::NumaAware,
             pool,
             nodes: set,
             span,
             exclusive: CpuSet::new(),
-            mems: eff.memory.then(|| topo.mems_for_nodes(&set)),
+            mems,
             charge_memory: eff.memory && req.memory_limit_bytes.is_some(),
             reason: Reason::NumaNodes(set.len()),
+            unhonoured,
         }
     };
 

@@ -1,4 +1,4 @@
-//! `topology-aware`: the pool tree (machine > socket > die > NUMA > cluster). Among pools whose
+//! `topology-aware`: the pool tree (machine > socket > die > NUMA > cache > cluster). Among pools whose
 //! free request capacity (and that of every ancestor below the root) covers the request, the
 //! best by: below the root (the root is the last resort); device affinity first with
 //! `gpu-first`; holds the limit too; deeper; device affinity with `cpu-first`; more free
@@ -13,10 +13,10 @@ use crate::cpu_picker::pick_exclusive;
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
 use crate::nodeset::NodeSet;
-use crate::request::{ContainerRequest, PolicyKind};
+use crate::request::{ContainerRequest, CoreGrain, PolicyKind};
 use crate::state::StateView;
 use crate::topology::{Level, Pool, PoolId};
-use crate::types::{Reason, ResourcePriority};
+use crate::types::{Reason, ResourcePriority, Unhonoured};
 
 /// The built-in `topology-aware` policy (no state of its own).
 #[derive(Debug, Clone, Copy, Default)]
@@ -56,8 +56,12 @@ fn limit_room(e: &StateView<'_>, id: PoolId) -> i128 {
     i128::from(e.capacity_milli(id)) - i128::from(e.pool_load(id).limit_milli)
 }
 
-fn matches_level(p: &Pool, level: Level) -> bool {
-    p.level == level || (level == Level::Numa && p.numa_nodes.len() == 1 && p.level < Level::Numa)
+/// Whether `p` is a pool of `level`, or stands for one: a NUMA node collapsed into its socket
+/// or die, an L3 group equal to its NUMA pool (or socket) where the cache is not smaller.
+fn matches_level(topo: &crate::topology::Topology, p: &Pool, level: Level) -> bool {
+    p.level == level
+        || (level == Level::Numa && p.numa_nodes.len() == 1 && p.level < Level::Numa)
+        || (level == Level::Cache && p.level <= Level::Numa && topo.caches.contains(&p.cpus))
 }
 
 /// Whether `pool` and every ancestor below the root have room for the request.
@@ -131,6 +135,7 @@ fn place(
     } else {
         None
     };
+    let (grain, mut unhonoured) = core_grain(eff.cores, excl_n);
     let mut device_nodes = NodeSet::new();
     for n in &req.device_nodes {
         device_nodes.insert(*n as usize);
@@ -141,8 +146,11 @@ fn place(
         if p.level == Level::Cluster && !eff.clusters {
             return false;
         }
+        if p.level == Level::Cache && !eff.caches {
+            return false;
+        }
         if let Some(l) = eff.level {
-            if !matches_level(p, l) {
+            if !matches_level(topo, p, l) {
                 return false;
             }
         }
@@ -157,7 +165,7 @@ fn place(
         let p = &topo.pools[old];
         if candidate(p) {
             if let Some(n) = excl_n {
-                if let Some(ex) = pick_exclusive(e, old, n) {
+                if let Some(ex) = pick_exclusive(e, old, n, grain) {
                     return Some(pool_choice(
                         e,
                         req,
@@ -190,12 +198,20 @@ fn place(
         );
         ranked.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
         for (_, id) in ranked {
-            if let Some(ex) = pick_exclusive(e, id, n) {
+            if let Some(ex) = pick_exclusive(e, id, n, grain) {
                 let level = topo.pools[id].level;
-                return Some(pool_choice(e, req, eff, id, ex, Reason::Exclusive(level)));
+                let mut c = pool_choice(e, req, eff, id, ex, Reason::Exclusive(level));
+                c.unhonoured = unhonoured.or(c.unhonoured);
+                return Some(c);
             }
         }
-        // No pool can give whole CPUs: fall through to a shared placement.
+        // No pool can give the CPUs: fall through to a shared placement, and say why where a
+        // core grain stood in the way.
+        unhonoured = match grain {
+            CoreGrain::WholeCores => Some(Unhonoured::WholeCores { cpus: n }),
+            CoreGrain::SiblingPair => Some(Unhonoured::SiblingPair),
+            CoreGrain::Threads => unhonoured,
+        };
     }
 
     let mut best: Option<(Key, PoolId)> = None;
@@ -211,12 +227,27 @@ fn place(
     let (pool, reason) = match best {
         Some((_, id)) => (id, Reason::Fits(topo.pools[id].level)),
         None => match eff.level {
-            Some(l) => (0, Reason::ForcedLevelUnavailable(l)),
+            Some(l) => {
+                unhonoured = unhonoured.or(Some(Unhonoured::Level(l)));
+                (0, Reason::ForcedLevelUnavailable(l))
+            }
             None => (0, Reason::Fallback),
         },
     };
     if !e.pool_has_shared_cpus(pool) {
         return None;
     }
-    Some(pool_choice(e, req, eff, pool, CpuSet::new(), reason))
+    let mut c = pool_choice(e, req, eff, pool, CpuSet::new(), reason);
+    c.unhonoured = unhonoured.or(c.unhonoured);
+    Some(c)
+}
+
+/// The core grain exclusive CPUs are taken with: `sibling-pair` only for exactly 2 CPUs (else
+/// whole cores, and that it was not honoured).
+fn core_grain(asked: CoreGrain, excl_n: Option<usize>) -> (CoreGrain, Option<Unhonoured>) {
+    match (asked, excl_n) {
+        (CoreGrain::SiblingPair, Some(2)) => (CoreGrain::SiblingPair, None),
+        (CoreGrain::SiblingPair, _) => (CoreGrain::WholeCores, Some(Unhonoured::SiblingPairSize)),
+        (g, _) => (g, None),
+    }
 }

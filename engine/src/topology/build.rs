@@ -2,8 +2,8 @@
 //! then the pool tree (machine > socket > die > NUMA node > cluster).
 
 use super::{
-    attach_memory, CpuSet, Level, NumaNode, PoolId, RawTopology, Topology, TopologyError,
-    TreeBuilder,
+    attach_memory, CpuSet, Level, MemoryKind, NumaNode, PoolId, RawTopology, Topology,
+    TopologyError, TreeBuilder,
 };
 use std::collections::BTreeMap;
 
@@ -13,6 +13,7 @@ pub(super) fn build(raw: &RawTopology) -> Result<Topology, TopologyError> {
     let (nodes, cpu_node) = numa_nodes(raw, &online, max_cpu);
     let cores = groups(raw, |c| Some((c.package, c.die, c.core)));
     let clusters = groups(raw, |c| c.cluster.map(|cl| (c.package, c.die, cl)));
+    let caches = groups(raw, |c| c.llc.map(|l| (c.package, l)));
     let cpu_core = index_of(&cores, max_cpu);
     let cpu_cluster = index_of(&clusters, max_cpu);
     let (core_size, cluster_size) = (sizes(&cores), sizes(&clusters));
@@ -24,7 +25,15 @@ pub(super) fn build(raw: &RawTopology) -> Result<Topology, TopologyError> {
     }
     let socket_sets: Vec<CpuSet> = sockets.values().copied().collect();
     let die_sets: Vec<CpuSet> = dies.values().copied().collect();
-    let mut pools = pool_tree(online, &socket_sets, &die_sets, &nodes, &cores, &clusters);
+    let shapes = Shapes {
+        sockets: &socket_sets,
+        dies: &die_sets,
+        nodes: &nodes,
+        cores: &cores,
+        caches: &caches,
+        clusters: &clusters,
+    };
+    let mut pools = pool_tree(online, &shapes);
     attach_memory(&mut pools, &nodes);
     Ok(Topology {
         online,
@@ -34,6 +43,7 @@ pub(super) fn build(raw: &RawTopology) -> Result<Topology, TopologyError> {
         pools,
         cores,
         clusters,
+        caches,
         sockets: sockets.len(),
         dies: dies.len(),
         cpu: raw.cpu.clone(),
@@ -75,12 +85,19 @@ fn numa_nodes(raw: &RawTopology, online: &CpuSet, max_cpu: usize) -> (Vec<NumaNo
     let mut raw_nodes = raw.nodes.clone();
     raw_nodes.sort_by_key(|n| n.id);
     let node_ids: Vec<u32> = raw_nodes.iter().map(|n| n.id).collect();
+    // The fastest DRAM, by the HMAT's read bandwidth where it is given.
+    let dram_bandwidth = raw_nodes
+        .iter()
+        .filter(|n| !n.cpus.is_empty())
+        .filter_map(|n| n.read_bandwidth)
+        .max();
     let mut nodes: Vec<NumaNode> = raw_nodes
         .iter()
         .map(|n| NumaNode {
             id: n.id,
             cpus: n.cpus.intersection(online),
             memory_bytes: n.memory_bytes,
+            kind: memory_kind(n, dram_bandwidth),
             distances: node_ids
                 .iter()
                 .copied()
@@ -112,6 +129,7 @@ fn numa_nodes(raw: &RawTopology, online: &CpuSet, max_cpu: usize) -> (Vec<NumaNo
                     id: 0,
                     cpus: CpuSet::new(),
                     memory_bytes: 0,
+                    kind: MemoryKind::Dram,
                     distances: vec![(0, 10)],
                 },
             );
@@ -126,6 +144,19 @@ fn numa_nodes(raw: &RawTopology, online: &CpuSet, max_cpu: usize) -> (Vec<NumaNo
         }
     }
     (nodes, cpu_node)
+}
+
+/// What a node's memory is (see [`MemoryKind`]): a node with CPUs (in sysfs, online or not) is
+/// DRAM; a memory-only node is HBM when the HMAT gives it more bandwidth than the fastest DRAM,
+/// else PMEM/CXL.
+fn memory_kind(n: &super::RawNode, dram_bandwidth: Option<u64>) -> MemoryKind {
+    if !n.cpus.is_empty() {
+        return MemoryKind::Dram;
+    }
+    match (n.read_bandwidth, dram_bandwidth) {
+        (Some(own), Some(dram)) if own > dram => MemoryKind::Hbm,
+        _ => MemoryKind::Pmem,
+    }
 }
 
 /// CPUs grouped by a key (cores, clusters), ordered by their first CPU.
@@ -152,18 +183,30 @@ fn index_of(groups: &[CpuSet], max_cpu: usize) -> Vec<u32> {
     out
 }
 
+/// The CPU groups the pool tree is made of.
+struct Shapes<'a> {
+    sockets: &'a [CpuSet],
+    dies: &'a [CpuSet],
+    nodes: &'a [NumaNode],
+    cores: &'a [CpuSet],
+    caches: &'a [CpuSet],
+    clusters: &'a [CpuSet],
+}
+
 /// The pool tree. The machine is a real pool only with several sockets; with one socket the
 /// socket is the root (named after its level), as in the reference. A die is a pool only where
-/// it holds several NUMA nodes and is smaller than its socket; a cluster only where it has
-/// several cores inside one NUMA pool. A level equal to its parent collapses into it.
-fn pool_tree(
-    online: CpuSet,
-    sockets: &[CpuSet],
-    dies: &[CpuSet],
-    nodes: &[NumaNode],
-    cores: &[CpuSet],
-    clusters: &[CpuSet],
-) -> Vec<super::Pool> {
+/// it holds several NUMA nodes and is smaller than its socket; a cache (L3) group and a cluster
+/// only where they have several cores inside one NUMA pool (a cluster inside its cache group).
+/// A level equal to its parent collapses into it.
+fn pool_tree(online: CpuSet, shapes: &Shapes<'_>) -> Vec<super::Pool> {
+    let Shapes {
+        sockets,
+        dies,
+        nodes,
+        cores,
+        caches,
+        clusters,
+    } = *shapes;
     let mut b = TreeBuilder { pools: Vec::new() };
     let several = sockets.len() > 1;
     let root = b.push(
@@ -208,16 +251,21 @@ fn pool_tree(
             .or_else(|| b.deepest_containing(&socket_pools, &n.cpus));
         numa_pools.push(b.push_or_collapse(Level::Numa, n.id as usize, parent, n.cpus));
     }
-    for (i, set) in clusters.iter().enumerate() {
-        let n_cores = cores.iter().filter(|c| c.is_subset(set)).count();
-        if n_cores < 2 {
-            continue;
-        }
-        if let Some(parent) = b.deepest_containing(&numa_pools, set) {
-            if b.pools[parent].cpus != *set {
-                b.push(Level::Cluster, i, Some(parent), *set);
+    let mut parents = numa_pools.clone();
+    for (level, groups) in [(Level::Cache, caches), (Level::Cluster, clusters)] {
+        let mut added = Vec::new();
+        for (i, set) in groups.iter().enumerate() {
+            let n_cores = cores.iter().filter(|c| c.is_subset(set)).count();
+            if n_cores < 2 {
+                continue;
+            }
+            if let Some(parent) = b.deepest_containing(&parents, set) {
+                if b.pools[parent].cpus != *set {
+                    added.push(b.push(level, i, Some(parent), *set));
+                }
             }
         }
+        parents.extend(added);
     }
     b.pools
 }

@@ -36,7 +36,7 @@ pub fn event(n: &Note) -> Event {
     Event {
         type_: match n.kind {
             Kind::Placed => EventType::Normal,
-            Kind::FailedOpen => EventType::Warning,
+            Kind::FailedOpen | Kind::NotHonoured => EventType::Warning,
         },
         reason: n.reason().into(),
         note: Some(n.text()),
