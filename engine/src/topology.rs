@@ -221,6 +221,9 @@ pub struct Topology {
     cpu_cluster: Vec<u32>,
     /// CPUs of each core (index into `cores`): counted once, read on the decision path.
     core_size: Vec<u32>,
+    /// The greatest common divisor of the core sizes (1 without cores): whole cores add up
+    /// only to its multiples.
+    core_size_gcd: u32,
     /// CPUs of each cluster (index into `clusters`).
     cluster_size: Vec<u32>,
 }
@@ -272,6 +275,13 @@ impl Topology {
     #[inline]
     pub fn core_size(&self, i: usize) -> usize {
         self.core_size.get(i).map_or(0, |n| *n as usize)
+    }
+
+    /// The greatest common divisor of the core sizes, at least 1: any number of whole cores
+    /// holds a multiple of it.
+    #[inline]
+    pub fn core_size_gcd(&self) -> usize {
+        self.core_size_gcd.max(1) as usize
     }
 
     /// The number of CPUs of cluster `i` (0 for no such cluster).

@@ -178,3 +178,19 @@ fn hidden_hyperthreads_restore_from_the_record() {
     assert_eq!(g.exclusive, e.grant("g").unwrap().exclusive);
     assert_eq!(g.cpus, p.cpus);
 }
+
+/// Whole cores add up only to multiples of the cores' common size: 2 where every core has two
+/// threads, 1 on a hybrid CPU (2-thread P-cores, 1-thread E-cores) and without SMT. The
+/// topology-aware policy skips its pool search for a count that is not such a multiple.
+#[test]
+fn core_sizes_have_a_common_divisor_the_policy_can_skip_on() {
+    let gcd = |name: &str| {
+        let root = tap_engine::testdata::fixture_dir(name);
+        Topology::build(&discover_dir(&root).unwrap())
+            .unwrap()
+            .core_size_gcd()
+    };
+    assert_eq!(gcd(SMT), 2);
+    assert_eq!(gcd("hybrid-1socket-1numa-16cpu-4p8e"), 1);
+    assert_eq!(gcd("synthetic-2s-4numa-96c-gpu"), 1);
+}

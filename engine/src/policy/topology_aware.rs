@@ -189,11 +189,15 @@ fn place(
     }
 
     if let Some(n) = excl_n {
+        // Whole cores add up only to multiples of the cores' common size (2 where every core
+        // has two threads): another count fits no pool, so none is tried (each try would walk
+        // the pool's cores for nothing).
+        let possible = grain != CoreGrain::WholeCores || n % topo.core_size_gcd() == 0;
         let mut ranked: Vec<(Key, PoolId)> = Vec::with_capacity(topo.pools.len());
         ranked.extend(
             topo.pools
                 .iter()
-                .filter(|p| candidate(p))
+                .filter(|p| possible && candidate(p))
                 .map(|p| (rank(e, p, limit, &device_nodes, prio), p.id)),
         );
         ranked.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));

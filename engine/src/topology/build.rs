@@ -17,6 +17,7 @@ pub(super) fn build(raw: &RawTopology) -> Result<Topology, TopologyError> {
     let cpu_core = index_of(&cores, max_cpu);
     let cpu_cluster = index_of(&clusters, max_cpu);
     let (core_size, cluster_size) = (sizes(&cores), sizes(&clusters));
+    let core_size_gcd = core_size.iter().fold(0, |g, &n| gcd(g, n));
     let mut sockets: BTreeMap<u32, CpuSet> = BTreeMap::new();
     let mut dies: BTreeMap<(u32, u32), CpuSet> = BTreeMap::new();
     for c in &raw.cpus {
@@ -49,10 +50,19 @@ pub(super) fn build(raw: &RawTopology) -> Result<Topology, TopologyError> {
         cpu: raw.cpu.clone(),
         cpu_node,
         core_size,
+        core_size_gcd,
         cluster_size,
         cpu_core,
         cpu_cluster,
     })
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 /// The number of CPUs of each group.
