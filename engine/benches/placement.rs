@@ -10,49 +10,15 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
 use std::sync::Arc;
 use tap_engine::sysfs::discover_dir;
-use tap_engine::{ContainerRequest, Engine, EngineConfig, PolicyKind, Qos, Topology};
+use tap_engine::{ContainerRequest, Engine, PolicyKind, Qos, Topology};
 
 fn topo() -> Arc<Topology> {
     let root = tap_engine::testdata::fixture_dir("synthetic-4s-8numa-smt-384t");
     Arc::new(Topology::build(&discover_dir(&root).expect("fixture")).expect("topology"))
 }
 
-fn request(i: usize) -> ContainerRequest {
-    // A mix: 70% Burstable (100m-500m request, 2x limit), 20% BestEffort, 10% Guaranteed 1-2 CPUs.
-    let (qos, req, lim) = match i % 10 {
-        0 => (Qos::Guaranteed, 1000 + 1000 * (i as u64 / 10 % 2), None),
-        1 | 2 => (Qos::BestEffort, 0, None),
-        _ => {
-            let r = 100 + (i as u64 * 37) % 400;
-            (Qos::Burstable, r, Some(2 * r))
-        }
-    };
-    ContainerRequest {
-        id: format!("c{i:04}"),
-        namespace: "default".into(),
-        container_name: "app".into(),
-        qos: Some(qos),
-        cpu_request_milli: req,
-        cpu_limit_milli: if qos == Qos::Guaranteed {
-            Some(req)
-        } else {
-            lim
-        },
-        ..Default::default()
-    }
-}
-
 fn loaded(policy: PolicyKind) -> Engine {
-    let mut e = Engine::new(
-        topo(),
-        EngineConfig {
-            policy,
-            ..Default::default()
-        },
-    );
-    for i in 0..1000 {
-        let _ = e.create(&request(i));
-    }
+    let e = tap_engine::testdata::bench_engine(topo(), policy, 1000);
     assert_eq!(e.len(), 1000);
     e
 }

@@ -43,3 +43,53 @@ pub fn fixture_names() -> std::io::Result<Vec<String>> {
     names.sort();
     Ok(names)
 }
+
+/// Container `i` of the placement benchmarks' mix: 70% Burstable (100m-500m requested, twice
+/// that as the limit), 20% BestEffort, 10% Guaranteed with 1 or 2 CPUs. The criterion bench
+/// (`engine/benches/placement.rs`) and the instruction count (`engine/examples/
+/// placement_workload.rs`, hack/bench-ir.sh) build their state from it, so both measure the
+/// same thing.
+pub fn bench_request(i: usize) -> crate::ContainerRequest {
+    use crate::Qos;
+    let k = i as u64;
+    let (qos, request, limit) = match i % 10 {
+        0 => (Qos::Guaranteed, 1000 + 1000 * (k / 10 % 2), None),
+        1 | 2 => (Qos::BestEffort, 0, None),
+        _ => {
+            let r = 100 + (k * 37) % 400;
+            (Qos::Burstable, r, Some(2 * r))
+        }
+    };
+    crate::ContainerRequest {
+        id: format!("c{i:04}"),
+        namespace: "default".into(),
+        container_name: "app".into(),
+        qos: Some(qos),
+        cpu_request_milli: request,
+        cpu_limit_milli: if qos == Qos::Guaranteed {
+            Some(request)
+        } else {
+            limit
+        },
+        ..Default::default()
+    }
+}
+
+/// An engine of `policy` on `topo` with the first `n` containers of [`bench_request`] placed.
+pub fn bench_engine(
+    topo: std::sync::Arc<crate::Topology>,
+    policy: crate::PolicyKind,
+    n: usize,
+) -> crate::Engine {
+    let mut e = crate::Engine::new(
+        topo,
+        crate::EngineConfig {
+            policy,
+            ..Default::default()
+        },
+    );
+    for i in 0..n {
+        let _ = e.create(&bench_request(i));
+    }
+    e
+}
