@@ -383,12 +383,16 @@ impl Engine {
         }
     }
 
-    /// Sets the exclusive CPUs handed out, and each pool's count of them.
+    /// Sets the exclusive CPUs handed out, each pool's count of them and whether it keeps a
+    /// shared CPU.
     fn set_taken(&mut self, taken: CpuSet) {
         self.taken = taken;
-        self.has_shared = with_shared_cpus(&self.topo, &self.usable, &taken);
-        for (p, l) in self.topo.pools.iter().zip(self.pool_load.iter_mut()) {
+        let usable = self.usable;
+        // One pass over the pools for both figures, in the vectors already there.
+        let pools = self.topo.pools.iter().zip(self.pool_load.iter_mut());
+        for ((p, l), shared) in pools.zip(self.has_shared.iter_mut()) {
             l.taken_cpus = u32::try_from(p.cpus.intersection(&taken).len()).unwrap_or(u32::MAX);
+            *shared = !p.cpus.intersection(&usable).difference(&taken).is_empty();
         }
     }
 
