@@ -51,19 +51,7 @@ pub fn books(metrics_addr: &str) -> Result<HashMap<String, Booked>> {
     Ok(out)
 }
 
-/// A kernel CPU list (`0-3,8`).
-pub fn parse_list(s: &str) -> Result<BTreeSet<usize>> {
-    let mut out = BTreeSet::new();
-    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => out.extend(a.parse::<usize>()?..=b.parse::<usize>()?),
-            None => {
-                out.insert(part.parse()?);
-            }
-        }
-    }
-    Ok(out)
-}
+pub use crate::util::parse_list;
 
 /// What the invariant finds wrong with `live` (container key -> cgroup cpuset of every running
 /// container the test made, all of which the agent places) against the books; empty at rest.

@@ -363,12 +363,7 @@ pub fn cgroup_cpuset(pid: u32) -> Result<String> {
     bail!("no cpuset cgroup for pid {pid}")
 }
 
-/// A free loopback TCP port (for the agent's metrics endpoint).
-pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
+pub use crate::util::free_port;
 
 /// A running kunpeng-tap agent. Stopped (SIGTERM, then SIGKILL) on drop.
 pub struct TapAgent {

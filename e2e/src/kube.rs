@@ -146,11 +146,7 @@ impl Drop for Proc {
     }
 }
 
-/// A free TCP port on 127.0.0.1.
-pub fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
+pub use crate::util::free_port;
 
 pub(crate) fn run_ok(cmd: &mut Command) -> Result<Output> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;

@@ -1,5 +1,6 @@
 //! Small helpers shared by the e2e tests.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -230,4 +231,40 @@ pub fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
     let mut body = String::new();
     s.read_to_string(&mut body)?;
     Ok(body)
+}
+
+/// A kernel CPU or node list (`0-3,8`).
+pub fn parse_list(s: &str) -> anyhow::Result<BTreeSet<usize>> {
+    let mut out = BTreeSet::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.parse::<usize>()?..=b.parse::<usize>()?),
+            None => {
+                out.insert(part.parse()?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// This host's online CPUs, ascending.
+pub fn host_cpus() -> Vec<usize> {
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .expect("reading /sys/devices/system/cpu/online");
+    parse_list(&online)
+        .expect("parsing /sys/devices/system/cpu/online")
+        .into_iter()
+        .collect()
+}
+
+/// What `--fold-cpus-to-host` makes of a fixture's NUMA node `n`: host CPU `host[n mod count]`.
+pub fn folded_node(n: usize) -> BTreeSet<usize> {
+    let host = host_cpus();
+    BTreeSet::from([host[n % host.len()]])
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
 }

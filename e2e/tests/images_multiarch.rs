@@ -20,7 +20,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use tap_e2e::binfmt::{Aarch64Handler, Aarch64Runner};
-use tap_e2e::churn::parse_list;
 use tap_e2e::containerd::{
     cgroup_cpuset, remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd, ContainerdOptions,
     PodSpec,
@@ -242,17 +241,6 @@ fn task_exe(ctd: &Containerd, id: &str) -> Result<PathBuf> {
     Ok(std::fs::read_link(format!("/proc/{pid}/exe"))?)
 }
 
-/// The fixture's CPUs of NUMA node `n`, folded onto this host as `--fold-cpus-to-host` does
-/// (every CPU of node k -> host CPU k mod n).
-fn folded_node(n: usize) -> BTreeSet<usize> {
-    let host: Vec<usize> =
-        parse_list(&std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap())
-            .unwrap()
-            .into_iter()
-            .collect();
-    BTreeSet::from([host[n % host.len()]])
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn arm64_agent_image_places_a_container_on_containerd() {
     if util::skip_unless_enabled("arm64_agent_image_places_a_container_on_containerd") {
@@ -280,11 +268,7 @@ async fn arm64_agent_image_places_a_container_on_containerd() {
 
     let handler = Aarch64Handler::ensure(&arm64).expect("aarch64 binaries runnable");
     eprintln!("aarch64 runner: {:?}", handler.runner);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = util::free_port().unwrap();
     let task = run_agent(&ctd, port).expect("ctr run of the arm64 image");
     let log = wait_log(
         &task,
@@ -330,8 +314,8 @@ async fn arm64_agent_image_places_a_container_on_containerd() {
         .unwrap_or_else(|| panic!("one NUMA node in the grant {grant}"));
     let cgroup = cgroup_cpuset(cri.pid(&id).await.unwrap()).unwrap();
     assert_eq!(
-        parse_list(&cgroup).unwrap(),
-        folded_node(node),
+        util::parse_list(&cgroup).unwrap(),
+        util::folded_node(node),
         "the container's cgroup cpuset (grant {grant})"
     );
     eprintln!(

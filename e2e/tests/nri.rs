@@ -27,24 +27,7 @@ const SMT: &str = "synthetic-2s-2numa-smt-96t";
 // ---- small helpers ---------------------------------------------------------------------------
 
 fn parse_list(s: &str) -> BTreeSet<usize> {
-    let mut out = BTreeSet::new();
-    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (usize, usize) = (a.parse().unwrap(), b.parse().unwrap());
-                out.extend(a..=b);
-            }
-            None => {
-                out.insert(part.parse().unwrap());
-            }
-        }
-    }
-    out
-}
-
-fn host_cpus() -> Vec<usize> {
-    let s = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
-    parse_list(&s).into_iter().collect()
+    util::parse_list(s).unwrap_or_else(|e| panic!("CPU list {s:?}: {e}"))
 }
 
 /// What `--fold-cpus-to-host` does to a fixture cpuset: every CPU of NUMA node k ->
@@ -55,7 +38,7 @@ fn fold(fixture_cpus: &BTreeSet<usize>) -> BTreeSet<usize> {
 
 /// [`fold`] for another fixture: its NUMA node k onto host CPU k mod n.
 fn fold_in(fixture: &str, fixture_cpus: &BTreeSet<usize>) -> BTreeSet<usize> {
-    let host = host_cpus();
+    let host = util::host_cpus();
     let node = |k: usize| {
         let p = util::fixture_dir(fixture).join(format!("devices/system/node/node{k}/cpulist"));
         std::fs::read_to_string(p).ok().map(|s| parse_list(&s))
@@ -73,19 +56,17 @@ fn node_cpus(n: usize) -> BTreeSet<usize> {
     parse_list(&std::fs::read_to_string(&p).unwrap())
 }
 
+/// Whether the /metrics text `m` has a series of error kind `kind` at exactly 1.
+fn counted_once(m: &str, kind: &str) -> bool {
+    let label = format!("kind=\"{kind}\"");
+    m.lines().any(|l| l.contains(&label) && l.ends_with(" 1"))
+}
+
 fn record_fields(rec: &str) -> HashMap<String, String> {
     rec.split(';')
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The agent as an NRI plugin; killed on drop.
@@ -104,7 +85,7 @@ impl Agent {
     fn start_on(ctd: &Containerd, tag: &str, fixture: &str, extra: &[&str]) -> Result<Agent> {
         let log = ctd.dir().join(format!("agent-{tag}.log"));
         let f = std::fs::File::create(&log)?;
-        let metrics_port = free_port();
+        let metrics_port = util::free_port()?;
         let child = Command::new(util::agent_binary().expect("building kunpeng-tap"))
             .arg("--container-runtime-mode=NRI")
             .arg(format!("--nri-socket-path={}", ctd.nri_socket().display()))
@@ -276,7 +257,7 @@ fn assert_placed_on_node(p: &Placement, what: &str) -> usize {
 fn assert_untouched(p: &Placement, what: &str) {
     assert!(p.record.is_none(), "{what}: unexpected grant {p:?}");
     assert_eq!(p.spec_cpus, "", "{what}: spec cpuset was set {p:?}");
-    let all: BTreeSet<usize> = host_cpus().into_iter().collect();
+    let all: BTreeSet<usize> = util::host_cpus().into_iter().collect();
     assert_eq!(parse_list(&p.cgroup_cpus), all, "{what}: cgroup {p:?}");
 }
 
@@ -346,11 +327,7 @@ async fn nri_hyperthread_controls() {
         agent.log_text()
     );
     let m = agent.metrics_text().unwrap();
-    assert!(
-        m.lines()
-            .any(|l| l.contains("kind=\"whole_cores\"") && l.ends_with(" 1")),
-        "{m}"
-    );
+    assert!(counted_once(&m, "whole_cores"), "{m}");
     eprintln!(
         "guaranteed-3: record {rec:?}, cgroup cpuset {}",
         p.cgroup_cpus
@@ -460,11 +437,7 @@ async fn nri_memory_tiers() {
     assert_eq!(mems_of(&p).len(), 1, "{p:?}");
     assert!(agent.log_text().contains("not honoured: memory-type hbm"));
     let m = agent.metrics_text().unwrap();
-    assert!(
-        m.lines()
-            .any(|l| l.contains("kind=\"memory_type\"") && l.ends_with(" 1")),
-        "{m}"
-    );
+    assert!(counted_once(&m, "memory_type"), "{m}");
     cri.remove_all_pods().await.unwrap();
 }
 
@@ -569,11 +542,7 @@ async fn nri_numa_exclusive() {
         .unwrap();
     assert_untouched(&placement(&mut cri, &id).await.unwrap(), "no free node");
     let m = agent.metrics_text().unwrap();
-    assert!(
-        m.lines()
-            .any(|l| l.contains("kind=\"exclusive_numa\"") && l.ends_with(" 1")),
-        "{m}"
-    );
+    assert!(counted_once(&m, "exclusive_numa"), "{m}");
     cri.remove_all_pods().await.unwrap();
 }
 
@@ -610,7 +579,7 @@ async fn nri_places_containers_through_containerd() {
     );
     // The fold tells NUMA nodes apart: containers on neighbouring nodes (k, k+1) have
     // different cgroup cpusets on any host with more than one CPU.
-    if host_cpus().len() > 1 {
+    if util::host_cpus().len() > 1 {
         let mut by_node = HashMap::new();
         for (node, (_, id)) in nodes.iter().zip(&ids) {
             let pid = cri.pid(id).await.unwrap();
@@ -676,7 +645,7 @@ async fn nri_places_containers_through_containerd() {
         .unwrap_or_else(|| panic!("besteffort: no grant record: {p:?}"));
     assert_eq!(rec["pool"], "machine", "besteffort: {p:?}");
     assert_eq!(rec["r"], "0", "besteffort: {p:?}");
-    let all: BTreeSet<usize> = host_cpus().into_iter().collect();
+    let all: BTreeSet<usize> = util::host_cpus().into_iter().collect();
     assert_eq!(
         parse_list(&p.spec_cpus),
         all,

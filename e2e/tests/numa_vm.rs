@@ -13,12 +13,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use tap_e2e::churn::parse_list;
 use tap_e2e::containerd::{
     cgroup_cpuset, cgroup_mems, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri,
     PodSpec,
 };
 use tap_e2e::util;
+use tap_e2e::util::parse_list;
 use tap_e2e::vm::{self, Shape};
 
 const MIB: u64 = 1 << 20;

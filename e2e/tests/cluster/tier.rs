@@ -23,35 +23,16 @@ pub(crate) const TAG: &str = "e2e";
 /// Where the agent's image carries the fixture.
 pub(crate) const IMAGE_FIXTURE: &str = "/tap-fixtures/synthetic-2s-4numa-96c-gpu";
 
-pub(crate) fn parse_list(s: &str) -> BTreeSet<usize> {
-    let mut out = BTreeSet::new();
-    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => out.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
-            None => {
-                out.insert(part.parse().unwrap());
-            }
-        }
-    }
-    out
-}
+pub(crate) use tap_e2e::util::{folded_node, host_cpus};
 
-pub(crate) fn host_cpus() -> Vec<usize> {
-    parse_list(&std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap())
-        .into_iter()
-        .collect()
+pub(crate) fn parse_list(s: &str) -> BTreeSet<usize> {
+    util::parse_list(s).unwrap_or_else(|e| panic!("CPU list {s:?}: {e}"))
 }
 
 /// The fixture's CPUs of NUMA node `n`.
 pub(crate) fn node_cpus(n: usize) -> BTreeSet<usize> {
     let p = util::fixture_dir(FIXTURE).join(format!("devices/system/node/node{n}/cpulist"));
     parse_list(&std::fs::read_to_string(p).unwrap())
-}
-
-/// What `--fold-cpus-to-host` makes of NUMA node `n`: host CPU `host[n mod count]`.
-pub(crate) fn folded_node(n: usize) -> BTreeSet<usize> {
-    let host = host_cpus();
-    BTreeSet::from([host[n % host.len()]])
 }
 
 pub(crate) fn record_fields(rec: &str) -> BTreeMap<String, String> {
