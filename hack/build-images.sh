@@ -33,7 +33,8 @@ done
 [ -n "$out" ] && [ ${#names[@]} -gt 0 ] ||
   die "usage: hack/build-images.sh --out DIR [--arches \"amd64 arm64\"] agent|operator..."
 command -v buildah >/dev/null 2>&1 || die "buildah not found: bash hack/e2e/setup-buildah.sh"
-version=$(awk '/^\[workspace.package\]/{p=1; next} /^\[/{p=0} p && /^version *=/{gsub(/[" ]/, "", $0); sub(/^version=/, "", $0); print; exit}' Cargo.toml)
+. hack/lib/workspace.sh
+version=$(workspace_version)
 [ -n "$version" ] || die "no [workspace.package] version in Cargo.toml"
 
 # elf_check FILE ARCH: a static 64-bit little-endian ELF executable for ARCH.

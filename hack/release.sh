@@ -26,7 +26,8 @@ step() { echo "== release: $*"; }
 t0=$(date +%s)
 
 # --- versions -------------------------------------------------------------------------------
-version=$(awk '/^\[workspace.package\]/{p=1; next} /^\[/{p=0} p && /^version *=/{gsub(/[" ]/, "", $0); sub(/^version=/, "", $0); print; exit}' Cargo.toml)
+. hack/lib/workspace.sh
+version=$(workspace_version)
 chart_version=$(awk '/^version:/{print $2; exit}' charts/kunpeng-tap/Chart.yaml | tr -d '"')
 app_version=$(awk '/^appVersion:/{print $2; exit}' charts/kunpeng-tap/Chart.yaml | tr -d '"')
 [ -n "$version" ] || die "no [workspace.package] version in Cargo.toml"
