@@ -334,6 +334,42 @@ fn gpu_container_goes_to_the_gpu_node() {
     assert_eq!(e.topology().nodes_of(&p.cpus).to_string(), "5");
 }
 
+/// numa-aware prefers the node of the container's devices (a device plugin's NUMA node or a
+/// GPU's) over the node with the most free capacity, while that node has room for it; a full
+/// device node is passed over under `cpu-first` and kept under `gpu-first`.
+#[test]
+fn numa_aware_prefers_the_device_node() {
+    let mut e = engine(KP920, numa_cfg());
+    // Node 0 gets busier than the others: without devices a container goes elsewhere.
+    placed(e.create(&c("busy", 8.0, 0.0)));
+    let p = placed(e.create(&c("plain", 1.0, 2.0)));
+    assert_ne!(e.topology().nodes_of(&p.cpus).to_string(), "0");
+    let mut d = c("dev", 1.0, 2.0);
+    d.device_nodes = vec![0];
+    let p = placed(e.create(&d));
+    assert_eq!(e.topology().nodes_of(&p.cpus).to_string(), "0");
+    // Node 0 overcommitted by requests: cpu-first leaves it, gpu-first stays.
+    let mut fill = c("fill", 14.5, 0.0);
+    fill.device_nodes = vec![0];
+    let p = placed(e.create(&fill));
+    assert_eq!(e.topology().nodes_of(&p.cpus).to_string(), "0");
+    let mut late = c("late", 1.0, 2.0);
+    late.device_nodes = vec![0];
+    let p = placed(e.create(&late));
+    assert_ne!(e.topology().nodes_of(&p.cpus).to_string(), "0");
+    let mut e = engine(
+        KP920,
+        EngineConfig {
+            priority: tap_engine::ResourcePriority::GpuFirst,
+            ..numa_cfg()
+        },
+    );
+    let p = placed(e.create(&c("busy", 24.0, 0.0)));
+    assert_eq!(e.topology().nodes_of(&p.cpus).to_string(), "0");
+    let p = placed(e.create(&late));
+    assert_eq!(e.topology().nodes_of(&p.cpus).to_string(), "0");
+}
+
 #[test]
 fn full_machine_falls_back_to_the_root() {
     let mut e = engine(KP920, EngineConfig::default());

@@ -7,6 +7,7 @@
 
 pub use crate::fold::HostFold;
 use crate::metrics::Metrics;
+use crate::pod_resources::{DeviceSource, KubeletDevice};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -52,6 +53,8 @@ pub struct ContainerInfo {
     /// from its list syntax at the edge with [`runtime_cpus`] / [`runtime_nodes`]).
     pub cpus: Option<CpuSet>,
     pub mems: Option<NodeSet>,
+    /// Devices the kubelet allocated to the container (pod-resources API), read at create.
+    pub kubelet_devices: Vec<KubeletDevice>,
 }
 
 impl ContainerInfo {
@@ -94,6 +97,7 @@ impl ContainerInfo {
             annotations: ours(&self.annotations),
             cpus: self.cpus,
             mems: self.mems,
+            kubelet_devices: self.kubelet_devices.clone(),
         }
     }
 }
@@ -172,6 +176,8 @@ pub struct Agent {
     restored: std::sync::atomic::AtomicBool,
     /// Whether the reason cluster affinity is off on this CPU was logged (once a process).
     clusters_off_logged: std::sync::atomic::AtomicBool,
+    /// Where the devices the kubelet allocated are read (none: environment hints only).
+    device_source: std::sync::OnceLock<Arc<dyn DeviceSource>>,
 }
 
 impl Agent {
@@ -213,6 +219,7 @@ impl Agent {
             notes: crate::notes::Sink::default(),
             restored: std::sync::atomic::AtomicBool::new(false),
             clusters_off_logged: std::sync::atomic::AtomicBool::new(false),
+            device_source: std::sync::OnceLock::new(),
         };
         agent.log_clusters_off(&agent.lock());
         agent
@@ -224,6 +231,16 @@ impl Agent {
     /// published.
     pub fn restored(&self) -> bool {
         self.restored.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Reads the devices the kubelet allocates from `source` (set once; a second call is
+    /// ignored).
+    pub fn set_device_source(&self, source: Arc<dyn DeviceSource>) {
+        let _ = self.device_source.set(source);
+    }
+
+    pub fn device_source(&self) -> Option<&Arc<dyn DeviceSource>> {
+        self.device_source.get()
     }
 
     /// Where placement notes go (attach a consumer to get them).
@@ -325,16 +342,22 @@ impl Agent {
             cpu_request_milli: request,
             cpu_limit_milli: limit,
             memory_limit_bytes: c.memory_limit.filter(|m| *m > 0).map(|m| m as u64),
-            device_nodes: self.device_nodes(&c.env),
+            device_nodes: self.device_nodes(&c.env, &c.kubelet_devices),
             overrides,
         }
     }
 
-    /// NUMA nodes of the devices a container names through its environment, each variable
-    /// over its own devices ([`DeviceScheme`]): `NVIDIA_VISIBLE_DEVICES=0` is the first NVIDIA
-    /// GPU, never the BMC's VGA. What does not name a device for sure names none.
-    fn device_nodes(&self, env: &[String]) -> Vec<u32> {
+    /// NUMA nodes of the container's devices: those the kubelet allocated (their plugin's
+    /// topology), and those it names through its environment, each variable over its own
+    /// devices ([`DeviceScheme`]): `NVIDIA_VISIBLE_DEVICES=0` is the first NVIDIA GPU, never
+    /// the BMC's VGA. What does not name a device for sure names none.
+    fn device_nodes(&self, env: &[String], kubelet: &[KubeletDevice]) -> Vec<u32> {
         let mut out = Vec::new();
+        for n in kubelet.iter().flat_map(|d| d.numa_nodes.iter()) {
+            if self.topo.node(*n).is_some() && !out.contains(n) {
+                out.push(*n);
+            }
+        }
         for e in env {
             let Some((k, v)) = e.split_once('=') else {
                 continue;
@@ -409,6 +432,10 @@ impl Agent {
                     msg.push_str(&format!(", mems {}", self.fold_nodes(m)));
                 }
                 msg.push_str(&format!(": {}", p.reason));
+                if !c.kubelet_devices.is_empty() {
+                    let devices = crate::pod_resources::describe(&c.kubelet_devices);
+                    msg.push_str(&format!("; devices {devices}"));
+                }
                 self.note(hook, c, crate::notes::Kind::Placed, msg);
                 if let Some(u) = p.unhonoured {
                     tracing::warn!(hook, container = %c.id, name = %c.name, pod = %c.pod.name, "not honoured: {u}");
@@ -754,6 +781,38 @@ mod tests {
         );
     }
 
+    /// Devices the kubelet allocated (pod-resources) place the container on their NUMA node
+    /// and are named in its placement note; a node the topology does not have is no hint.
+    #[test]
+    fn kubelet_devices_place_the_container_near_them_and_are_named() {
+        use crate::pod_resources::KubeletDevice;
+        let a = agent("synthetic-2s-4numa-96c-gpu");
+        let mut rx = a.notes().attach().expect("notes");
+        let accel = |id: &str, node: u32| KubeletDevice {
+            resource: "example.com/accel".into(),
+            id: id.into(),
+            numa_nodes: vec![node],
+        };
+        let mut c = burstable("c1", 4, 8);
+        c.kubelet_devices = vec![accel("accel-3", 3)];
+        assert_eq!(shown(a.create(&c).cpus).as_deref(), Some("72-95"));
+        let n = rx.try_recv().expect("a note");
+        assert!(
+            n.message
+                .ends_with("fits one numa; devices example.com/accel accel-3 (NUMA 3)"),
+            "{n:?}"
+        );
+        // Node 9 is not on this machine: the container goes where one without devices goes.
+        let b = agent("synthetic-2s-4numa-96c-gpu");
+        b.create(&c);
+        let plain = b.create(&burstable("c2", 4, 8)).cpus;
+        let mut c = burstable("c2", 4, 8);
+        c.kubelet_devices = vec![accel("accel-9", 9)];
+        assert_eq!(a.create(&c).cpus, plain);
+        // The ledger keeps the devices with what it keeps of a container.
+        assert_eq!(c.placement_inputs().kubelet_devices, c.kubelet_devices);
+    }
+
     /// `numa-policy: exclusive` with no free node: left on all CPUs, a `TopologyNotPlaced` note
     /// and `tap_errors_total{kind="exclusive_numa"}`; with a free node, the whole node.
     #[test]
@@ -833,11 +892,11 @@ mod tests {
     fn nvidia_indexes_and_uuids_name_nvidia_gpus_not_the_bmc_vga() {
         let a = agent(GPU_SERVER);
         for (i, node) in [0, 0, 0, 0, 1, 1, 1, 1].into_iter().enumerate() {
-            let got = a.device_nodes(&env(&format!("NVIDIA_VISIBLE_DEVICES={i}")));
+            let got = a.device_nodes(&env(&format!("NVIDIA_VISIBLE_DEVICES={i}")), &[]);
             assert_eq!(got, vec![node], "NVIDIA_VISIBLE_DEVICES={i}");
         }
         let uuid = format!("NVIDIA_VISIBLE_DEVICES={GPU5_UUID}");
-        assert_eq!(a.device_nodes(&env(&uuid)), vec![1]);
+        assert_eq!(a.device_nodes(&env(&uuid), &[]), vec![1]);
         // A UUID the host does not tell (another GPU's, unread), past the last GPU, all of
         // them: no hint, never a guess.
         for v in [
@@ -849,7 +908,7 @@ mod tests {
             "void",
             "nvidia1",
         ] {
-            let got = a.device_nodes(&env(&format!("NVIDIA_VISIBLE_DEVICES={v}")));
+            let got = a.device_nodes(&env(&format!("NVIDIA_VISIBLE_DEVICES={v}")), &[]);
             assert!(got.is_empty(), "{v}: {got:?}");
         }
         // The container lands on its GPU's node: the first GPU of node 1 is index 4.
@@ -864,17 +923,17 @@ mod tests {
         // (node 0), 41, 42 (node 1), 81, 82 (node 2), c1, c2 (node 3).
         let a = agent("synthetic-2s-4numa-32c-8npu-bmc");
         for (i, node) in [0, 0, 1, 1, 2, 2, 3, 3].into_iter().enumerate() {
-            let got = a.device_nodes(&env(&format!("ASCEND_VISIBLE_DEVICES={i}")));
+            let got = a.device_nodes(&env(&format!("ASCEND_VISIBLE_DEVICES={i}")), &[]);
             assert_eq!(got, vec![node], "ASCEND_VISIBLE_DEVICES={i}");
         }
-        let got = a.device_nodes(&env("ASCEND_VISIBLE_DEVICES=/dev/davinci3,davinci6-7"));
+        let got = a.device_nodes(&env("ASCEND_VISIBLE_DEVICES=/dev/davinci3,davinci6-7"), &[]);
         assert_eq!(got, vec![1, 3]);
         for e in [
             "VA_VISIBLE_DEVICES=0",
             "VA_ALLOCATE_DEVICES=/dev/vacc0",
             "NVIDIA_VISIBLE_DEVICES=0",
         ] {
-            assert!(a.device_nodes(&env(e)).is_empty(), "{e}");
+            assert!(a.device_nodes(&env(e), &[]).is_empty(), "{e}");
         }
         let mut c = burstable("c1", 4, 8);
         c.env.push("ASCEND_VISIBLE_DEVICES=5".into());

@@ -222,6 +222,17 @@ pub struct Flags {
     #[arg(help_heading = "Testing and debugging", long)]
     pub fold_cpus_to_host: bool,
 
+    /// The kubelet's pod-resources socket: a container the kubelet allocated devices through
+    /// a device plugin (GPUs, NPUs, NICs with NUMA topology) is placed near their NUMA nodes.
+    /// Read at each create under a short timeout (fails open); a host without the socket is
+    /// skipped. Empty: off (environment hints such as `NVIDIA_VISIBLE_DEVICES` only).
+    #[arg(
+        help_heading = "Runtime",
+        long,
+        default_value = crate::pod_resources::client::DEFAULT_SOCKET
+    )]
+    pub pod_resources_socket: PathBuf,
+
     /// NRI plugin name (registered as `<index>-<name>`).
     #[arg(help_heading = "Runtime", long, default_value = "kunpeng-tap")]
     pub nri_plugin_name: String,

@@ -12,6 +12,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod notes;
 pub mod nri;
+pub mod pod_resources;
 pub mod proxy_server;
 
 pub use agent::{Adjustment, Agent, ContainerInfo, PodInfo, Update};

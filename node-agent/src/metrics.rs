@@ -90,6 +90,8 @@ pub enum ErrorKind {
     StrictNuma,
     /// `numa-policy: exclusive` and no NUMA node free of other containers (left on all CPUs).
     ExclusiveNuma,
+    /// the kubelet's pod-resources API failed or was late (placed without its device hint).
+    PodResources,
     /// a per-Pod control the placement could not honour (placed without it): the control's
     /// own label (`whole_cores`, `sibling_pair`, ...).
     Unhonoured(tap_engine::Unhonoured),
@@ -119,6 +121,7 @@ impl ErrorKind {
             ErrorKind::NotFound => "not_found",
             ErrorKind::StrictNuma => "strict_numa",
             ErrorKind::ExclusiveNuma => "exclusive_numa",
+            ErrorKind::PodResources => "pod_resources",
             ErrorKind::Unhonoured(u) => u.kind(),
         }
     }

@@ -1,6 +1,7 @@
 //! `numa-aware`: the smallest set of NUMA nodes (nearest by distance) that holds the
 //! container's size (limit, or request without a limit); among equal choices the one with the
-//! most free request capacity. Capacity is accounted by requests; CPUs are shared.
+//! most free request capacity; a node of the container's devices (GPUs, or those the kubelet
+//! allocated) is preferred. Capacity is accounted by requests; CPUs are shared.
 
 use super::{Choice, Policy, Settings};
 use crate::cpuset::CpuSet;
@@ -8,7 +9,7 @@ use crate::grant::Grant;
 use crate::nodeset::NodeSet;
 use crate::request::{ContainerRequest, PolicyKind};
 use crate::state::StateView;
-use crate::types::Reason;
+use crate::types::{Reason, ResourcePriority};
 
 /// The built-in `numa-aware` policy (no state of its own).
 #[derive(Debug, Clone, Copy, Default)]
@@ -129,14 +130,19 @@ fn place(
     }
 
     // One node: the most free capacity among nodes that hold the size (and memory); nodes that
-    // also have room for the request beat nodes that would be overcommitted; then the most
-    // room after the limits already granted.
+    // also have room for the request beat nodes that would be overcommitted; a node of the
+    // container's devices comes first (`gpu-first`) or right after that room (`cpu-first`);
+    // then the most room after the limits already granted.
+    let on_device = |n: &NodeFig| req.device_nodes.contains(&n.id);
+    let gpu_first = e.config().priority == ResourcePriority::GpuFirst;
     let single = nodes
         .iter()
         .filter(|n| n.cap >= size && n.mem >= mem_need)
         .max_by_key(|n| {
             (
+                gpu_first && on_device(n),
                 n.free >= req_milli,
+                on_device(n),
                 n.free,
                 n.limit_room,
                 std::cmp::Reverse(n.id),

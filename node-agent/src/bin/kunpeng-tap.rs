@@ -4,6 +4,7 @@ use node_agent::agent::Agent;
 use node_agent::flags::{Flags, RuntimeMode};
 use node_agent::fold::HostFold;
 use node_agent::metrics::Metrics;
+use node_agent::pod_resources::client::KubeletPodResources;
 use node_agent::{cri_proxy, docker_proxy, explain, kube_link, nri};
 use std::sync::Arc;
 use tap_engine::sysfs::discover_dir;
@@ -74,6 +75,11 @@ fn run(flags: Flags) -> anyhow::Result<()> {
     let rt = tap_bin_support::runtime().context("starting the async runtime")?;
     rt.block_on(async move {
         let shutdown = tap_bin_support::shutdown_on_signal();
+        // (The client's channel needs the runtime: made in it.)
+        if !flags.pod_resources_socket.as_os_str().is_empty() {
+            let client = KubeletPodResources::new(&flags.pod_resources_socket);
+            agent.set_device_source(Arc::new(client));
+        }
         if !flags.metrics_bind_address.is_empty() {
             let addr = tap_bin_support::parse_bind(&flags.metrics_bind_address)
                 .map_err(|e| anyhow::anyhow!("--metrics-bind-address: {e}"))?;

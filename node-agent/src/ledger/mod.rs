@@ -30,6 +30,7 @@ pub use converge::{Channel, DirtyQueue, WriteError, Writer};
 pub use reconcile::Listing;
 
 use crate::agent::{Adjustment, Agent, ContainerInfo};
+use crate::pod_resources::{ContainerRef, PodResourcesError};
 use deadline::Deadline;
 use state_file::{Records, StateFile};
 use std::collections::HashMap;
@@ -39,6 +40,9 @@ use std::time::Duration;
 use tap_engine::grant::Grant;
 use tap_engine::request::GRANT_KEY;
 use tap_engine::{CpuSet, NodeSet};
+
+/// The longest a create waits for the kubelet's device allocation (pod-resources API).
+pub const DEVICE_LOOKUP_MAX: Duration = Duration::from_millis(250);
 
 /// The span of one hook (a create, update, stop or remove as a mode sees it): every log line of
 /// the hook carries the hook, the mode and, once the ledger knows them, the Pod, its namespace
@@ -301,7 +305,8 @@ impl Ledger {
     }
 
     /// Reserves the placement of a container about to be created (`info.id` is the key).
-    pub async fn begin_create(&self, info: ContainerInfo) -> Ticket {
+    pub async fn begin_create(&self, mut info: ContainerInfo) -> Ticket {
+        self.read_kubelet_devices(&mut info).await;
         record_on_span(&info);
         let key = info.id.clone();
         {
@@ -344,6 +349,38 @@ impl Ledger {
             key,
             phase: Phase::Create,
             adjustment,
+        }
+    }
+
+    /// Adds the devices the kubelet allocated to the container (fails open: without them the
+    /// environment's hints remain). Bounded by a quarter of the decision's budget, at most
+    /// [`DEVICE_LOOKUP_MAX`].
+    async fn read_kubelet_devices(&self, info: &mut ContainerInfo) {
+        let Some(source) = self.agent.device_source() else {
+            return;
+        };
+        if info.pod.name.is_empty() || info.pod.namespace.is_empty() {
+            return;
+        }
+        let c = ContainerRef {
+            namespace: &info.pod.namespace,
+            pod: &info.pod.name,
+            container: &info.name,
+        };
+        let wait = (self.budget() / 4).min(DEVICE_LOOKUP_MAX);
+        let result = match tokio::time::timeout(wait, source.devices(c)).await {
+            Ok(r) => r,
+            Err(_) => Err(PodResourcesError::Timeout(wait)),
+        };
+        match result {
+            Ok(devices) => info.kubelet_devices = devices,
+            Err(e) if e.is_failure() => {
+                tracing::warn!(container = %info.id, pod = %info.pod.name, namespace = %info.pod.namespace, "no device hints from the kubelet: {e}");
+                self.agent
+                    .metrics()
+                    .count_error("create", crate::metrics::ErrorKind::PodResources);
+            }
+            Err(_) => {}
         }
     }
 

@@ -786,3 +786,67 @@ async fn without_calls_of_its_own_an_exclusive_create_shrinks_its_neighbours_on_
     let _ = worker.await;
     assert!(w.0.writes().is_empty());
 }
+
+/// Device sources for the create's pod-resources lookup (pure logic; the kubelet's own
+/// socket is in the cluster tier).
+enum Devices {
+    Allocated(u32),
+    Failing,
+    Hanging,
+}
+
+#[async_trait::async_trait]
+impl crate::pod_resources::DeviceSource for Devices {
+    async fn devices(
+        &self,
+        c: crate::pod_resources::ContainerRef<'_>,
+    ) -> Result<Vec<crate::pod_resources::KubeletDevice>, PodResourcesError> {
+        match self {
+            Devices::Allocated(node) => Ok(vec![crate::pod_resources::KubeletDevice {
+                resource: "example.com/accel".into(),
+                id: format!("{}-accel", c.pod),
+                numa_nodes: vec![*node],
+            }]),
+            Devices::Failing => Err(PodResourcesError::PodNotListed(c.pod.into())),
+            Devices::Hanging => {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok(Vec::new())
+            }
+        }
+    }
+}
+
+fn pod_resources_errors(l: &Ledger) -> usize {
+    let m = l.agent().metrics().render();
+    m.lines()
+        .filter(|l| l.contains("kind=\"pod_resources\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
+        .sum()
+}
+
+/// A create reads the kubelet's devices first and lands on their node; a failing or hanging
+/// kubelet costs at most the lookup's bound and the container is placed anyway (fail open),
+/// counted as `tap_errors_total{kind="pod_resources"}`.
+#[tokio::test]
+async fn creates_read_the_kubelets_devices_and_fail_open_without_them() {
+    let l = Ledger::new(agent(), None);
+    l.agent().set_device_source(Arc::new(Devices::Allocated(3)));
+    let adj = created(&l, container("d", "burstable", 4, 8), "d").await;
+    assert_eq!(shown(adj.cpus).as_deref(), Some("72-95"));
+    assert_eq!(l.info("d").expect("kept").kubelet_devices.len(), 1);
+    assert_eq!(pod_resources_errors(&l), 0);
+
+    for (i, source) in [Devices::Failing, Devices::Hanging].into_iter().enumerate() {
+        let l = Ledger::new(agent(), None);
+        l.agent().set_device_source(Arc::new(source));
+        let started = std::time::Instant::now();
+        let adj = created(&l, container("e", "burstable", 4, 8), "e").await;
+        assert!(adj.cpus.is_some(), "placed without devices ({i})");
+        assert!(
+            started.elapsed() < DEVICE_LOOKUP_MAX * 4,
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(pod_resources_errors(&l), 1, "source {i}");
+    }
+}

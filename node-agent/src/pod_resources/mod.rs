@@ -1,0 +1,109 @@
+//! Device hints from the kubelet's pod-resources API
+//! (`/var/lib/kubelet/pod-resources/kubelet.sock`): the devices a device plugin allocated to a
+//! container (GPUs, NPUs, NICs, any resource whose devices carry NUMA topology) and their NUMA
+//! nodes, read when the container is created. The PCI-class path (`NVIDIA_VISIBLE_DEVICES`,
+//! ...) stays for hosts without a kubelet; both feed the same device hint of the request.
+//!
+//! The lookup is on the start path: it runs under a short timeout and fails open (no hint,
+//! the error logged and counted); a host without the socket costs one `stat`.
+
+pub mod client;
+pub mod proto;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// One device the kubelet allocated to a container, with the NUMA nodes its plugin reported.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KubeletDevice {
+    /// The extended resource (`nvidia.com/gpu`, `example.com/accel`).
+    pub resource: String,
+    /// The plugin's device id.
+    pub id: String,
+    /// NUMA nodes of the device (empty: the plugin reported none).
+    pub numa_nodes: Vec<u32>,
+}
+
+impl fmt::Display for KubeletDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.resource, self.id)?;
+        match self.numa_nodes.as_slice() {
+            [] => write!(f, " (no NUMA node)"),
+            nodes => {
+                let list: Vec<String> = nodes.iter().map(u32::to_string).collect();
+                write!(f, " (NUMA {})", list.join(","))
+            }
+        }
+    }
+}
+
+/// Which container to look up.
+#[derive(Debug, Clone, Copy)]
+pub struct ContainerRef<'a> {
+    pub namespace: &'a str,
+    pub pod: &'a str,
+    pub container: &'a str,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PodResourcesError {
+    /// No kubelet serves pod resources on this host (not an error to count).
+    #[error("no pod-resources socket at {0}")]
+    NoSocket(PathBuf),
+    #[error("pod-resources {method}: {status}")]
+    Call {
+        method: &'static str,
+        status: Box<tonic::Status>,
+    },
+    #[error("pod-resources: no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the kubelet's pod resources do not list pod {0}")]
+    PodNotListed(String),
+}
+
+impl PodResourcesError {
+    /// Whether the failure is worth a warning and a count (a host without the socket is not).
+    pub fn is_failure(&self) -> bool {
+        !matches!(self, PodResourcesError::NoSocket(_))
+    }
+}
+
+/// Where the devices of a container come from (the kubelet; a fixed table in tests).
+#[async_trait::async_trait]
+pub trait DeviceSource: Send + Sync {
+    async fn devices(&self, c: ContainerRef<'_>) -> Result<Vec<KubeletDevice>, PodResourcesError>;
+}
+
+/// The devices of one container of a pod's resources, one entry per device id.
+pub fn container_devices(pod: &proto::PodResources, container: &str) -> Vec<KubeletDevice> {
+    let Some(c) = pod.containers.iter().find(|c| c.name == container) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for d in &c.devices {
+        let nodes: Vec<u32> = d
+            .topology
+            .iter()
+            .flat_map(|t| t.nodes.iter())
+            .filter_map(|n| u32::try_from(n.id).ok())
+            .collect();
+        for id in &d.device_ids {
+            out.push(KubeletDevice {
+                resource: d.resource_name.clone(),
+                id: id.clone(),
+                numa_nodes: nodes.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// The devices as one phrase for a Pod Event: `example.com/accel accel-1 (NUMA 1)`, ...
+pub fn describe(devices: &[KubeletDevice]) -> String {
+    let parts: Vec<String> = devices.iter().map(KubeletDevice::to_string).collect();
+    parts.join(", ")
+}
+
+#[cfg(test)]
+mod tests;
