@@ -20,9 +20,13 @@ use anyhow::{ensure, Context, Result};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use tap_e2e::cluster::{Cluster, RuntimeEndpoint, NODE};
+use tap_e2e::device_plugin::{AccelDevice, DevicePlugin};
 use tap_e2e::docker::TapAgent;
 use tap_e2e::util::{self, skip_unless_enabled, workspace_root};
 use tier::*;
+
+/// The test device plugin's extended resource.
+const ACCEL: &str = "example.com/accel";
 
 // ---- scenarios -------------------------------------------------------------------------------
 
@@ -38,6 +42,8 @@ fn helm_install(t: &Tier) -> Result<()> {
                 "containerRuntimeMode": "NRI",
                 "nriSocketPath": ctd.nri_socket().display().to_string(),
                 "stateDir": t.cl.dir.join("agent-state").display().to_string(),
+                // The tier's kubelet runs with its own --root-dir.
+                "podResourcesSocket": t.cl.dir.join("kubelet/pod-resources/kubelet.sock").display().to_string(),
                 "foldCpusToHost": true,
                 "logFormat": "text",
             },
@@ -193,6 +199,128 @@ fn annotations_and_skip_label(t: &Tier) -> Result<()> {
         t.delete_pod(p)?;
     }
     Ok(())
+}
+
+/// A device plugin (`tap_e2e::device_plugin`) advertises one `example.com/accel` device on a
+/// NUMA node other than where a Pod without devices goes; the kubelet allocates it to a Pod
+/// that asks for it, the agent reads the allocation from the kubelet's pod-resources API and
+/// places the Pod on the device's node, and the Pod's Event names the device.
+fn device_plugin_hint(t: &mut Tier) -> Result<()> {
+    let probe = t.run_pod(&PodDef::new("probe", "250m", "500m"))?;
+    let k = t.assert_on_one_node("probe Pod", &probe, "topology-aware")?;
+    t.delete_pod("probe")?;
+    // The next node: another host CPU on this 2-CPU host (node k -> CPU k mod 2).
+    let node = (k + 1) % 4;
+    let id = format!("accel-{node}");
+    let dir = t.cl.dir.join("kubelet/device-plugins");
+    let devices = vec![AccelDevice {
+        id: id.clone(),
+        numa_node: node as i64,
+    }];
+    let plugin =
+        t.rt.block_on(DevicePlugin::start(&dir, "tap-accel", ACCEL, devices))?;
+    util::wait_until(
+        "the node's allocatable example.com/accel",
+        Duration::from_secs(60),
+        POLL,
+        || {
+            let n =
+                t.cl.kube()
+                    .get_json(&["get", "node", NODE])?
+                    .context("no node")?;
+            Ok(n["status"]["allocatable"][ACCEL] == "1")
+        },
+    )?;
+    let mut def = PodDef::new("accel", "250m", "500m");
+    def.extended = &[(ACCEL, "1")];
+    let p = t.run_pod(&def)?;
+    let got = t.assert_on_one_node("accel Pod", &p, "topology-aware")?;
+    ensure!(
+        plugin.allocated() == vec![vec![id.clone()]],
+        "the kubelet allocated {:?}, not [[{id}]]",
+        plugin.allocated()
+    );
+    ensure!(
+        got == node,
+        "the accel Pod is on NUMA node {got}, its device on {node}"
+    );
+    let event = t.pod_event("accel", "TopologyPlaced")?;
+    let named = format!("devices {ACCEL} {id} (NUMA {node})");
+    ensure!(
+        event.contains(&named),
+        "the Event {event:?} does not say {named:?}"
+    );
+    t.notes.push(format!(
+        "device plugin: a Pod without devices went to NUMA node {k}; the accel Pod, given {id} on node {node}: \
+         grant {}, CRI cpuset_cpus {:?}, cgroup cpuset.cpus {:?}; Event TopologyPlaced: {event}",
+        p.grant, p.spec_cpus, p.cgroup_cpus
+    ));
+    t.delete_pod("accel")?;
+    drop(plugin);
+    Ok(())
+}
+
+/// The per-Pod controls of the annotation table, one Pod each, through the kubelet: a level,
+/// NUMA policies `exclusive` and `strict`, a memory type this machine lacks, and the cache
+/// level; each shows its grant or its Warning Event.
+fn per_pod_controls(t: &mut Tier) -> Result<()> {
+    // level: socket -> a socket pool.
+    let s = t.run_pod(&annotated("ctl-socket", &[(LEVEL, "socket")]))?;
+    ensure!(s.field("pool").starts_with("socket"), "level socket: {s:?}");
+    // numa-policy: exclusive -> a whole NUMA node (24 CPUs held exclusively).
+    let x = t.run_pod(&annotated("ctl-numa-excl", &[(NUMA_POLICY, "exclusive")]))?;
+    let k: usize = x.field("n").parse().with_context(|| format!("{x:?}"))?;
+    ensure!(
+        parse_list(&x.field("x")) == node_cpus(k),
+        "numa-policy exclusive: not all of node {k} held: {x:?}"
+    );
+    ensure!(parse_list(&x.cgroup_cpus) == folded_node(k), "{x:?}");
+    t.notes
+        .push(format!("numa-policy exclusive: grant {}", x.grant));
+    // numa-policy: strict, a limit no NUMA node holds (30 CPUs on 24-CPU nodes): all CPUs.
+    let mut big = annotated("ctl-strict", &[(NUMA_POLICY, "strict")]);
+    big.cpu_limit = "30";
+    let b = t.run_pod(&big)?;
+    let all: BTreeSet<usize> = host_cpus().into_iter().collect();
+    ensure!(
+        b.grant.is_empty() && parse_list(&b.cgroup_cpus) == all,
+        "strict: {b:?}"
+    );
+    let e = t.pod_event("ctl-strict", "TopologyNotPlaced")?;
+    ensure!(e.contains("strict"), "strict: Event {e:?}");
+    // memory-type: pmem on a DRAM-only machine: placed, and a Warning says why not.
+    let m = t.run_pod(&annotated(
+        "ctl-pmem",
+        &[("tap.kunpeng.huawei.com/memory-type", "pmem")],
+    ))?;
+    ensure!(!m.grant.is_empty(), "memory-type: {m:?}");
+    let e = t.pod_event("ctl-pmem", "TopologyNotHonoured")?;
+    ensure!(e.contains("pmem"), "memory-type: Event {e:?}");
+    // level: cache on a fixture whose NUMA nodes are one L3 each: the NUMA node.
+    let c = t.run_pod(&annotated("ctl-cache", &[(LEVEL, "cache")]))?;
+    let e = t.pod_event("ctl-cache", "TopologyPlaced")?;
+    t.notes
+        .push(format!("level cache: grant {} ; Event {e}", c.grant));
+    for p in [
+        "ctl-socket",
+        "ctl-numa-excl",
+        "ctl-strict",
+        "ctl-pmem",
+        "ctl-cache",
+    ] {
+        t.delete_pod(p)?;
+    }
+    Ok(())
+}
+
+const LEVEL: &str = "tap.kunpeng.huawei.com/level";
+const NUMA_POLICY: &str = "tap.kunpeng.huawei.com/numa-policy";
+
+/// A Burstable 100m/200m Pod with `annotations`.
+fn annotated<'a>(name: &'a str, annotations: &'a [(&'a str, &'a str)]) -> PodDef<'a> {
+    let mut d = PodDef::new(name, "100m", "200m");
+    d.annotations = annotations;
+    d
 }
 
 /// `kubectl get nodetopology` shows the allocation; deleting a Pod releases it.
@@ -485,6 +613,8 @@ fn cluster_tier() {
         && run("nodetopology_and_release", &mut t, &|t| {
             nodetopology_and_release(t)
         })
+        && run("device_plugin_hint", &mut t, &device_plugin_hint)
+        && run("per_pod_controls", &mut t, &per_pod_controls)
         && run(
             "agent_pod_and_kubelet_restarts",
             &mut t,

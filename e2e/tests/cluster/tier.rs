@@ -77,6 +77,8 @@ pub(crate) struct PodDef<'a> {
     pub(crate) memory: &'a str,
     pub(crate) labels: &'a [(&'a str, &'a str)],
     pub(crate) annotations: &'a [(&'a str, &'a str)],
+    /// Extended resources in the limits (`example.com/accel`, `1`).
+    pub(crate) extended: &'a [(&'a str, &'a str)],
 }
 
 impl<'a> PodDef<'a> {
@@ -88,6 +90,7 @@ impl<'a> PodDef<'a> {
             memory: "64Mi",
             labels: &[],
             annotations: &[],
+            extended: &[],
         }
     }
 
@@ -99,6 +102,10 @@ impl<'a> PodDef<'a> {
                     .collect(),
             )
         };
+        let mut limits = serde_json::json!({"cpu": self.cpu_limit, "memory": self.memory});
+        for (k, v) in self.extended {
+            limits[*k] = Value::String(v.to_string());
+        }
         serde_json::json!({
             "apiVersion": "v1",
             "kind": "Pod",
@@ -117,7 +124,7 @@ impl<'a> PodDef<'a> {
                     "command": ["/bin/sleep", "36000"],
                     "resources": {
                         "requests": {"cpu": self.cpu_request, "memory": self.memory},
-                        "limits": {"cpu": self.cpu_limit, "memory": self.memory},
+                        "limits": limits,
                     },
                 }],
             },
@@ -188,6 +195,30 @@ impl Tier {
             },
         )
         .with_context(|| self.describe(pod))
+    }
+
+    /// The message of the Pod's first Event with `reason` (waits for it up to 30 s).
+    pub(crate) fn pod_event(&self, pod: &str, reason: &str) -> Result<String> {
+        let field = format!("involvedObject.name={pod},reason={reason}");
+        let mut message = String::new();
+        util::wait_until(
+            &format!("a {reason} Event on Pod {pod}"),
+            Duration::from_secs(30),
+            POLL,
+            || {
+                let list = self
+                    .cl
+                    .kube()
+                    .get_json(&["get", "events", "-n", "default", "--field-selector", &field])?
+                    .context("no event list")?;
+                let first = list["items"].as_array().and_then(|i| i.first().cloned());
+                if let Some(e) = first {
+                    message = e["message"].as_str().unwrap_or_default().to_string();
+                }
+                Ok(!message.is_empty())
+            },
+        )?;
+        Ok(message)
     }
 
     pub(crate) fn describe(&self, pod: &str) -> String {
