@@ -212,7 +212,8 @@ fn device_plugin_hint(t: &mut Tier) -> Result<()> {
     // The next node: another host CPU on this 2-CPU host (node k -> CPU k mod 2).
     let node = (k + 1) % 4;
     let id = format!("accel-{node}");
-    let dir = t.cl.dir.join("kubelet/device-plugins");
+    // The kubelet's device manager listens at a fixed path, whatever its --root-dir.
+    let dir = std::path::Path::new("/var/lib/kubelet/device-plugins");
     let devices = vec![AccelDevice {
         id: id.clone(),
         numa_node: node as i64,

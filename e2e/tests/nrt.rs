@@ -8,6 +8,7 @@
 //! the CRD's schema).
 
 use anyhow::{bail, ensure, Context, Result};
+use node_agent::kube_link::fingerprint;
 use serde_json::Value;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -28,6 +29,14 @@ fn record_nodes(record: &str) -> Option<String> {
         .split(';')
         .find_map(|p| p.strip_prefix("n="))
         .map(str::to_string)
+}
+
+fn attribute<'a>(nrt: &'a Value, name: &str) -> Option<&'a str> {
+    nrt["attributes"]
+        .as_array()?
+        .iter()
+        .find(|a| a["name"] == name)?["value"]
+        .as_str()
 }
 
 fn cpu_of<'a>(nrt: &'a Value, zone: &str) -> Option<&'a Value> {
@@ -192,6 +201,19 @@ async fn scenario(k: &KubeCluster, ctd: &mut Containerd, dir: &Path) -> Result<(
                 .is_some_and(|(a, t)| a + 2000 == t)
         })
     })?;
+    // The pod set's fingerprint (the scheduler plugin's cache compares it with its own) now
+    // covers the Pod, and what the agent enforces is said: both kept by the real CRD.
+    let want = fingerprint::sign([("default", "nrt")]);
+    wait_nrt(k, "the pod fingerprint with the Pod", |v| {
+        attribute(v, fingerprint::ATTRIBUTE) == Some(want.as_str())
+    })?;
+    ensure!(
+        attribute(&placed, fingerprint::METHOD_ATTRIBUTE) == Some("all")
+            && attribute(&placed, "tap.kunpeng.huawei.com/reserved-cpus") == Some("0")
+            && attribute(&placed, "tap.kunpeng.huawei.com/policy") == Some("topology-aware"),
+        "attributes: {}",
+        placed["attributes"]
+    );
     for z in (0..4).filter(|z| *z != node) {
         let cpu = cpu_of(&placed, &format!("node-{z}")).context("cpu resource")?;
         ensure!(

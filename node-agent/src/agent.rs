@@ -178,7 +178,12 @@ pub struct Agent {
     clusters_off_logged: std::sync::atomic::AtomicBool,
     /// Where the devices the kubelet allocated are read (none: environment hints only).
     device_source: std::sync::OnceLock<Arc<dyn DeviceSource>>,
+    /// Lists the pods the agent holds containers of (set by the runtime mode's ledger).
+    pod_lister: std::sync::OnceLock<PodLister>,
 }
+
+/// The pods `(namespace, name)` the agent holds containers of.
+pub type PodLister = Box<dyn Fn() -> Vec<(String, String)> + Send + Sync>;
 
 impl Agent {
     pub fn new(
@@ -220,6 +225,7 @@ impl Agent {
             restored: std::sync::atomic::AtomicBool::new(false),
             clusters_off_logged: std::sync::atomic::AtomicBool::new(false),
             device_source: std::sync::OnceLock::new(),
+            pod_lister: std::sync::OnceLock::new(),
         };
         agent.log_clusters_off(&agent.lock());
         agent
@@ -241,6 +247,16 @@ impl Agent {
 
     pub fn device_source(&self) -> Option<&Arc<dyn DeviceSource>> {
         self.device_source.get()
+    }
+
+    /// Lists the pods with `lister` (set once).
+    pub fn set_pod_lister(&self, lister: PodLister) {
+        let _ = self.pod_lister.set(lister);
+    }
+
+    /// The pods the agent holds containers of; `None` without a runtime mode (no ledger).
+    pub fn pods(&self) -> Option<Vec<(String, String)>> {
+        self.pod_lister.get().map(|f| f())
     }
 
     /// Where placement notes go (attach a consumer to get them).

@@ -19,6 +19,8 @@
 //! Decisions are pure functions in [`policy`] and [`status`]; this file is the I/O.
 
 pub mod events;
+pub mod fingerprint;
+pub mod hugepages;
 pub mod nrt;
 pub mod pace;
 pub mod policy;
@@ -161,6 +163,7 @@ impl LinkOptions {
             nrt: flags.node_resource_topology,
             nrt_advertised: nrt::Advertised {
                 policy: flags.nrt_topology_manager_policy.clone(),
+                sysfs_root: flags.sysfs_root.clone(),
             },
         }
     }
@@ -414,6 +417,49 @@ async fn nrt_served(client: &kube::Client) -> Option<bool> {
     }
 }
 
+/// How often the NodeResourceTopology's device counts are asked of the kubelet.
+const DEVICE_ZONES_EVERY: Duration = Duration::from_secs(10);
+
+/// The device-plugin resources per NUMA node, asked of the kubelet at most every
+/// [`DEVICE_ZONES_EVERY`]; the last answer stays while the kubelet does not give one.
+#[derive(Default)]
+struct DeviceZones {
+    asked: Option<Instant>,
+    last: Vec<crate::pod_resources::ZoneDevices>,
+    warned: bool,
+}
+
+impl DeviceZones {
+    async fn current(&mut self, agent: &Agent) -> Vec<crate::pod_resources::ZoneDevices> {
+        let Some(source) = agent.device_source() else {
+            return Vec::new();
+        };
+        if self.asked.is_some_and(|t| t.elapsed() < DEVICE_ZONES_EVERY) {
+            return self.last.clone();
+        }
+        self.asked = Some(Instant::now());
+        match tokio::time::timeout(Duration::from_secs(2), source.zone_devices()).await {
+            Ok(Ok(z)) => {
+                self.last = z;
+                self.warned = false;
+            }
+            Ok(Err(e)) if !e.is_failure() => {}
+            Ok(Err(e)) if !self.warned => {
+                tracing::warn!("NodeResourceTopology device counts: {e}");
+                self.warned = true;
+            }
+            Err(_) if !self.warned => {
+                tracing::warn!(
+                    "NodeResourceTopology device counts: the kubelet did not answer in 2 s"
+                );
+                self.warned = true;
+            }
+            _ => {}
+        }
+        self.last.clone()
+    }
+}
+
 /// Publishes the node's NodeResourceTopology (server-side apply, the agent's field manager)
 /// while the CRD is served, only when it changed and at most once per [`USAGE_MIN_INTERVAL`]
 /// (it is all usage: the same bound as usage-only status changes).
@@ -431,6 +477,7 @@ async fn write_nrt(link: Arc<Link>, client: kube::Client, mode: NrtMode, adv: nr
     };
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
     let mut pacer = pace::Pacer::default();
+    let mut devices = DeviceZones::default();
     let (mut served, mut next_check, mut warned) = (false, Instant::now(), false);
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -463,9 +510,14 @@ async fn write_nrt(link: Arc<Link>, client: kube::Client, mode: NrtMode, adv: nr
         if !link.agent.restored() {
             continue;
         }
+        let extras = nrt::Extras {
+            pods: link.agent.pods(),
+            devices: devices.current(&link.agent).await,
+            hugepages: hugepages::read(&adv.sysfs_root),
+        };
         let obj = link
             .agent
-            .inspect(|e| nrt::resource_topology(e, &link.node, &adv));
+            .inspect(|e| nrt::resource_topology(e, &link.node, &adv, &extras));
         let now = Instant::now();
         if !pacer.should_send(now, &obj, USAGE_MIN_INTERVAL) {
             continue;

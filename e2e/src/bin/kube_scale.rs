@@ -255,6 +255,8 @@ async fn run(o: &Opts, k: &KubeCluster, topo: Arc<Topology>) -> Result<()> {
                 nrt: if o.nrt { NrtMode::On } else { NrtMode::Off },
                 nrt_advertised: kube_link::nrt::Advertised {
                     policy: "single-numa-node".into(),
+                    // The fixture has no hugepages files: none published.
+                    sysfs_root: util::fixture_dir(&o.fixture),
                 },
             };
             let (a, c, s) = (agent.clone(), client.clone(), shutdown.clone());

@@ -87,7 +87,7 @@ impl CriProxy {
         let file = state_dir.map(|d| StateFile::new(d.join("cri-grants.json")));
         Ok(CriProxy {
             inner: Arc::new(Inner {
-                ledger: Arc::new(Ledger::new(agent, file)),
+                ledger: Ledger::shared(agent, file),
                 upstream: Upstream::new(backend),
                 runtime: RuntimeServiceClient::new(ch)
                     .max_decoding_message_size(MAX_MESSAGE)

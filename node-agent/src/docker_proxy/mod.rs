@@ -106,7 +106,7 @@ impl DockerProxy {
     pub fn new(agent: Arc<Agent>, backend: PathBuf, state_dir: Option<&Path>) -> DockerProxy {
         let file = state_dir.map(|d| StateFile::new(d.join("docker-grants.json")));
         DockerProxy {
-            ledger: Arc::new(Ledger::new(agent, file)),
+            ledger: Ledger::shared(agent, file),
             backend,
         }
     }

@@ -8,8 +8,14 @@
 //!   CPUs included) / minus the memory limits charged to its NUMA pool (memory topology on;
 //!   without it the engine does not place memory and reports it all available).
 //!
-//! Pure: built from an engine snapshot; [`super`] writes it (server-side apply).
+//! Besides: the extended resources the kubelet's device plugins advertise with NUMA topology
+//! (`nvidia.com/gpu`, ...: allocatable and available counts from the pod-resources API), the
+//! node's hugepages (`hugepages-2Mi`, `hugepages-1Gi`: total and free pages from sysfs), the pod
+//! set's fingerprint ([`super::fingerprint`]) and attributes saying what the agent enforces.
+//!
+//! Pure: built from an engine snapshot and [`Extras`]; [`super`] writes it (server-side apply).
 
+use super::fingerprint;
 use serde_json::{json, Value};
 use tap_engine::topology::Level;
 use tap_engine::Engine;
@@ -24,6 +30,49 @@ pub const PLURAL: &str = "noderesourcetopologies";
 pub struct Advertised {
     /// `topologyManagerPolicy` (e.g. `single-numa-node`).
     pub policy: String,
+    /// Where the hugepages of the NUMA nodes are read (`--sysfs-root`).
+    pub sysfs_root: std::path::PathBuf,
+}
+
+/// What the object shows besides the engine's state, read at the edges.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extras {
+    /// The pods the agent holds containers of (`None`: unknown, no fingerprint).
+    pub pods: Option<Vec<(String, String)>>,
+    /// Device-plugin resources per NUMA node.
+    pub devices: Vec<crate::pod_resources::ZoneDevices>,
+    /// Hugepages per NUMA node and size.
+    pub hugepages: Vec<Hugepages>,
+}
+
+/// The hugepages of one size on one NUMA node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hugepages {
+    pub node: u32,
+    pub size_kb: u64,
+    pub total: u64,
+    pub free: u64,
+}
+
+impl Hugepages {
+    /// The resource name the kubelet uses (`hugepages-2Mi`, `hugepages-1Gi`).
+    pub fn resource(&self) -> String {
+        let kb = self.size_kb;
+        if kb >= 1 << 20 && kb.is_multiple_of(1 << 20) {
+            format!("hugepages-{}Gi", kb >> 20)
+        } else if kb >= 1 << 10 && kb.is_multiple_of(1 << 10) {
+            format!("hugepages-{}Mi", kb >> 10)
+        } else {
+            format!("hugepages-{kb}Ki")
+        }
+    }
+
+    fn bytes(&self, pages: u64) -> String {
+        pages
+            .saturating_mul(self.size_kb)
+            .saturating_mul(1024)
+            .to_string()
+    }
 }
 
 /// A CPU quantity in milli-CPUs as Kubernetes writes it: whole CPUs without a suffix.
@@ -36,7 +85,7 @@ fn cpu_quantity(milli: u64) -> String {
 }
 
 /// The NodeResourceTopology object of `node` for this engine state.
-pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised) -> Value {
+pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised, extras: &Extras) -> Value {
     let topo = engine.topology();
     let usable = engine.usable();
     let loads = engine.node_load();
@@ -74,6 +123,7 @@ pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised) -> Value
                     "available": n.memory_bytes.saturating_sub(charged).to_string(),
                 }));
             }
+            resources.extend(zone_extras(n.id, extras));
             let costs: Vec<Value> = n
                 .distances
                 .iter()
@@ -94,12 +144,63 @@ pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised) -> Value
             "name": node,
             "labels": {"app.kubernetes.io/managed-by": "kunpeng-tap"},
         },
-        "attributes": [
-            {"name": "topologyManagerPolicy", "value": adv.policy},
-            {"name": "topologyManagerScope", "value": "container"},
-        ],
+        "attributes": attributes(engine, adv, extras),
         "zones": zones,
     })
+}
+
+/// Device-plugin resources and hugepages of NUMA node `id`.
+fn zone_extras(id: u32, extras: &Extras) -> Vec<Value> {
+    let devices = extras.devices.iter().filter(|d| d.node == id).map(|d| {
+        json!({
+            "name": d.resource,
+            "capacity": d.allocatable.to_string(),
+            "allocatable": d.allocatable.to_string(),
+            "available": d.allocatable.saturating_sub(d.allocated).to_string(),
+        })
+    });
+    let pages = extras
+        .hugepages
+        .iter()
+        .filter(|h| h.node == id && h.total > 0)
+        .map(|h| {
+            json!({
+                "name": h.resource(),
+                "capacity": h.bytes(h.total),
+                "allocatable": h.bytes(h.total),
+                "available": h.bytes(h.free.min(h.total)),
+            })
+        });
+    devices.chain(pages).collect()
+}
+
+/// The topology manager's attributes the scheduler plugin reads, the pod fingerprint, and what
+/// the agent enforces (`tap.kunpeng.huawei.com/*`).
+fn attributes(engine: &Engine, adv: &Advertised, extras: &Extras) -> Vec<Value> {
+    let cfg = engine.config();
+    let exclusive = if cfg.exclusive_cpus {
+        cfg.exclusive_cores.as_str()
+    } else {
+        "off"
+    };
+    let mut out = vec![
+        json!({"name": "topologyManagerPolicy", "value": adv.policy}),
+        json!({"name": "topologyManagerScope", "value": "container"}),
+    ];
+    if let Some(pods) = &extras.pods {
+        let sign = fingerprint::sign(pods.iter().map(|(ns, n)| (ns.as_str(), n.as_str())));
+        out.push(json!({"name": fingerprint::ATTRIBUTE, "value": sign}));
+        out.push(json!({"name": fingerprint::METHOD_ATTRIBUTE, "value": fingerprint::METHOD_ALL}));
+    }
+    for (name, value) in [
+        ("policy", cfg.policy.as_str().to_string()),
+        ("memory-binding", cfg.memory_topology.to_string()),
+        ("exclusive-cpus", exclusive.to_string()),
+        ("reserved-cpus", cfg.reserved.to_string()),
+    ] {
+        out.push(json!({"name": format!("tap.kunpeng.huawei.com/{name}"), "value": value}));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -141,8 +242,9 @@ mod tests {
         let mut e = engine(true);
         let adv = Advertised {
             policy: "single-numa-node".into(),
+            sysfs_root: std::path::PathBuf::new(),
         };
-        let before = resource_topology(&e, "n1", &adv);
+        let before = resource_topology(&e, "n1", &adv, &Extras::default());
         let zones = before["zones"].as_array().expect("zones");
         assert_eq!(zones.len(), e.topology().nodes.len());
         // CPU 0 is reserved: node 0 has one CPU fewer allocatable than its capacity.
@@ -171,7 +273,7 @@ mod tests {
             .iter()
             .next()
             .expect("a node");
-        let after = resource_topology(&e, "n1", &adv);
+        let after = resource_topology(&e, "n1", &adv, &Extras::default());
         let z = zone(&after, &format!("node-{node}"));
         let cpu = resource(z, "cpu");
         let alloc: u64 = cpu["allocatable"]
@@ -187,7 +289,83 @@ mod tests {
         assert_eq!(mem["available"], (cap - (1 << 30)).to_string());
         // Removing the container gives it all back.
         let _ = e.remove("a");
-        assert_eq!(resource_topology(&e, "n1", &adv), before);
+        assert_eq!(
+            resource_topology(&e, "n1", &adv, &Extras::default()),
+            before
+        );
+    }
+
+    fn attribute<'a>(obj: &'a Value, name: &str) -> &'a Value {
+        obj["attributes"]
+            .as_array()
+            .and_then(|a| a.iter().find(|a| a["name"] == name))
+            .map(|a| &a["value"])
+            .unwrap_or_else(|| panic!("no attribute {name} in {obj}"))
+    }
+
+    /// Devices, hugepages, the pod fingerprint and what the agent enforces are published.
+    #[test]
+    fn extras_reach_the_zones_and_attributes() {
+        let e = engine(true);
+        let adv = Advertised {
+            policy: "single-numa-node".into(),
+            sysfs_root: std::path::PathBuf::new(),
+        };
+        let extras = Extras {
+            pods: Some(vec![
+                ("default".into(), "a".into()),
+                ("kube-system".into(), "b".into()),
+            ]),
+            devices: vec![crate::pod_resources::ZoneDevices {
+                node: 2,
+                resource: "example.com/accel".into(),
+                allocatable: 4,
+                allocated: 1,
+            }],
+            hugepages: vec![Hugepages {
+                node: 1,
+                size_kb: 2048,
+                total: 512,
+                free: 500,
+            }],
+        };
+        let obj = resource_topology(&e, "n1", &adv, &extras);
+        let accel = resource(zone(&obj, "node-2"), "example.com/accel");
+        assert_eq!(
+            (&accel["allocatable"], &accel["available"]),
+            (&json!("4"), &json!("3"))
+        );
+        let pages = resource(zone(&obj, "node-1"), "hugepages-2Mi");
+        assert_eq!(pages["capacity"], (512u64 << 21).to_string());
+        assert_eq!(pages["available"], (500u64 << 21).to_string());
+        let sign = fingerprint::sign([("kube-system", "b"), ("default", "a")]);
+        assert_eq!(attribute(&obj, "nodeTopologyPodsFingerprint"), &json!(sign));
+        assert_eq!(attribute(&obj, "nodeTopologyPodsFingerprintMethod"), "all");
+        assert_eq!(
+            attribute(&obj, "tap.kunpeng.huawei.com/policy"),
+            "topology-aware"
+        );
+        assert_eq!(
+            attribute(&obj, "tap.kunpeng.huawei.com/memory-binding"),
+            "true"
+        );
+        assert_eq!(
+            attribute(&obj, "tap.kunpeng.huawei.com/exclusive-cpus"),
+            "whole"
+        );
+        assert_eq!(attribute(&obj, "tap.kunpeng.huawei.com/reserved-cpus"), "0");
+        // Without a pod list (no runtime mode): no fingerprint rather than a wrong one.
+        let none = resource_topology(&e, "n1", &adv, &Extras::default());
+        let names: Vec<&Value> = none["attributes"]
+            .as_array()
+            .expect("a")
+            .iter()
+            .map(|a| &a["name"])
+            .collect();
+        assert!(
+            !names.contains(&&json!("nodeTopologyPodsFingerprint")),
+            "{names:?}"
+        );
     }
 
     #[test]

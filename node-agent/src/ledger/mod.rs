@@ -253,6 +253,33 @@ impl Ledger {
         }
     }
 
+    /// A shared ledger that also tells its agent which pods it holds (the NodeResourceTopology's
+    /// pod fingerprint): what the runtime modes use.
+    pub fn shared(agent: Arc<Agent>, file: Option<StateFile>) -> Arc<Ledger> {
+        let ledger = Arc::new(Ledger::new(agent, file));
+        let weak = Arc::downgrade(&ledger);
+        ledger.agent.set_pod_lister(Box::new(move || {
+            weak.upgrade().map(|l| l.pods()).unwrap_or_default()
+        }));
+        ledger
+    }
+
+    /// The pods `(namespace, name)` of the containers in the book (those the runtime has, the
+    /// ones the agent leaves alone included), each once.
+    pub fn pods(&self) -> Vec<(String, String)> {
+        let b = self.book();
+        let mut pods: Vec<(String, String)> = b
+            .entries
+            .values()
+            .filter(|e| !e.info.pod.namespace.is_empty() && !e.info.pod.name.is_empty())
+            .map(|e| (e.info.pod.namespace.clone(), e.info.pod.name.clone()))
+            .collect();
+        drop(b);
+        pods.sort_unstable();
+        pods.dedup();
+        pods
+    }
+
     pub fn agent(&self) -> &Arc<Agent> {
         &self.agent
     }

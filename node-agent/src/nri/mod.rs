@@ -553,7 +553,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let file = StateFile::new(flags.state_dir.join("nri-grants.json"));
-    let ledger = Arc::new(Ledger::new(agent.clone(), Some(file)));
+    let ledger = Ledger::shared(agent.clone(), Some(file));
     let slot = Arc::new(RuntimeSlot::new(flags.nri_unsolicited_updates));
     let converger = tokio::spawn(ledger.clone().converge(slot.clone(), shutdown.clone()));
     let end = serve_sessions(flags, &agent, &ledger, &slot, &shutdown).await;

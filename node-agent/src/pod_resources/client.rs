@@ -3,7 +3,10 @@
 //! `KubeletPodResourcesGet` gate off), remembered for the process.
 
 use super::proto::{self, GetPodResourcesRequest, ListPodResourcesRequest};
-use super::{container_devices, ContainerRef, DeviceSource, KubeletDevice, PodResourcesError};
+use super::{
+    container_devices, count_zone_devices, ContainerRef, DeviceSource, KubeletDevice,
+    PodResourcesError, ZoneDevices,
+};
 use hyper_util::rt::TokioIo;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -110,8 +113,35 @@ fn get_not_served(s: &Status) -> bool {
     s.code() == Code::Unimplemented || s.message().contains("Get method disabled")
 }
 
+impl KubeletPodResources {
+    async fn zone_counts(&self) -> Result<Vec<ZoneDevices>, PodResourcesError> {
+        let call = |method: &'static str| {
+            move |status| PodResourcesError::Call {
+                method,
+                status: Box::new(status),
+            }
+        };
+        let alloc: proto::AllocatableResourcesResponse = self
+            .call(proto::ALLOCATABLE, proto::AllocatableResourcesRequest {})
+            .await
+            .map_err(call("GetAllocatableResources"))?;
+        let list: proto::ListPodResourcesResponse = self
+            .call(proto::LIST, ListPodResourcesRequest {})
+            .await
+            .map_err(call("List"))?;
+        Ok(count_zone_devices(&alloc.devices, &list.pod_resources))
+    }
+}
+
 #[async_trait::async_trait]
 impl DeviceSource for KubeletPodResources {
+    async fn zone_devices(&self) -> Result<Vec<ZoneDevices>, PodResourcesError> {
+        if !self.socket.exists() {
+            return Err(PodResourcesError::NoSocket(self.socket.clone()));
+        }
+        self.zone_counts().await
+    }
+
     async fn devices(&self, c: ContainerRef<'_>) -> Result<Vec<KubeletDevice>, PodResourcesError> {
         if !self.socket.exists() {
             return Err(PodResourcesError::NoSocket(self.socket.clone()));

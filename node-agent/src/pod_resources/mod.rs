@@ -73,6 +73,62 @@ impl PodResourcesError {
 #[async_trait::async_trait]
 pub trait DeviceSource: Send + Sync {
     async fn devices(&self, c: ContainerRef<'_>) -> Result<Vec<KubeletDevice>, PodResourcesError>;
+
+    /// The node's device-plugin resources per NUMA node (the NodeResourceTopology's zones).
+    async fn zone_devices(&self) -> Result<Vec<ZoneDevices>, PodResourcesError> {
+        Ok(Vec::new())
+    }
+}
+
+/// The devices of one extended resource on one NUMA node, as the kubelet counts them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ZoneDevices {
+    pub node: u32,
+    pub resource: String,
+    pub allocatable: u64,
+    pub allocated: u64,
+}
+
+/// Counts the allocatable devices per (NUMA node, resource), and of those the ones allocated to
+/// some container of `pods`. A device on several nodes counts on each; one without topology on
+/// none.
+pub fn count_zone_devices(
+    allocatable: &[proto::ContainerDevices],
+    pods: &[proto::PodResources],
+) -> Vec<ZoneDevices> {
+    use std::collections::{BTreeMap, HashSet};
+    let allocated: HashSet<(&str, &str)> = pods
+        .iter()
+        .flat_map(|p| p.containers.iter())
+        .flat_map(|c| c.devices.iter())
+        .flat_map(|d| {
+            d.device_ids
+                .iter()
+                .map(move |id| (d.resource_name.as_str(), id.as_str()))
+        })
+        .collect();
+    let mut counts: BTreeMap<(u32, &str), (u64, u64)> = BTreeMap::new();
+    for d in allocatable {
+        let nodes = d.topology.iter().flat_map(|t| t.nodes.iter());
+        for node in nodes.filter_map(|n| u32::try_from(n.id).ok()) {
+            for id in &d.device_ids {
+                let e = counts.entry((node, d.resource_name.as_str())).or_default();
+                e.0 = e.0.saturating_add(1);
+                if allocated.contains(&(d.resource_name.as_str(), id.as_str())) {
+                    e.1 = e.1.saturating_add(1);
+                }
+            }
+        }
+    }
+    counts
+        .into_iter()
+        .map(|((node, resource), (allocatable, allocated))| ZoneDevices {
+            node,
+            resource: resource.to_string(),
+            allocatable,
+            allocated,
+        })
+        .collect()
 }
 
 /// The devices of one container of a pod's resources, one entry per device id.

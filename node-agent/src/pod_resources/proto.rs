@@ -67,6 +67,17 @@ pub struct NumaNode {
     pub id: i64,
 }
 
+/// `AllocatableResourcesRequest`: empty.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AllocatableResourcesRequest {}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AllocatableResourcesResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub devices: Vec<ContainerDevices>,
+}
+
 /// The methods' gRPC paths.
 pub const GET: &str = "/v1.PodResourcesLister/Get";
 pub const LIST: &str = "/v1.PodResourcesLister/List";
+pub const ALLOCATABLE: &str = "/v1.PodResourcesLister/GetAllocatableResources";

@@ -70,3 +70,24 @@ fn decodes_the_wire_format_of_the_api() {
     // ContainerDevices.resource_name is field 1 (length-delimited): tag 0x0a.
     assert_eq!(dev("r", &[], &[]).encode_to_vec(), [0x0a, 0x01, b'r']);
 }
+
+#[test]
+fn zone_devices_count_allocatable_and_allocated_per_node() {
+    let allocatable = vec![
+        dev("example.com/accel", &["accel-2", "accel-3"], &[1]),
+        dev("example.com/nic", &["nic-0"], &[0]),
+        dev("example.com/wide", &["w"], &[0, 1]),
+        dev("example.com/loose", &["l"], &[]),
+    ];
+    let z = count_zone_devices(&allocatable, &[pod()]);
+    let row = |node: u32, r: &str| {
+        z.iter()
+            .find(|d| d.node == node && d.resource == r)
+            .map(|d| (d.allocatable, d.allocated))
+    };
+    assert_eq!(row(1, "example.com/accel"), Some((2, 2)));
+    assert_eq!(row(0, "example.com/nic"), Some((1, 1)));
+    assert_eq!(row(0, "example.com/wide"), Some((1, 0)));
+    assert_eq!(row(1, "example.com/wide"), Some((1, 0)));
+    assert_eq!(z.len(), 4, "{z:?}");
+}
