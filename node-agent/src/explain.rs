@@ -267,6 +267,20 @@ fn sample_lines(agent: &Agent) -> String {
         let line = sample_line(agent, &mut notes, &sample_container(i, sample));
         let _ = writeln!(out, "  {:<16} -> {line}", sample.0);
     }
+    // A device the kubelet allocated (pod-resources) on the last NUMA node.
+    if let Some(last) = agent.topology().nodes.last().map(|n| n.id) {
+        let mut c = sample_container(
+            SAMPLES.len(),
+            &("kubelet-device", "burstable", 1, Some(2), &[]),
+        );
+        c.kubelet_devices = vec![crate::pod_resources::KubeletDevice {
+            resource: "example.com/accel".into(),
+            id: "accel-0".into(),
+            numa_nodes: vec![last],
+        }];
+        let line = sample_line(agent, &mut notes, &c);
+        let _ = writeln!(out, "  {:<16} -> {line}", "kubelet-device");
+    }
     out
 }
 
