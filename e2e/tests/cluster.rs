@@ -297,11 +297,13 @@ fn per_pod_controls(t: &mut Tier) -> Result<()> {
     ensure!(!m.grant.is_empty(), "memory-type: {m:?}");
     let e = t.pod_event("ctl-pmem", "TopologyNotHonoured")?;
     ensure!(e.contains("pmem"), "memory-type: Event {e:?}");
-    // level: cache on a fixture whose NUMA nodes are one L3 each: the NUMA node.
+    // level: cache on a fixture without cache information: the root, and a Warning says so.
     let c = t.run_pod(&annotated("ctl-cache", &[(LEVEL, "cache")]))?;
-    let e = t.pod_event("ctl-cache", "TopologyPlaced")?;
+    ensure!(c.field("pool") == "machine", "level cache: {c:?}");
+    let e = t.pod_event("ctl-cache", "TopologyNotHonoured")?;
+    ensure!(e.contains("cache"), "level cache: Event {e:?}");
     t.notes
-        .push(format!("level cache: grant {} ; Event {e}", c.grant));
+        .push(format!("level cache: grant {} ; Warning {e}", c.grant));
     for p in [
         "ctl-socket",
         "ctl-numa-excl",
