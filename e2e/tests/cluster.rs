@@ -219,7 +219,7 @@ fn device_plugin_hint(t: &mut Tier) -> Result<()> {
         numa_node: node as i64,
     }];
     let plugin =
-        t.rt.block_on(DevicePlugin::start(&dir, "tap-accel", ACCEL, devices))?;
+        t.rt.block_on(DevicePlugin::start(dir, "tap-accel", ACCEL, devices))?;
     util::wait_until(
         "the node's allocatable example.com/accel",
         Duration::from_secs(60),
