@@ -756,8 +756,20 @@ fn tree(root: &Path) -> Result<BTreeMap<String, String>> {
 fn meminfo_compared_within_one_percent() {
     let want = "Node 1 MemTotal:         513344 kB\n";
     let path = "devices/system/node/node1/meminfo";
-    assert!(same_file(path, "Node 1 MemTotal:         513340 kB\n", want));
-    assert!(!same_file(path, "Node 1 MemTotal:         400000 kB\n", want));
+    assert!(same_file(
+        path,
+        "Node 1 MemTotal:         513340 kB\n",
+        want
+    ));
+    assert!(!same_file(
+        path,
+        "Node 1 MemTotal:         400000 kB\n",
+        want
+    ));
     assert!(!same_file(path, "garbage\n", want));
-    assert!(!same_file("devices/system/node/node1/cpulist", "0-3\n", "4-7\n"));
+    assert!(!same_file(
+        "devices/system/node/node1/cpulist",
+        "0-3\n",
+        "4-7\n"
+    ));
 }
