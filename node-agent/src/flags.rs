@@ -553,6 +553,9 @@ mod tests {
             Flags::try_parse_from(["kunpeng-tap", "--kubelet-config=/nonexistent/k.yaml"]).unwrap();
         let cfg = f.engine_config();
         assert!(cfg.reserved.is_empty() && cfg.reserved_for == ReservedAccess::default());
+        // What the chart passes when nothing is listed.
+        let f = Flags::try_parse_from(["kunpeng-tap", "--reserved-cpus-namespaces="]).unwrap();
+        assert!(f.reserved_access().namespaces.is_empty());
         let e =
             Flags::try_parse_from(["kunpeng-tap", "--reserved-cpus-annotation=yes"]).unwrap_err();
         assert!(e.to_string().contains("ignored or honoured"), "{e}");
