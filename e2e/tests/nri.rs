@@ -289,7 +289,7 @@ fn logged_cpus(agent: &Agent, id: &str) -> Option<BTreeSet<usize>> {
     let text = agent.log_text();
     let line = text
         .lines()
-        .rfind(|l| l.contains(" placed ") && l.contains(&needle))?;
+        .rfind(|l| l.contains(" placed ") && l.contains(" cpus=") && l.contains(&needle))?;
     let cpus = line.split(" cpus=").nth(1)?.split(' ').next()?;
     Some(parse_list(cpus))
 }
