@@ -920,10 +920,20 @@ async fn nri_reserved_cpus_for_system_daemons() {
     for (id, what) in [(&app, "default app"), (&asks, "default app asking")] {
         let p = placement(&mut cri, id).await.unwrap();
         let cpus = logged_cpus(&agent, id).expect("placed");
-        assert!(cpus.is_disjoint(&reserved), "{what} on reserved CPUs {cpus:?}");
-        assert_eq!(parse_list(&p.cgroup_cpus), fold(&cpus), "{what} cgroup {p:?}");
+        assert!(
+            cpus.is_disjoint(&reserved),
+            "{what} on reserved CPUs {cpus:?}"
+        );
+        assert_eq!(
+            parse_list(&p.cgroup_cpus),
+            fold(&cpus),
+            "{what} cgroup {p:?}"
+        );
         if util::host_cpus().len() == 2 {
-            assert!(parse_list(&p.cgroup_cpus).is_disjoint(&want), "{what}: {p:?}");
+            assert!(
+                parse_list(&p.cgroup_cpus).is_disjoint(&want),
+                "{what}: {p:?}"
+            );
         }
         eprintln!("{what}: cgroup cpuset {}", p.cgroup_cpus);
     }
@@ -941,7 +951,11 @@ async fn nri_reserved_cpus_for_system_daemons() {
     agent.stop();
     let agent = Agent::start(&ctd, "reserved-again", &flags).expect("agent again");
     let p = placement(&mut cri, &daemon).await.unwrap();
-    assert_eq!(parse_list(&p.cgroup_cpus), want, "daemon after restart {p:?}");
+    assert_eq!(
+        parse_list(&p.cgroup_cpus),
+        want,
+        "daemon after restart {p:?}"
+    );
     assert_eq!(agent.numa_usage().unwrap().values().sum::<f64>(), 8.0);
     cri.remove_all_pods().await.unwrap();
 }

@@ -5,8 +5,7 @@ use std::fmt::Write as _;
 use tap_engine::cpu_model::{CpuModel, CpuModelSource};
 use tap_engine::devices::{DeviceKind, DeviceScheme};
 use tap_engine::request::{
-    EXCLUSIVE_CORES_KEY, HIDE_HYPERTHREADS_KEY, MEMORY_TYPE_KEY, NUMA_POLICY_KEY,
-    RESERVED_CPUS_KEY,
+    EXCLUSIVE_CORES_KEY, HIDE_HYPERTHREADS_KEY, MEMORY_TYPE_KEY, NUMA_POLICY_KEY, RESERVED_CPUS_KEY,
 };
 use tap_engine::topology::{Level, PciDevice, Topology};
 
@@ -435,7 +434,9 @@ mod tests {
             "{out}"
         );
         assert!(
-            out.contains("system-daemon    -> cpus 0-1 (reserved): system daemon: the reserved CPUs"),
+            out.contains(
+                "system-daemon    -> cpus 0-1 (reserved): system daemon: the reserved CPUs"
+            ),
             "{out}"
         );
         let unlisted = EngineConfig {
@@ -444,7 +445,8 @@ mod tests {
         };
         let out = explain(&agent_with("synthetic-2s-4numa-96c-gpu", unlisted));
         assert!(
-            out.contains("system-daemon    -> cpus ") && out.contains("not honoured: reserved-cpus: this Pod's namespace may not use"),
+            out.contains("system-daemon    -> cpus ")
+                && out.contains("not honoured: reserved-cpus: this Pod's namespace may not use"),
             "{out}"
         );
         assert!(!explain(&agent(false)).contains("system-daemon"));

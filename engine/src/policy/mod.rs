@@ -179,14 +179,16 @@ impl Policies {
         old: Option<&Grant>,
     ) -> Option<Choice> {
         let set = Settings::new(view.config(), req);
-        let refused = match reserved::decide(view, req, &set) {
-            reserved::ReservedUse::Place(cpus) => return Some(reserved::choice(view, &set, cpus)),
-            reserved::ReservedUse::Refused(r) => Some(Unhonoured::ReservedCpus(r)),
-            reserved::ReservedUse::Pools => None,
-        };
-        let mut c = self.choose_pools(view, req, &set, old)?;
-        c.unhonoured = c.unhonoured.or(refused);
-        Some(c)
+        // The common case goes straight to the pools: no copy of the choice on the way out.
+        match reserved::decide(view, req, &set) {
+            reserved::ReservedUse::Pools => self.choose_pools(view, req, set, old),
+            reserved::ReservedUse::Place(cpus) => Some(reserved::choice(view, &set, cpus)),
+            reserved::ReservedUse::Refused(r) => {
+                let mut c = self.choose_pools(view, req, set, old)?;
+                c.unhonoured = c.unhonoured.or(Some(Unhonoured::ReservedCpus(r)));
+                Some(c)
+            }
+        }
     }
 
     /// Where to place `req` on the pools (see [`Policies::choose`]).
@@ -194,10 +196,9 @@ impl Policies {
         &self,
         view: &StateView<'_>,
         req: &ContainerRequest,
-        set: &Settings,
+        set: Settings,
         old: Option<&Grant>,
     ) -> Option<Choice> {
-        let set = *set;
         if view.usable().is_empty() {
             return None;
         }
