@@ -67,6 +67,44 @@ fn yes() -> bool {
     true
 }
 
+/// Whether a Pod outside [`ReservedCpusFor::namespaces`] that asks for the reserved CPUs by
+/// annotation (`tap.kunpeng.huawei.com/reserved-cpus: "true"`) is placed there.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum ReservedAnnotation {
+    /// Only the listed namespaces use the reserved CPUs; the annotation elsewhere is not
+    /// honoured (a `TopologyNotHonoured` Event).
+    #[default]
+    #[serde(rename = "ignored")]
+    Ignored,
+    /// Any Pod that asks by annotation is placed on the reserved CPUs.
+    #[serde(rename = "honoured")]
+    Honoured,
+}
+
+/// Who may use the reserved CPUs (system daemons): they are in no pool, and only these Pods'
+/// containers are placed on them (all of them, shared).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReservedCpusFor {
+    /// Namespaces whose Pods' containers run on the reserved CPUs (a Pod may decline with the
+    /// annotation `tap.kunpeng.huawei.com/reserved-cpus: "false"`), e.g. `kube-system`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 63)))]
+    pub namespaces: Vec<String>,
+    /// `honoured`: a Pod in any namespace may ask by annotation
+    /// (`tap.kunpeng.huawei.com/reserved-cpus: "true"`); `ignored` (the default): only the
+    /// listed namespaces.
+    #[serde(default)]
+    pub annotation: ReservedAnnotation,
+}
+
+impl ReservedCpusFor {
+    /// Nobody (the default): serialized as nothing, so objects without it stay as they were.
+    pub fn is_empty(&self) -> bool {
+        self == &ReservedCpusFor::default()
+    }
+}
+
 /// The placement settings a TopologyPolicy carries to a node (the part of the node agent's
 /// configuration the cluster decides; the rest stays with the agent's flags).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
@@ -82,11 +120,20 @@ pub struct PolicySettings {
     /// Let topology-aware place containers on CPU clusters (Kunpeng 950).
     #[serde(default)]
     pub cluster_affinity: bool,
-    /// CPUs never handed to containers, kernel list syntax (`0-1`); empty = none.
+    /// CPUs kept out of every pool, kernel list syntax (`0-1`); empty = none. Only the Pods
+    /// `reservedCPUsFor` names run on them (system daemons).
     #[serde(default, rename = "reservedCPUs")]
     #[schemars(length(max = 1024))]
     #[x_kube(validation = Rule::new(CPUSET_RULE).message(CPUSET_MESSAGE))]
     pub reserved_cpus: String,
+    /// Who may use the reserved CPUs: Pods of these namespaces, and any Pod asking by
+    /// annotation when `annotation` is `honoured`. Absent: nobody.
+    #[serde(
+        default,
+        rename = "reservedCPUsFor",
+        skip_serializing_if = "ReservedCpusFor::is_empty"
+    )]
+    pub reserved_cpus_for: ReservedCpusFor,
     /// Whether Pod annotations may override the policy, level and memory binding.
     #[serde(default = "yes")]
     pub annotations_allowed: bool,
@@ -99,6 +146,7 @@ impl Default for PolicySettings {
             memory_topology: false,
             cluster_affinity: false,
             reserved_cpus: String::new(),
+            reserved_cpus_for: ReservedCpusFor::default(),
             annotations_allowed: true,
         }
     }
@@ -151,11 +199,20 @@ pub struct TopologyPolicySpec {
     /// Let topology-aware place containers on CPU clusters (Kunpeng 950).
     #[serde(default)]
     pub cluster_affinity: bool,
-    /// CPUs never handed to containers, kernel list syntax (`0-1`); empty = none.
+    /// CPUs kept out of every pool, kernel list syntax (`0-1`); empty = none. Only the Pods
+    /// `reservedCPUsFor` names run on them (system daemons).
     #[serde(default, rename = "reservedCPUs")]
     #[schemars(length(max = 1024))]
     #[x_kube(validation = Rule::new(CPUSET_RULE).message(CPUSET_MESSAGE))]
     pub reserved_cpus: String,
+    /// Who may use the reserved CPUs: Pods of these namespaces, and any Pod asking by
+    /// annotation when `annotation` is `honoured`. Absent: nobody.
+    #[serde(
+        default,
+        rename = "reservedCPUsFor",
+        skip_serializing_if = "ReservedCpusFor::is_empty"
+    )]
+    pub reserved_cpus_for: ReservedCpusFor,
     /// Precedence where the selectors of several policies match a Node: the higher priority
     /// wins, then the older policy, then the smaller name. From -1000 to 1000; default 0.
     #[serde(default)]
@@ -174,6 +231,7 @@ impl TopologyPolicySpec {
             memory_topology: self.memory_topology,
             cluster_affinity: self.cluster_affinity,
             reserved_cpus: self.reserved_cpus.clone(),
+            reserved_cpus_for: self.reserved_cpus_for.clone(),
             annotations_allowed: self.annotations_allowed,
         }
     }
@@ -449,9 +507,17 @@ pub struct AgentStatus {
     /// `kunpeng-950-only` (only on CPU part 0xd06, as the reference).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cluster_affinity_rule: String,
-    /// CPUs never handed to containers, kernel list syntax; empty = none.
+    /// CPUs kept out of every pool (only the Pods of `reservedCPUsFor` use them), kernel
+    /// list syntax; empty = none.
     #[serde(default, rename = "reservedCPUs")]
     pub reserved_cpus: String,
+    /// Who may use the reserved CPUs (system daemons); absent: nobody.
+    #[serde(
+        default,
+        rename = "reservedCPUsFor",
+        skip_serializing_if = "ReservedCpusFor::is_empty"
+    )]
+    pub reserved_cpus_for: ReservedCpusFor,
     /// Whether Pod annotations may override the policy, level and memory binding.
     pub annotations_allowed: bool,
     /// `NodeTopology` when from the spec, `flags` when the spec has none, `cache` when taken

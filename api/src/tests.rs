@@ -157,3 +157,36 @@ fn spec_defaults_and_names_round_trip() {
             .is_err()
     );
 }
+
+#[test]
+fn reserved_cpus_for_round_trips_and_old_objects_still_parse() {
+    let spec: TopologyPolicySpec = serde_json::from_value(serde_json::json!({
+        "policy": "topology-aware",
+        "reservedCPUs": "0-1",
+        "reservedCPUsFor": {"namespaces": ["kube-system"], "annotation": "honoured"},
+    }))
+    .unwrap();
+    assert_eq!(spec.reserved_cpus_for.namespaces, ["kube-system"]);
+    assert_eq!(
+        spec.reserved_cpus_for.annotation,
+        ReservedAnnotation::Honoured
+    );
+    let v = serde_json::to_value(spec.settings()).unwrap();
+    assert_eq!(v["reservedCPUsFor"]["annotation"], "honoured");
+    assert_eq!(v["reservedCPUsFor"]["namespaces"][0], "kube-system");
+    // Without it (objects written before it existed): nobody, and nothing written back.
+    let old: PolicySettings =
+        serde_json::from_value(serde_json::json!({"policy": "numa-aware"})).unwrap();
+    assert!(old.reserved_cpus_for.is_empty());
+    assert!(serde_json::to_value(&old)
+        .unwrap()
+        .get("reservedCPUsFor")
+        .is_none());
+    assert!(
+        serde_json::from_value::<ReservedCpusFor>(serde_json::json!({"annotation": "always"}))
+            .is_err()
+    );
+    let schema = serde_json::to_value(&TopologyPolicy::crd().spec.versions[0].schema).unwrap();
+    let f = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["reservedCPUsFor"];
+    assert_eq!(f["properties"]["namespaces"]["maxItems"], 64, "{f}");
+}

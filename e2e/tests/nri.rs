@@ -289,7 +289,7 @@ fn logged_cpus(agent: &Agent, id: &str) -> Option<BTreeSet<usize>> {
     let text = agent.log_text();
     let line = text
         .lines()
-        .rfind(|l| l.contains(" placed ") && l.contains(&needle))?;
+        .rfind(|l| l.contains(" placed ") && l.contains(" cpus=") && l.contains(&needle))?;
     let cpus = line.split(" cpus=").nth(1)?.split(' ').next()?;
     Some(parse_list(cpus))
 }
@@ -870,5 +870,92 @@ async fn nri_without_plugin_containers_run_unadjusted() {
     let mut cri = ctd.cri().await.expect("cri");
     let (_, id) = run_burstable(&mut cri, "noplugin").await.unwrap();
     assert_untouched(&placement(&mut cri, &id).await.unwrap(), "no plugin");
+    cri.remove_all_pods().await.unwrap();
+}
+
+/// Strict reserved CPUs (issue 23 item 5): with the fixture's NUMA nodes 0 and 2 reserved
+/// (`--reserved-cpus=0-23,48-71`, folded: host CPU 0 of a 2-CPU host) and `kube-system` allowed
+/// on them, a `kube-system` container runs on exactly the reserved CPUs (cgroup cpuset), charged
+/// to no NUMA node; a `default` container never touches them, and one that asks by annotation
+/// without being allowed is placed on the pools with a `not honoured` warning and a metric.
+/// A restarted agent keeps the daemon where it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_reserved_cpus_for_system_daemons() {
+    let Some((_g, ctd)) = setup("nri_reserved_cpus_for_system_daemons") else {
+        return;
+    };
+    const RESERVED: &str = "0-23,48-71";
+    let flags = [
+        &format!("--reserved-cpus={RESERVED}")[..],
+        "--reserved-cpus-namespaces=kube-system",
+    ];
+    let mut agent = Agent::start(&ctd, "reserved", &flags).expect("agent");
+    let mut cri = ctd.cri().await.expect("cri");
+    let reserved = parse_list(RESERVED);
+
+    let mut pod = PodSpec::new("daemon", CgroupQos::Burstable);
+    pod.namespace = "kube-system".into();
+    let sb = cri.run_pod(&pod).await.unwrap();
+    let daemon = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(8000)))
+        .await
+        .unwrap();
+    let p = placement(&mut cri, &daemon).await.unwrap();
+    let rec = p.record.as_ref().expect("the daemon has a grant");
+    assert_eq!(rec.get("on").map(String::as_str), Some("reserved"), "{p:?}");
+    assert_eq!(logged_cpus(&agent, &daemon), Some(reserved.clone()));
+    let want = fold(&reserved);
+    assert_eq!(parse_list(&p.spec_cpus), want, "daemon spec {p:?}");
+    assert_eq!(parse_list(&p.cgroup_cpus), want, "daemon cgroup {p:?}");
+    eprintln!("kube-system daemon: cgroup cpuset {}", p.cgroup_cpus);
+
+    let (_, app) = run_burstable(&mut cri, "app").await.unwrap();
+    let ask = PodSpec::new("asks", CgroupQos::Burstable)
+        .annotation("tap.kunpeng.huawei.com/reserved-cpus", "true");
+    let sb = cri.run_pod(&ask).await.unwrap();
+    let asks = cri
+        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(8000)))
+        .await
+        .unwrap();
+    for (id, what) in [(&app, "default app"), (&asks, "default app asking")] {
+        let p = placement(&mut cri, id).await.unwrap();
+        let cpus = logged_cpus(&agent, id).expect("placed");
+        assert!(
+            cpus.is_disjoint(&reserved),
+            "{what} on reserved CPUs {cpus:?}"
+        );
+        assert_eq!(
+            parse_list(&p.cgroup_cpus),
+            fold(&cpus),
+            "{what} cgroup {p:?}"
+        );
+        if util::host_cpus().len() == 2 {
+            assert!(
+                parse_list(&p.cgroup_cpus).is_disjoint(&want),
+                "{what}: {p:?}"
+            );
+        }
+        eprintln!("{what}: cgroup cpuset {}", p.cgroup_cpus);
+    }
+    assert!(
+        agent.log_text().contains("not honoured: reserved-cpus"),
+        "{}",
+        agent.log_text()
+    );
+    let m = agent.metrics_text().unwrap();
+    assert!(counted_once(&m, "reserved_cpus"), "{m}");
+    // The daemon is charged nowhere: the two others' 4-CPU requests only.
+    assert_eq!(agent.numa_usage().unwrap().values().sum::<f64>(), 8.0);
+
+    // A restarted agent reads the daemon's grant back and leaves it on the reserved CPUs.
+    agent.stop();
+    let agent = Agent::start(&ctd, "reserved-again", &flags).expect("agent again");
+    let p = placement(&mut cri, &daemon).await.unwrap();
+    assert_eq!(
+        parse_list(&p.cgroup_cpus),
+        want,
+        "daemon after restart {p:?}"
+    );
+    assert_eq!(agent.numa_usage().unwrap().values().sum::<f64>(), 8.0);
     cri.remove_all_pods().await.unwrap();
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 pub use crate::types::{
     Choice, CpusetUpdate, EngineConfig, Existing, NodeLoad, Outcome, Placement, PoolLoad,
-    PoolStatus, Reason, ResourcePriority, RestoreReport, SkipReason,
+    PoolStatus, Reason, ResourcePriority, RestoreReport, Site, SkipReason,
 };
 
 mod reinstate;
@@ -152,7 +152,8 @@ impl Engine {
     /// Adds (or replaces) a grant, keeping the shared index in step (a replaced grant's entry
     /// goes: [`SharedIndex::add`] moves an id it holds).
     fn put(&mut self, id: Arc<str>, g: Grant) {
-        if g.is_exclusive() {
+        // Reserved grants are never refreshed: exclusive CPUs are never reserved ones.
+        if g.is_exclusive() || g.is_reserved() {
             self.shared.remove(&id);
         } else {
             self.shared.add(&id, g.pool, &g.span);
@@ -223,9 +224,13 @@ impl Engine {
     }
 
     /// Why a new container's choice may not be taken: a strict NUMA policy with more than one
-    /// NUMA node, an exclusive one without a whole node.
+    /// NUMA node, an exclusive one without a whole node (a system daemon on the reserved CPUs
+    /// is not held to its NUMA policy).
     fn refusal(&self, req: &ContainerRequest, choice: &Choice) -> Option<SkipReason> {
         use crate::request::NumaPolicy;
+        if choice.site == Site::Reserved {
+            return None;
+        }
         let policy = req
             .overrides
             .numa_policy
@@ -259,7 +264,10 @@ impl Engine {
                 mems: old.mems,
                 pool: old.pool,
                 exclusive: old.is_exclusive(),
-                reason: Reason::Fits(self.topo.pools[old.pool].level),
+                reason: match old.site {
+                    Site::Reserved => Reason::Reserved,
+                    Site::Pools => Reason::Fits(self.topo.pools[old.pool].level),
+                },
                 updates: Vec::new(),
                 unhonoured: None,
             });
@@ -305,12 +313,20 @@ impl Engine {
         }
     }
 
+    /// Charges a grant to its pools and nodes (a grant on the reserved CPUs, in no pool, to
+    /// none).
     fn charge(&mut self, g: &Grant) {
+        if g.is_reserved() {
+            return;
+        }
         self.charge_pools(g, true);
         self.charge_nodes(g, true);
     }
 
     fn uncharge(&mut self, g: &Grant) {
+        if g.is_reserved() {
+            return;
+        }
         self.charge_pools(g, false);
         self.charge_nodes(g, false);
     }
@@ -434,10 +450,10 @@ impl Engine {
         } else {
             0
         };
-        let all = if c.exclusive.is_empty() {
-            self.shared_cpus(&c.span)
-        } else {
-            c.exclusive
+        let all = match c.site {
+            Site::Reserved => c.span,
+            Site::Pools if c.exclusive.is_empty() => self.shared_cpus(&c.span),
+            Site::Pools => c.exclusive,
         };
         let threads = crate::policy::Settings::new(&self.cfg, req).threads;
         let cpus = match threads {
@@ -456,6 +472,7 @@ impl Engine {
             mems: c.mems,
             cpus,
             threads,
+            site: c.site,
         };
         self.charge(&g);
         let id: Arc<str> = Arc::from(req.id.as_str());

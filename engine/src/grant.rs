@@ -6,6 +6,7 @@ use crate::cpuset::CpuSet;
 use crate::nodeset::NodeSet;
 use crate::request::{Hyperthreads, PolicyKind};
 use crate::topology::{PoolId, Topology};
+use crate::types::Site;
 use std::fmt::Write as _;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +30,8 @@ pub struct Grant {
     pub cpus: CpuSet,
     /// Which hyperthreads of the grant the container sees (`cpus` follows it).
     pub threads: Hyperthreads,
+    /// Where the CPUs come from: the pools, or the reserved CPUs (the span; charged nowhere).
+    pub site: Site,
 }
 
 impl Grant {
@@ -54,7 +57,13 @@ impl Grant {
         !self.exclusive.is_empty()
     }
 
-    /// The grant record: `v1;p=<policy>;pool=<name>;n=<nodes>;x=<exclusive>;r=<req>;l=<lim>;m=<mem>;mems=<mems>`.
+    /// Whether the grant is on the reserved CPUs (a system daemon).
+    pub fn is_reserved(&self) -> bool {
+        self.site == Site::Reserved
+    }
+
+    /// The grant record: `v1;p=<policy>;pool=<name>;n=<nodes>;x=<exclusive>;r=<req>;l=<lim>;m=<mem>;mems=<mems>`,
+    /// and `;on=reserved` for a grant on the reserved CPUs (older agents ignore the key).
     pub fn record(&self, topo: &Topology) -> String {
         let mut s = String::with_capacity(96);
         let _ = write!(
@@ -71,6 +80,9 @@ impl Grant {
         if let Some(m) = self.mems {
             let _ = write!(s, ";mems={m}");
         }
+        if self.is_reserved() {
+            s.push_str(";on=reserved");
+        }
         s
     }
 }
@@ -86,6 +98,7 @@ pub struct GrantRecord {
     pub limit_milli: Option<u64>,
     pub memory_bytes: u64,
     pub mems: Option<NodeSet>,
+    pub site: Site,
 }
 
 impl GrantRecord {
@@ -98,6 +111,7 @@ impl GrantRecord {
         }
         let (mut policy, mut pool, mut nodes, mut excl) = (None, None, None, None);
         let (mut req, mut lim, mut mem, mut mems) = (None, None, None, None);
+        let mut site = Site::Pools;
         for part in parts {
             let (k, v) = part.split_once('=')?;
             match k {
@@ -115,6 +129,8 @@ impl GrantRecord {
                 }
                 "m" => mem = v.parse().ok(),
                 "mems" => mems = Some(NodeSet::parse(v).ok()?),
+                "on" if v == "reserved" => site = Site::Reserved,
+                "on" => return None,
                 _ => {}
             }
         }
@@ -127,6 +143,7 @@ impl GrantRecord {
             limit_milli: lim?,
             memory_bytes: mem?,
             mems,
+            site,
         })
     }
 }
@@ -150,5 +167,18 @@ mod tests {
         assert_eq!(r.pool, "numa1");
         assert_eq!(r.limit_milli, Some(8000));
         assert_eq!(r.mems.unwrap().to_string(), "1");
+        assert_eq!(r.site, Site::Pools);
+    }
+
+    #[test]
+    fn a_reserved_grant_says_so_in_its_record() {
+        let r =
+            GrantRecord::parse("v1;p=topology-aware;pool=machine;n=0;x=;r=100;l=;m=0;on=reserved")
+                .unwrap();
+        assert_eq!(r.site, Site::Reserved);
+        assert!(
+            GrantRecord::parse("v1;p=topology-aware;pool=machine;n=0;x=;r=1;l=;m=0;on=moon")
+                .is_none()
+        );
     }
 }

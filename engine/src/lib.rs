@@ -42,5 +42,6 @@ pub use state::StateView;
 pub use topology::{Level, MemoryKind, Pool, PoolId, RawTopology, Topology};
 pub use types::{
     CacheAffinity, CpusetUpdate, EngineConfig, Existing, Outcome, Placement, Reason,
-    ResourcePriority, RestoreReport, SkipReason, Unhonoured,
+    ReservedAccess, ReservedAnnotation, ReservedRefusal, ResourcePriority, RestoreReport, Site,
+    SkipReason, Unhonoured,
 };

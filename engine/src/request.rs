@@ -130,6 +130,10 @@ pub const HIDE_HYPERTHREADS_KEY: &str = "tap.kunpeng.huawei.com/hide-hyperthread
 /// Annotation: the memory kinds for `cpuset.mems`, comma-separated: `dram` (always), `pmem` or
 /// `cxl`, `hbm`: the nearest memory-only nodes of each kind are added (never by default).
 pub const MEMORY_TYPE_KEY: &str = "tap.kunpeng.huawei.com/memory-type";
+/// Annotation: `true`/`false`, place the container on the node's reserved CPUs (a system
+/// daemon). Honoured in the namespaces the policy lists (where `false` keeps a Pod on the
+/// pools), elsewhere only when the policy honours the annotation.
+pub const RESERVED_CPUS_KEY: &str = "tap.kunpeng.huawei.com/reserved-cpus";
 /// Annotation written by the agent into the container it placed (where the runtime lets it):
 /// the grant record that restart recovery reads back.
 pub const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
@@ -147,6 +151,8 @@ pub struct Overrides {
     pub exclusive_cores: Option<CoreGrain>,
     pub hide_hyperthreads: Option<bool>,
     pub memory_types: Option<MemoryTypes>,
+    /// `reserved-cpus`: asks for (or, in a listed namespace, declines) the reserved CPUs.
+    pub reserved_cpus: Option<bool>,
 }
 
 /// A problem with an annotation: its value was ignored.
@@ -246,6 +252,7 @@ impl Overrides {
             (MEMORY_BINDING_KEY, &mut o.memory_binding),
             (EXCLUSIVE_KEY, &mut o.exclusive),
             (CONFINE_BEST_EFFORT_KEY, &mut o.confine_best_effort),
+            (RESERVED_CPUS_KEY, &mut o.reserved_cpus),
         ] {
             if let Some((k, v)) = lookup(key) {
                 match parse_bool(v) {
@@ -360,6 +367,7 @@ mod tests {
             super::EXCLUSIVE_CORES_KEY,
             super::HIDE_HYPERTHREADS_KEY,
             super::MEMORY_TYPE_KEY,
+            super::RESERVED_CPUS_KEY,
             super::GRANT_KEY,
         ] {
             assert!(k.starts_with(super::KEY_PREFIX), "{k}");

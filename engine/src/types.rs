@@ -49,6 +49,36 @@ impl CacheAffinity {
     }
 }
 
+/// Whether a Pod's `reserved-cpus: "true"` annotation is honoured outside the namespaces of
+/// [`ReservedAccess::namespaces`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReservedAnnotation {
+    /// Only Pods in the listed namespaces use the reserved CPUs (the default); the annotation
+    /// elsewhere is not honoured (reported).
+    #[default]
+    Ignored,
+    /// A Pod in any namespace that asks by annotation uses the reserved CPUs.
+    Honoured,
+}
+
+/// Who may use the reserved CPUs (system daemons): the containers of Pods in `namespaces`,
+/// and, when [`ReservedAnnotation::Honoured`], any Pod that asks by annotation. Everyone else
+/// stays off them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReservedAccess {
+    /// Namespaces whose containers are placed on the reserved CPUs (unless a Pod says
+    /// `reserved-cpus: "false"`).
+    pub namespaces: Vec<String>,
+    pub annotation: ReservedAnnotation,
+}
+
+impl ReservedAccess {
+    /// Whether Pods of `namespace` are placed on the reserved CPUs without asking.
+    pub fn lists(&self, namespace: &str) -> bool {
+        self.namespaces.iter().any(|n| n == namespace)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineConfig {
     pub policy: PolicyKind,
@@ -58,8 +88,11 @@ pub struct EngineConfig {
     pub cluster_affinity: bool,
     /// Where cluster affinity may be used: [`EngineConfig::in_force`] applies it.
     pub cluster_rule: ClusterAffinityRule,
-    /// CPUs kept out of every grant (system daemons).
+    /// CPUs kept out of every pool (system daemons); only the containers
+    /// [`EngineConfig::reserved_for`] lets in are placed on them.
     pub reserved: CpuSet,
+    /// Which containers are placed on the reserved CPUs instead of the pools.
+    pub reserved_for: ReservedAccess,
     pub priority: ResourcePriority,
     /// Exclusive CPUs for Guaranteed integer-CPU containers (topology-aware).
     pub exclusive_cpus: bool,
@@ -82,6 +115,7 @@ impl Default for EngineConfig {
             cluster_affinity: false,
             cluster_rule: ClusterAffinityRule::Any,
             reserved: CpuSet::new(),
+            reserved_for: ReservedAccess::default(),
             priority: ResourcePriority::CpuFirst,
             exclusive_cpus: true,
             annotations_allowed: true,
@@ -159,6 +193,17 @@ pub enum Unhonoured {
     /// `memory-type` with memory binding turned off for the container (`memory-binding:
     /// false`): no `cpuset.mems` is set.
     MemoryTypeUnbound,
+    /// `reserved-cpus: "true"`: not allowed, or no reserved CPUs; placed on the pools.
+    ReservedCpus(ReservedRefusal),
+}
+
+/// Why a Pod's ask for the reserved CPUs was not honoured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReservedRefusal {
+    /// The Pod's namespace is not listed and the policy does not honour the annotation.
+    NotAllowed,
+    /// The node has no reserved CPUs.
+    NoneReserved,
 }
 
 impl Unhonoured {
@@ -169,6 +214,7 @@ impl Unhonoured {
             Unhonoured::SiblingPair | Unhonoured::SiblingPairSize => "sibling_pair",
             Unhonoured::MemoryType(_) | Unhonoured::MemoryTypeUnbound => "memory_type",
             Unhonoured::Level(_) => "level",
+            Unhonoured::ReservedCpus(_) => "reserved_cpus",
         }
     }
 }
@@ -197,6 +243,13 @@ impl fmt::Display for Unhonoured {
             Unhonoured::MemoryTypeUnbound => f.write_str(
                 "memory-type: memory binding is off for this container (memory-binding: false); mems not set",
             ),
+            Unhonoured::ReservedCpus(ReservedRefusal::NotAllowed) => f.write_str(
+                "reserved-cpus: this Pod's namespace may not use the reserved CPUs and the policy \
+                 does not honour the annotation; placed on the pools",
+            ),
+            Unhonoured::ReservedCpus(ReservedRefusal::NoneReserved) => f.write_str(
+                "reserved-cpus: this node has no reserved CPUs; placed on the pools",
+            ),
         }
     }
 }
@@ -220,6 +273,8 @@ pub enum Reason {
     ForcedLevelUnavailable(Level),
     /// `numa-policy: exclusive`: a whole NUMA node, free of other containers.
     ExclusiveNuma,
+    /// A system daemon (its namespace listed, or asked by annotation): the reserved CPUs.
+    Reserved,
 }
 
 impl fmt::Display for Reason {
@@ -236,6 +291,7 @@ impl fmt::Display for Reason {
                 write!(f, "no {l} pool fits the requested level; using the root")
             }
             Reason::ExclusiveNuma => f.write_str("numa-policy exclusive: a whole NUMA node"),
+            Reason::Reserved => f.write_str("system daemon: the reserved CPUs"),
         }
     }
 }
@@ -349,6 +405,19 @@ pub struct Choice {
     pub reason: Reason,
     /// A per-Pod control this choice could not honour.
     pub unhonoured: Option<Unhonoured>,
+    /// Where the CPUs come from: the pools, or the reserved CPUs (`span`, charged nowhere).
+    pub site: Site,
+}
+
+/// Where a grant's CPUs come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Site {
+    /// The pools: shared CPUs of the span, or exclusive ones (every grant but the below).
+    #[default]
+    Pools,
+    /// The reserved CPUs (its span), shared by the system daemons placed there; charged to
+    /// no pool or NUMA node, never changed by exclusive grants.
+    Reserved,
 }
 
 /// The maps on the placement path hash container ids with foldhash's fixed-seed hasher: a

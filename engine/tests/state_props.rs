@@ -92,6 +92,11 @@ fn config() -> impl Strategy<Value = EngineConfig> {
                     ResourcePriority::CpuFirst
                 },
                 reserved: CpuSet::parse("1").unwrap(),
+                // Every seventh container is a system daemon, on the reserved CPU.
+                reserved_for: tap_engine::ReservedAccess {
+                    namespaces: vec!["kube-system".into()],
+                    annotation: tap_engine::ReservedAnnotation::Ignored,
+                },
                 annotations_allowed: true,
                 confine_best_effort: confine,
                 cache_affinity: if caches {
@@ -132,7 +137,12 @@ fn request(slot: u8, qos: u8, req: u16, extra: u16, mem_gib: u8) -> ContainerReq
     };
     ContainerRequest {
         id: format!("c{slot}"),
-        namespace: "default".into(),
+        namespace: if slot.is_multiple_of(7) {
+            "kube-system"
+        } else {
+            "default"
+        }
+        .into(),
         container_name: "app".into(),
         qos: Some(qos),
         cpu_request_milli: request,
@@ -160,6 +170,19 @@ fn check_invariants(e: &Engine, seen: &BTreeMap<String, Seen>) -> Result<(), Tes
             );
             exclusive = exclusive.union(&g.exclusive);
         }
+        let s = seen.get(id).expect("grant without a runtime container");
+        let daemon = s.req.namespace == "kube-system";
+        prop_assert_eq!(g.is_reserved(), daemon, "{} on the wrong CPUs", id);
+        if daemon {
+            prop_assert_eq!(
+                g.cpus.to_string(),
+                "1",
+                "daemon {} not on the reserved CPU",
+                id
+            );
+            prop_assert_eq!(s.cpus, g.cpus, "runtime view of {} differs", id);
+            continue;
+        }
         admitted += g.request_milli;
         prop_assert!(
             g.cpus.is_subset(e.usable()),
@@ -168,12 +191,11 @@ fn check_invariants(e: &Engine, seen: &BTreeMap<String, Seen>) -> Result<(), Tes
             g.cpus
         );
         prop_assert!(!g.cpus.is_empty(), "{} has an empty cpuset", id);
-        let s = seen.get(id).expect("grant without a runtime container");
         prop_assert_eq!(s.cpus, g.cpus, "runtime view of {} differs", id);
     }
     prop_assert_eq!(&exclusive, e.taken());
     for (id, g) in e.grants() {
-        if !g.is_exclusive() {
+        if !g.is_exclusive() && !g.is_reserved() {
             prop_assert!(
                 !g.cpus.intersects(&exclusive),
                 "shared {} on exclusive CPUs",

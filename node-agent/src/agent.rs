@@ -414,6 +414,15 @@ impl Agent {
             .collect()
     }
 
+    /// Where a placement is, for logs and Events: its pool's name, or `reserved` for the
+    /// reserved CPUs (in no pool).
+    fn pool_label<'a>(&'a self, p: &tap_engine::Placement) -> &'a str {
+        match p.reason {
+            tap_engine::Reason::Reserved => "reserved",
+            _ => &self.topo.pools[p.pool].name,
+        }
+    }
+
     fn adjustment(
         &self,
         hook: &'static str,
@@ -430,7 +439,7 @@ impl Agent {
                     namespace = %c.pod.namespace,
                     cpus = %p.cpus,
                     mems = ?p.mems.map(|m| m.to_string()),
-                    pool = %self.topo.pools[p.pool].name,
+                    pool = %self.pool_label(&p),
                     exclusive = p.exclusive,
                     reason = %p.reason,
                     updates = p.updates.len(),
@@ -441,7 +450,7 @@ impl Agent {
                 let mut msg = format!(
                     "cpus {} ({}{})",
                     self.fold_cpus(&p.cpus),
-                    self.topo.pools[p.pool].name,
+                    self.pool_label(&p),
                     if p.exclusive { ", exclusive" } else { "" }
                 );
                 if let Some(m) = &p.mems {

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use tap_engine::cpu_model::{CpuModel, CpuModelSource};
 use tap_engine::devices::{DeviceKind, DeviceScheme};
 use tap_engine::request::{
-    EXCLUSIVE_CORES_KEY, HIDE_HYPERTHREADS_KEY, MEMORY_TYPE_KEY, NUMA_POLICY_KEY,
+    EXCLUSIVE_CORES_KEY, HIDE_HYPERTHREADS_KEY, MEMORY_TYPE_KEY, NUMA_POLICY_KEY, RESERVED_CPUS_KEY,
 };
 use tap_engine::topology::{Level, PciDevice, Topology};
 
@@ -246,6 +246,19 @@ fn policy_lines(agent: &Agent) -> String {
     if let Some(o) = clusters_off {
         let _ = writeln!(out, "  {o}");
     }
+    if !cfg.reserved.is_empty() {
+        let r = &cfg.reserved_for;
+        let _ = writeln!(
+            out,
+            "reserved CPUs {} (in no pool): namespaces [{}], reserved-cpus annotation {}",
+            cfg.reserved,
+            r.namespaces.join(", "),
+            match r.annotation {
+                tap_engine::ReservedAnnotation::Honoured => "honoured",
+                tap_engine::ReservedAnnotation::Ignored => "ignored",
+            }
+        );
+    }
     out
 }
 
@@ -270,7 +283,7 @@ fn sample_lines(agent: &Agent) -> String {
     // A device the kubelet allocated (pod-resources) on the last NUMA node.
     if let Some(last) = agent.topology().nodes.last().map(|n| n.id) {
         let mut c = sample_container(
-            SAMPLES.len(),
+            SAMPLES.len() + 1,
             &("kubelet-device", "burstable", 1, Some(2), &[]),
         );
         c.kubelet_devices = vec![crate::pod_resources::KubeletDevice {
@@ -281,7 +294,29 @@ fn sample_lines(agent: &Agent) -> String {
         let line = sample_line(agent, &mut notes, &c);
         let _ = writeln!(out, "  {:<16} -> {line}", "kubelet-device");
     }
+    if let Some(daemon) = system_daemon(agent) {
+        let line = sample_line(agent, &mut notes, &daemon);
+        let _ = writeln!(out, "  {:<16} -> {line}", daemon.name);
+    }
     out
+}
+
+/// With reserved CPUs: a system daemon's container, in the first namespace allowed on them
+/// (`kube-system` asking by annotation when none is listed).
+fn system_daemon(agent: &Agent) -> Option<ContainerInfo> {
+    let cfg = agent.config();
+    if cfg.reserved.is_empty() {
+        return None;
+    }
+    let listed = cfg.reserved_for.namespaces.first();
+    let ask: &[(&str, &str)] = match listed {
+        Some(_) => &[],
+        None => &[(RESERVED_CPUS_KEY, "true")],
+    };
+    let sample = ("system-daemon", "burstable", 1, Some(2), ask);
+    let mut c = sample_container(SAMPLES.len(), &sample);
+    c.pod.namespace = listed.map_or("kube-system", String::as_str).to_string();
+    Some(c)
 }
 
 /// The container of sample `i`.
@@ -340,13 +375,17 @@ mod tests {
     }
 
     fn agent_on(fixture: &str, cluster_affinity: bool) -> Agent {
-        let root = tap_engine::testdata::fixture_dir(fixture);
-        let raw = tap_engine::sysfs::discover_dir(&root).expect("fixture");
-        let topo = Arc::new(Topology::build(&raw).expect("topology"));
         let cfg = EngineConfig {
             cluster_affinity,
             ..Default::default()
         };
+        agent_with(fixture, cfg)
+    }
+
+    fn agent_with(fixture: &str, cfg: EngineConfig) -> Agent {
+        let root = tap_engine::testdata::fixture_dir(fixture);
+        let raw = tap_engine::sysfs::discover_dir(&root).expect("fixture");
+        let topo = Arc::new(Topology::build(&raw).expect("topology"));
         Agent::new(
             Engine::new(topo, cfg),
             Arc::new(Metrics::new()),
@@ -387,6 +426,44 @@ mod tests {
         let with = explain(&agent(true));
         assert!(with.contains("cluster0 [cluster] cpus 0-3"), "{with}");
         assert!(!with.contains("not shown"), "{with}");
+    }
+
+    /// With reserved CPUs a system daemon is among the samples: on the reserved CPUs when its
+    /// namespace is listed, else asking by annotation and said not honoured.
+    #[test]
+    fn a_system_daemon_sample_shows_the_reserved_cpus() {
+        use tap_engine::{CpuSet, ReservedAccess};
+        let reserved = CpuSet::parse("0-1").unwrap();
+        let listed = EngineConfig {
+            reserved,
+            reserved_for: ReservedAccess {
+                namespaces: vec!["kube-system".into()],
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let out = explain(&agent_with("synthetic-2s-4numa-96c-gpu", listed));
+        assert!(
+            out.contains("reserved CPUs 0-1 (in no pool): namespaces [kube-system], reserved-cpus annotation ignored"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "system-daemon    -> cpus 0-1 (reserved): system daemon: the reserved CPUs"
+            ),
+            "{out}"
+        );
+        let unlisted = EngineConfig {
+            reserved,
+            ..Default::default()
+        };
+        let out = explain(&agent_with("synthetic-2s-4numa-96c-gpu", unlisted));
+        assert!(
+            out.contains("system-daemon    -> cpus ")
+                && out.contains("not honoured: reserved-cpus: this Pod's namespace may not use"),
+            "{out}"
+        );
+        assert!(!explain(&agent(false)).contains("system-daemon"));
     }
 
     /// The hyperthread samples on an SMT machine (siblings n and n+48): 3 CPUs are no whole

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tap_engine::{
     CacheAffinity, ClusterAffinityRule, CoreGrain, CpuSet, EngineConfig, PolicyKind,
-    ResourcePriority,
+    ReservedAccess, ReservedAnnotation, ResourcePriority,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +83,16 @@ fn parse_cache_affinity(s: &str) -> Result<CacheAffinity, String> {
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
+}
+
+fn parse_reserved_annotation(s: &str) -> Result<ReservedAnnotation, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "ignored" => Ok(ReservedAnnotation::Ignored),
+        "honoured" | "honored" => Ok(ReservedAnnotation::Honoured),
+        _ => Err(format!(
+            "unknown reserved-cpus annotation rule {s:?}: use ignored or honoured"
+        )),
+    }
 }
 
 fn parse_cpuset(s: &str) -> Result<CpuSet, String> {
@@ -192,9 +202,40 @@ pub struct Flags {
     #[arg(help_heading = "Testing and debugging", long)]
     pub explain: bool,
 
-    /// CPUs never handed to containers (system daemons), e.g. `0-1`.
+    /// CPUs kept out of every pool (system daemons), e.g. `0-1`: only the containers of
+    /// --reserved-cpus-namespaces (and, with --reserved-cpus-annotation=honoured, Pods asking
+    /// by annotation) run on them. United with the kubelet's reservedSystemCPUs
+    /// (--kubelet-config). A NodeTopology policy's reservedCPUs replaces this flag.
     #[arg(help_heading = "Policy", long, default_value = "", value_parser = parse_cpuset)]
     pub reserved_cpus: CpuSet,
+
+    /// Namespaces whose Pods' containers are placed on the reserved CPUs (all of them, shared),
+    /// comma-separated, e.g. `kube-system`; a Pod may decline with the annotation
+    /// `tap.kunpeng.huawei.com/reserved-cpus: "false"`. A NodeTopology policy's
+    /// reservedCPUsFor replaces this flag.
+    #[arg(
+        help_heading = "Policy",
+        long,
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub reserved_cpus_namespaces: Vec<String>,
+
+    /// Whether a Pod outside --reserved-cpus-namespaces that asks for the reserved CPUs by
+    /// annotation (`tap.kunpeng.huawei.com/reserved-cpus: "true"`) gets them: `ignored` (the
+    /// default: placed on the pools, with a Warning Event) or `honoured`.
+    #[arg(help_heading = "Policy", long, default_value = "ignored", value_parser = parse_reserved_annotation)]
+    pub reserved_cpus_annotation: ReservedAnnotation,
+
+    /// The kubelet's configuration file (KubeletConfiguration, YAML or JSON, e.g.
+    /// `/var/lib/kubelet/config.yaml`): its reservedSystemCPUs are reserved here too. A
+    /// missing or unreadable file is logged and ignored. Default: none.
+    #[arg(help_heading = "Policy", long)]
+    pub kubelet_config: Option<PathBuf>,
+
+    /// The kubelet's reservedSystemCPUs, read once from --kubelet-config.
+    #[arg(skip)]
+    kubelet_reserved: std::sync::OnceLock<CpuSet>,
 
     /// Give Guaranteed integer-CPU containers exclusive CPUs (topology-aware).
     #[arg(help_heading = "Policy", long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
@@ -337,14 +378,37 @@ impl Flags {
         found.model
     }
 
-    /// The engine configuration these flags ask for.
+    /// The kubelet's reservedSystemCPUs (--kubelet-config; read on first use, failures logged
+    /// and taken as none).
+    pub fn kubelet_reserved(&self) -> CpuSet {
+        *self.kubelet_reserved.get_or_init(|| {
+            crate::kubelet_config::reserved_system_cpus(self.kubelet_config.as_deref())
+        })
+    }
+
+    /// Who may use the reserved CPUs, as the flags say.
+    pub fn reserved_access(&self) -> ReservedAccess {
+        ReservedAccess {
+            namespaces: self
+                .reserved_cpus_namespaces
+                .iter()
+                .map(|n| n.trim())
+                .filter(|n| !n.is_empty())
+                .map(str::to_string)
+                .collect(),
+            annotation: self.reserved_cpus_annotation,
+        }
+    }
+
+    /// The engine configuration these flags ask for (reading --kubelet-config once).
     pub fn engine_config(&self) -> EngineConfig {
         EngineConfig {
             policy: self.resource_policy,
             memory_topology: self.enable_memory_topology,
             cluster_affinity: self.topology_cluster_affinity,
             cluster_rule: self.cluster_affinity_rule,
-            reserved: self.reserved_cpus,
+            reserved: self.reserved_cpus.union(&self.kubelet_reserved()),
+            reserved_for: self.reserved_access(),
             priority: self.resource_priority,
             exclusive_cpus: self.exclusive_cpus,
             annotations_allowed: true,
@@ -478,6 +542,34 @@ mod tests {
         assert_eq!(cfg.cluster_rule, ClusterAffinityRule::Kunpeng950Only);
         let e = Flags::try_parse_from(["kunpeng-tap", "--cluster-affinity-rule=d06"]).unwrap_err();
         assert!(e.to_string().contains("use any or kunpeng-950-only"), "{e}");
+    }
+
+    #[test]
+    fn reserved_cpus_come_from_the_flags_and_the_kubelet() {
+        let kubelet = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/kubelet/config.json");
+        let f = Flags::try_parse_from([
+            "kunpeng-tap",
+            "--reserved-cpus=0",
+            "--reserved-cpus-namespaces=kube-system, monitoring,",
+            "--reserved-cpus-annotation=honoured",
+            &format!("--kubelet-config={kubelet}"),
+        ])
+        .unwrap();
+        let cfg = f.engine_config();
+        assert_eq!(cfg.reserved.to_string(), "0,2-3");
+        assert_eq!(cfg.reserved_for.namespaces, ["kube-system", "monitoring"]);
+        assert_eq!(cfg.reserved_for.annotation, ReservedAnnotation::Honoured);
+        // Nothing by default; a missing kubelet file is no reserved CPUs, not an error.
+        let f =
+            Flags::try_parse_from(["kunpeng-tap", "--kubelet-config=/nonexistent/k.yaml"]).unwrap();
+        let cfg = f.engine_config();
+        assert!(cfg.reserved.is_empty() && cfg.reserved_for == ReservedAccess::default());
+        // What the chart passes when nothing is listed.
+        let f = Flags::try_parse_from(["kunpeng-tap", "--reserved-cpus-namespaces="]).unwrap();
+        assert!(f.reserved_access().namespaces.is_empty());
+        let e =
+            Flags::try_parse_from(["kunpeng-tap", "--reserved-cpus-annotation=yes"]).unwrap_err();
+        assert!(e.to_string().contains("ignored or honoured"), "{e}");
     }
 
     /// The chart appends `agent.extraArgs` after its own flags: a repeated flag takes the

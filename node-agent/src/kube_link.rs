@@ -35,7 +35,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tap_api::NodeTopology;
-use tap_engine::EngineConfig;
+use tap_engine::{CpuSet, EngineConfig};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -76,6 +76,8 @@ struct State {
 struct Link {
     agent: Arc<Agent>,
     base: EngineConfig,
+    /// The kubelet's reservedSystemCPUs: reserved under any policy.
+    kubelet_reserved: CpuSet,
     node: String,
     cache_path: PathBuf,
     state: Mutex<State>,
@@ -94,7 +96,7 @@ impl Link {
     fn apply(&self, nt: Option<&NodeTopology>) {
         let settings = nt.and_then(|n| n.spec.policy.as_ref());
         let generation = nt.and_then(|n| n.metadata.generation);
-        match policy::engine_config(&self.base, settings) {
+        match policy::engine_config(&self.base, &self.kubelet_reserved, settings) {
             Ok(cfg) => {
                 self.agent.set_config(cfg);
                 let mut st = self.state();
@@ -143,6 +145,8 @@ pub struct LinkOptions {
     pub node: String,
     /// The flags' engine configuration (in force when no policy is assigned).
     pub base: EngineConfig,
+    /// The kubelet's reservedSystemCPUs (`--kubelet-config`): reserved under any policy.
+    pub kubelet_reserved: CpuSet,
     /// The policy cache file.
     pub cache_path: PathBuf,
     /// Record placement Events on Pods (`--pod-events`).
@@ -158,6 +162,7 @@ impl LinkOptions {
         LinkOptions {
             node: node_name(flags),
             base: flags.engine_config(),
+            kubelet_reserved: flags.kubelet_reserved(),
             cache_path: flags.state_dir.join(CACHE_FILE),
             pod_events: flags.pod_events,
             nrt: flags.node_resource_topology,
@@ -176,6 +181,7 @@ impl Link {
         let LinkOptions {
             node,
             base,
+            kubelet_reserved,
             cache_path,
             pod_events,
             nrt,
@@ -187,6 +193,7 @@ impl Link {
             nrt_advertised,
             agent: agent.clone(),
             base: base.clone(),
+            kubelet_reserved,
             node: node.clone(),
             cache_path: cache_path.clone(),
             state: Mutex::new(State {
@@ -198,7 +205,7 @@ impl Link {
         };
         match policy::load_cache(&cache_path) {
             Ok(Some(c)) if c.node == node => {
-                match policy::engine_config(&base, c.policy.as_ref()) {
+                match policy::engine_config(&base, &kubelet_reserved, c.policy.as_ref()) {
                     Ok(cfg) => {
                         tracing::info!(path = %cache_path.display(), policy = %cfg.policy, "policy from the cache");
                         agent.set_config(cfg);

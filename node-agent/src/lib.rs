@@ -8,6 +8,7 @@ pub mod explain;
 pub mod flags;
 pub mod fold;
 pub mod kube_link;
+pub mod kubelet_config;
 pub mod ledger;
 pub mod metrics;
 pub mod notes;

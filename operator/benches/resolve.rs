@@ -111,6 +111,7 @@ fn policies(n: usize) -> Vec<PolicyInput> {
                     memory_topology: false,
                     cluster_affinity: false,
                     reserved_cpus: String::new(),
+                    reserved_cpus_for: Default::default(),
                     priority: (i % 10) as i32,
                     annotations_allowed: true,
                 },

@@ -306,6 +306,10 @@ mod tests {
                 memory_topology: true,
                 cluster_affinity: false,
                 reserved_cpus: "0-1".into(),
+                reserved_cpus_for: tap_api::ReservedCpusFor {
+                    namespaces: vec!["kube-system".into()],
+                    annotation: tap_api::ReservedAnnotation::Honoured,
+                },
                 priority: prio,
                 annotations_allowed: false,
             },
@@ -330,6 +334,12 @@ mod tests {
         assert_eq!(s.policy, PolicyName::NumaAware);
         assert!(s.memory_topology && !s.annotations_allowed);
         assert_eq!(s.reserved_cpus, "0-1");
+        // Who may use the reserved CPUs travels with them, per node group.
+        assert_eq!(s.reserved_cpus_for.namespaces, ["kube-system"]);
+        assert_eq!(
+            s.reserved_cpus_for.annotation,
+            tap_api::ReservedAnnotation::Honoured
+        );
         let src = nt.spec.source.as_ref().unwrap();
         assert_eq!((src.name.as_str(), src.generation), ("p1", 3));
         // No policy: no assignment.

@@ -212,6 +212,7 @@ mod tests {
                 memory_topology: false,
                 cluster_affinity: false,
                 reserved_cpus: String::new(),
+                reserved_cpus_for: Default::default(),
                 priority: prio,
                 annotations_allowed: true,
             },

@@ -249,6 +249,7 @@ async fn run(o: &Opts, k: &KubeCluster, topo: Arc<Topology>) -> Result<()> {
             let opts = LinkOptions {
                 node: node(i),
                 base: EngineConfig::default(),
+                kubelet_reserved: Default::default(),
                 cache_path: state.join(format!("{}.json", node(i))),
                 // No Pods exist here: no Events. NodeResourceTopology only with --nrt.
                 pod_events: false,

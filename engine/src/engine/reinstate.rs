@@ -21,7 +21,9 @@ impl Engine {
         if g.is_exclusive() && g.exclusive.intersects(&self.taken) {
             g.exclusive = CpuSet::new();
         }
-        let cpus = if g.is_exclusive() {
+        let cpus = if g.is_reserved() {
+            g.span
+        } else if g.is_exclusive() {
             self.set_taken(self.taken.union(&g.exclusive));
             g.exclusive
         } else {

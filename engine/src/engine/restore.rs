@@ -9,6 +9,8 @@
 //! - otherwise the grant is inferred from the live cpuset (the reference's recovery);
 //! - exclusive grants are adopted first, and one that collides with an exclusive grant already
 //!   held becomes shared; one that would leave a shared grant with no CPU becomes shared too;
+//! - a grant on the reserved CPUs (its record says `on=reserved`, or a container allowed
+//!   there runs on reserved CPUs only) keeps the reserved CPUs, charged nowhere;
 //! - every shared grant whose span meets the exclusive CPUs adopted, the engine's own included,
 //!   gets its cpuset recomputed (an exclusive container adopted into a running agent shrinks the
 //!   shared containers around it).
@@ -18,7 +20,7 @@ use crate::cpuset::CpuSet;
 use crate::grant::{Grant, GrantRecord};
 use crate::request::{Hyperthreads, PolicyKind};
 use crate::topology::Level;
-use crate::types::Existing;
+use crate::types::{Existing, Site};
 use std::sync::Arc;
 
 /// How a restored grant was found.
@@ -132,7 +134,7 @@ impl Engine {
         loop {
             let starving = self.grants.values().find_map(|g| {
                 let cpus = self.shared_cpus(&g.span);
-                (!g.is_exclusive() && cpus.is_empty()).then_some(g.span)
+                (!g.is_exclusive() && !g.is_reserved() && cpus.is_empty()).then_some(g.span)
             });
             let Some(span) = starving else { break };
             let Some(id) = self
@@ -168,7 +170,9 @@ impl Engine {
             let Some(g) = self.grants.get_mut(e.request.id.as_str()) else {
                 continue;
             };
-            if !g.is_exclusive() {
+            if g.is_reserved() {
+                g.cpus = g.visible(&self.topo, &g.span);
+            } else if !g.is_exclusive() {
                 g.cpus = g.visible(&self.topo, &g.span.intersection(&usable).difference(&taken));
             }
             if e.cpus != Some(g.cpus) && !g.cpus.is_empty() {
@@ -184,6 +188,9 @@ impl Engine {
 
     /// The grant a record describes, if it still holds (see the module's rules).
     fn grant_from_record(&self, r: &GrantRecord, e: &Existing) -> Option<Grant> {
+        if r.site == Site::Reserved {
+            return self.reserved_grant(e, e.cpus.unwrap_or_default());
+        }
         let pool = self.topo.pool_by_name(&r.pool)?;
         if !r.exclusive.is_subset(&self.usable) {
             return None;
@@ -237,6 +244,37 @@ impl Engine {
             mems: r.mems,
             cpus: CpuSet::new(),
             threads,
+            site: Site::Pools,
+        })
+    }
+
+    /// A grant on the reserved CPUs for a container running on `live` CPUs, when the container
+    /// is still allowed there and `live` is within them (else it goes back to the pools). The
+    /// request figures are the live ones: the grant is charged nowhere.
+    fn reserved_grant(&self, e: &Existing, live: CpuSet) -> Option<Grant> {
+        use crate::policy::reserved::{decide, ReservedUse};
+        let req = &e.request;
+        let set = crate::policy::Settings::new(&self.cfg, req);
+        let ReservedUse::Place(cpus) = decide(&self.view(), req, &set) else {
+            return None;
+        };
+        if !live.is_empty() && !live.is_subset(&cpus) {
+            return None;
+        }
+        let nodes = self.topo.nodes_of(&cpus);
+        Some(Grant {
+            policy: PolicyKind::TopologyAware,
+            pool: 0,
+            nodes,
+            span: cpus,
+            exclusive: CpuSet::new(),
+            request_milli: req.cpu_request_milli,
+            limit_milli: req.cpu_limit_milli,
+            memory_bytes: 0,
+            mems: set.memory.then(|| self.topo.mems_for_nodes(&nodes)),
+            cpus: CpuSet::new(),
+            threads: set.threads,
+            site: Site::Reserved,
         })
     }
 
@@ -268,6 +306,11 @@ impl Engine {
         let cpus = cpus.intersection(&self.topo.online);
         if cpus.is_empty() {
             return None;
+        }
+        if !self.cfg.reserved.is_empty() && cpus.is_subset(&self.cfg.reserved) {
+            if let Some(g) = self.reserved_grant(e, cpus) {
+                return Some(g);
+            }
         }
         let req = &e.request;
         let pool = self.shared_pool_containing(&cpus, req);
@@ -320,6 +363,7 @@ impl Engine {
             mems,
             cpus: CpuSet::new(),
             threads: crate::policy::Settings::new(&self.cfg, req).threads,
+            site: Site::Pools,
         })
     }
 }

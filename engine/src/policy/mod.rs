@@ -4,7 +4,9 @@
 //! - [`topology_aware`]: the pool tree (machine > socket > die > NUMA > cache > cluster), exclusive
 //!   CPUs for Guaranteed integer-CPU containers.
 //! - [`numa_aware`]: the smallest set of nearest NUMA nodes that holds the container's size.
-//! - Before either: a `kube-system` Pod gets the whole machine, and a BestEffort container
+//! - Before either: a system daemon (its namespace listed by the policy, or asking by
+//!   annotation where the policy honours it) gets the reserved CPUs ([`reserved`]);
+//!   a `kube-system` Pod gets the whole machine, and a BestEffort container
 //!   (unless confined by the configuration or an annotation) the machine's shared CPUs (all
 //!   usable CPUs minus exclusive ones).
 //! - With memory binding, `cpuset.mems` always covers memory that holds the container's memory
@@ -29,6 +31,7 @@
 
 pub mod numa_aware;
 pub mod numa_exclusive;
+pub mod reserved;
 pub mod topology_aware;
 
 pub use crate::types::Choice;
@@ -41,7 +44,7 @@ use crate::request::{
 };
 use crate::state::StateView;
 use crate::topology::{Level, PoolId};
-use crate::types::{EngineConfig, Reason, Unhonoured};
+use crate::types::{EngineConfig, Reason, Site, Unhonoured};
 use std::fmt;
 use std::sync::Arc;
 
@@ -89,6 +92,8 @@ pub struct Settings {
     pub memory_types: MemoryTypes,
     /// How hard the container holds to one NUMA node (`exclusive`: a whole node to itself).
     pub numa: NumaPolicy,
+    /// The `reserved-cpus` annotation: asks for (or declines) the reserved CPUs.
+    pub reserved: Option<bool>,
 }
 
 impl Settings {
@@ -117,6 +122,7 @@ impl Settings {
             },
             memory_types: o.memory_types.unwrap_or_default(),
             numa: o.numa_policy.unwrap_or(NumaPolicy::Preferred),
+            reserved: o.reserved_cpus,
         }
     }
 }
@@ -163,8 +169,9 @@ impl Policies {
         }
     }
 
-    /// Where to place `req`: the whole machine for `kube-system` and unconfined BestEffort,
-    /// else the policy of the request's kind. `old` is the current grant on a resize.
+    /// Where to place `req`: the reserved CPUs for a system daemon, the whole machine for
+    /// `kube-system` and unconfined BestEffort, else the policy of the request's kind. `old` is
+    /// the current grant on a resize.
     pub fn choose(
         &self,
         view: &StateView<'_>,
@@ -172,6 +179,26 @@ impl Policies {
         old: Option<&Grant>,
     ) -> Option<Choice> {
         let set = Settings::new(view.config(), req);
+        // The common case goes straight to the pools: no copy of the choice on the way out.
+        match reserved::decide(view, req, &set) {
+            reserved::ReservedUse::Pools => self.choose_pools(view, req, set, old),
+            reserved::ReservedUse::Place(cpus) => Some(reserved::choice(view, &set, cpus)),
+            reserved::ReservedUse::Refused(r) => {
+                let mut c = self.choose_pools(view, req, set, old)?;
+                c.unhonoured = c.unhonoured.or(Some(Unhonoured::ReservedCpus(r)));
+                Some(c)
+            }
+        }
+    }
+
+    /// Where to place `req` on the pools (see [`Policies::choose`]).
+    fn choose_pools(
+        &self,
+        view: &StateView<'_>,
+        req: &ContainerRequest,
+        set: Settings,
+        old: Option<&Grant>,
+    ) -> Option<Choice> {
         if view.usable().is_empty() {
             return None;
         }
@@ -231,6 +258,7 @@ pub fn pool_choice(
         charge_memory: set.memory && req.memory_limit_bytes.is_some(),
         reason,
         unhonoured,
+        site: Site::Pools,
     }
 }
 

@@ -114,6 +114,7 @@ fn place(
             charge_memory: eff.memory && req.memory_limit_bytes.is_some(),
             reason: Reason::NumaNodes(set.len()),
             unhonoured,
+            site: crate::types::Site::Pools,
         }
     };
 

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use tap_api::{PolicySettings, PolicySource};
-use tap_engine::{CpuSet, EngineConfig, PolicyKind};
+use tap_engine::{CpuSet, EngineConfig, PolicyKind, ReservedAccess, ReservedAnnotation};
 
 /// Where the configuration in force came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,10 +44,35 @@ pub fn policy_kind(p: tap_api::PolicyName) -> PolicyKind {
     }
 }
 
+/// Who may use the reserved CPUs, as a policy says.
+pub fn reserved_access(r: &tap_api::ReservedCpusFor) -> ReservedAccess {
+    ReservedAccess {
+        namespaces: r.namespaces.clone(),
+        annotation: match r.annotation {
+            tap_api::ReservedAnnotation::Ignored => ReservedAnnotation::Ignored,
+            tap_api::ReservedAnnotation::Honoured => ReservedAnnotation::Honoured,
+        },
+    }
+}
+
+/// Who may use the reserved CPUs in the CRD's terms (the status reports what is in force).
+pub fn reserved_cpus_for(a: &ReservedAccess) -> tap_api::ReservedCpusFor {
+    tap_api::ReservedCpusFor {
+        namespaces: a.namespaces.clone(),
+        annotation: match a.annotation {
+            ReservedAnnotation::Ignored => tap_api::ReservedAnnotation::Ignored,
+            ReservedAnnotation::Honoured => tap_api::ReservedAnnotation::Honoured,
+        },
+    }
+}
+
 /// The flags' configuration with a policy's settings on top (the settings a policy does not
-/// carry, resource priority and exclusive CPUs, stay with the flags). `None` = the flags.
+/// carry, resource priority and exclusive CPUs, stay with the flags). `None` = the flags. A
+/// policy's reservedCPUs and reservedCPUsFor replace the flags'; the kubelet's
+/// reservedSystemCPUs (`kubelet`, a fact of the node) stay reserved under any policy.
 pub fn engine_config(
     base: &EngineConfig,
+    kubelet: &CpuSet,
     s: Option<&PolicySettings>,
 ) -> Result<EngineConfig, String> {
     let Some(s) = s else {
@@ -60,7 +85,8 @@ pub fn engine_config(
         policy,
         memory_topology: s.memory_topology,
         cluster_affinity: s.cluster_affinity,
-        reserved,
+        reserved: reserved.union(kubelet),
+        reserved_for: reserved_access(&s.reserved_cpus_for),
         annotations_allowed: s.annotations_allowed,
         ..base.clone()
     })
@@ -106,6 +132,10 @@ mod tests {
             memory_topology: true,
             cluster_affinity: true,
             reserved_cpus: "0-1".into(),
+            reserved_cpus_for: tap_api::ReservedCpusFor {
+                namespaces: vec!["kube-system".into()],
+                annotation: tap_api::ReservedAnnotation::Honoured,
+            },
             annotations_allowed: false,
         }
     }
@@ -118,7 +148,7 @@ mod tests {
             cluster_rule: tap_engine::ClusterAffinityRule::Kunpeng950Only,
             ..Default::default()
         };
-        let c = engine_config(&base, Some(&settings())).unwrap();
+        let c = engine_config(&base, &CpuSet::new(), Some(&settings())).unwrap();
         assert_eq!(c.policy, PolicyKind::NumaAware);
         assert!(c.memory_topology && c.cluster_affinity && !c.annotations_allowed);
         assert_eq!(c.reserved.to_string(), "0-1");
@@ -130,16 +160,42 @@ mod tests {
             c.cluster_rule,
             tap_engine::ClusterAffinityRule::Kunpeng950Only
         );
-        assert_eq!(engine_config(&base, None).unwrap(), base);
+        assert_eq!(engine_config(&base, &CpuSet::new(), None).unwrap(), base);
+    }
+
+    #[test]
+    fn a_policy_replaces_the_flags_reserved_settings_and_keeps_the_kubelets_cpus() {
+        let base = EngineConfig {
+            reserved: CpuSet::parse("7").unwrap(),
+            reserved_for: ReservedAccess {
+                namespaces: vec!["flags-ns".into()],
+                annotation: ReservedAnnotation::Ignored,
+            },
+            ..Default::default()
+        };
+        let kubelet = CpuSet::parse("3").unwrap();
+        let c = engine_config(&base, &kubelet, Some(&settings())).unwrap();
+        assert_eq!(c.reserved.to_string(), "0-1,3");
+        assert_eq!(c.reserved_for.namespaces, ["kube-system"]);
+        assert_eq!(c.reserved_for.annotation, ReservedAnnotation::Honoured);
+        // A policy without reservedCPUsFor: nobody uses the reserved CPUs.
+        let s = PolicySettings {
+            reserved_cpus_for: Default::default(),
+            ..settings()
+        };
+        let c = engine_config(&base, &kubelet, Some(&s)).unwrap();
+        assert_eq!(c.reserved_for, ReservedAccess::default());
     }
 
     #[test]
     fn bad_reserved_cpus_is_an_error_not_a_panic() {
         let mut s = settings();
         s.reserved_cpus = "3-1,x".into();
-        assert!(engine_config(&EngineConfig::default(), Some(&s))
-            .unwrap_err()
-            .contains("reservedCPUs"));
+        assert!(
+            engine_config(&EngineConfig::default(), &CpuSet::new(), Some(&s))
+                .unwrap_err()
+                .contains("reservedCPUs")
+        );
     }
 
     #[test]

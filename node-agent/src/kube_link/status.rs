@@ -152,6 +152,7 @@ pub fn node_status(
             cluster_affinity: cfg.cluster_affinity,
             cluster_affinity_rule: cfg.cluster_rule.as_str().to_string(),
             reserved_cpus: cfg.reserved.to_string(),
+            reserved_cpus_for: super::policy::reserved_cpus_for(&cfg.reserved_for),
             annotations_allowed: cfg.annotations_allowed,
             config_source: facts.source.as_str().to_string(),
             observed_generation: facts.generation,
@@ -353,7 +354,9 @@ mod tests {
             cluster_affinity: true,
             ..Default::default()
         };
-        let policy = super::super::policy::engine_config(&base, Some(&settings)).unwrap();
+        let policy =
+            super::super::policy::engine_config(&base, &Default::default(), Some(&settings))
+                .unwrap();
         for (name, cpu, part, clusters) in [
             (
                 "synthetic-2s-4numa-96c-kunpeng920",
