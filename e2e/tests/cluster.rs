@@ -316,6 +316,40 @@ fn per_pod_controls(t: &mut Tier) -> Result<()> {
     Ok(())
 }
 
+/// Strict reserved CPUs through the TopologyPolicy: fixture NUMA node 3 (CPUs 72-95, no Pod on
+/// it now) is reserved; a Pod asking for the reserved CPUs by annotation is refused while the
+/// policy ignores the annotation (placed on the pools, a Warning), and gets exactly them once
+/// the policy honours it (its grant says `on=reserved`, its cgroup is the node folded).
+fn reserved_cpus(t: &mut Tier) -> Result<()> {
+    const RESERVED: &str = "72-95";
+    const ASK: &[(&str, &str)] = &[("tap.kunpeng.huawei.com/reserved-cpus", "true")];
+    t.set_reserved_policy(RESERVED, "ignored")?;
+    let refused = t.run_pod(&annotated("asks", ASK))?;
+    ensure!(
+        !refused.grant.contains("on=reserved") && refused.field("n") != "3",
+        "an ask the policy ignores got the reserved CPUs: {refused:?}"
+    );
+    let e = t.pod_event("asks", "TopologyNotHonoured")?;
+    ensure!(e.contains("reserved-cpus"), "asks: Event {e:?}");
+    t.delete_pod("asks")?;
+    t.set_reserved_policy(RESERVED, "honoured")?;
+    let daemon = t.run_pod(&annotated("daemon", ASK))?;
+    ensure!(daemon.grant.contains("on=reserved"), "daemon: {daemon:?}");
+    ensure!(
+        parse_list(&daemon.cgroup_cpus) == folded_node(3),
+        "daemon: cgroup {} is not the reserved CPUs folded: {daemon:?}",
+        daemon.cgroup_cpus
+    );
+    let e = t.pod_event("daemon", "TopologyPlaced")?;
+    ensure!(e.contains("(reserved)"), "daemon: Event {e:?}");
+    t.notes.push(format!(
+        "reserved CPUs {RESERVED}: daemon grant {}, cgroup cpuset.cpus {:?}; Event {e}",
+        daemon.grant, daemon.cgroup_cpus
+    ));
+    t.delete_pod("daemon")?;
+    t.set_policy("topology-aware")
+}
+
 const LEVEL: &str = "tap.kunpeng.huawei.com/level";
 const NUMA_POLICY: &str = "tap.kunpeng.huawei.com/numa-policy";
 
@@ -618,6 +652,7 @@ fn cluster_tier() {
         })
         && run("device_plugin_hint", &mut t, &device_plugin_hint)
         && run("per_pod_controls", &mut t, &per_pod_controls)
+        && run("reserved_cpus", &mut t, &reserved_cpus)
         && run(
             "agent_pod_and_kubelet_restarts",
             &mut t,

@@ -436,6 +436,39 @@ impl Tier {
         )
     }
 
+    /// The node's TopologyPolicy: topology-aware with `reserved` CPUs that Pods asking by
+    /// annotation may use (`annotation`: `ignored` or `honoured`) and kube-system's; waits until
+    /// the node's NodeTopology carries it.
+    pub(crate) fn set_reserved_policy(&self, reserved: &str, annotation: &str) -> Result<()> {
+        self.cl.kube().apply(&format!(
+            r#"apiVersion: tap.kunpeng.io/v1alpha1
+kind: TopologyPolicy
+metadata:
+  name: e2e-node
+spec:
+  nodeSelector:
+    matchLabels:
+      kubernetes.io/hostname: {NODE}
+  policy: topology-aware
+  priority: 10
+  reservedCPUs: "{reserved}"
+  reservedCPUsFor:
+    namespaces: [kube-system]
+    annotation: {annotation}
+"#
+        ))?;
+        util::wait_until(
+            &format!("NodeTopology {NODE} with reserved CPUs {reserved} ({annotation})"),
+            Duration::from_secs(60),
+            POLL,
+            || {
+                let p = &self.node_topology()?["spec"]["policy"];
+                Ok(p["reservedCPUs"] == reserved
+                    && p["reservedCPUsFor"]["annotation"] == annotation)
+            },
+        )
+    }
+
     pub(crate) fn set_policy(&self, policy: &str) -> Result<()> {
         self.cl.kube().apply(&format!(
             r#"apiVersion: tap.kunpeng.io/v1alpha1
@@ -454,7 +487,10 @@ spec:
             &format!("NodeTopology {NODE} with policy {policy}"),
             Duration::from_secs(60),
             POLL,
-            || Ok(self.node_topology()?["spec"]["policy"]["policy"] == policy),
+            || {
+                let p = &self.node_topology()?["spec"]["policy"];
+                Ok(p["policy"] == policy && p["reservedCPUs"].as_str().unwrap_or("").is_empty())
+            },
         )
     }
 }
