@@ -15,5 +15,6 @@ pub mod notes;
 pub mod nri;
 pub mod pod_resources;
 pub mod proxy_server;
+pub mod usage;
 
 pub use agent::{Adjustment, Agent, ContainerInfo, PodInfo, Update};

@@ -1,0 +1,132 @@
+//! Finds containers' cgroup directories by container id under the cgroup v2 root, whatever the
+//! cgroup driver named them: `cri-containerd-<id>.scope` and `docker-<id>.scope` (systemd),
+//! `<id>` (cgroupfs). One walk of the tree finds every container; a later walk happens only
+//! when a container is not known yet (bounded by [`MAX_DEPTH`] and [`MAX_DIRS`]).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Containers sit at most this deep (`kubepods.slice/kubepods-burstable.slice/<pod>/<ctr>`).
+pub const MAX_DEPTH: usize = 6;
+/// A walk stops after this many directories.
+pub const MAX_DIRS: usize = 200_000;
+
+/// The container id in a cgroup directory's name: its run of 64 hex digits.
+pub fn container_id(name: &str) -> Option<&str> {
+    let bytes = name.as_bytes();
+    let mut start = 0;
+    for (i, b) in bytes.iter().enumerate() {
+        if !b.is_ascii_hexdigit() || b.is_ascii_uppercase() {
+            start = i + 1;
+            continue;
+        }
+        if i + 1 - start == 64 && bytes.get(i + 1).is_none_or(|n| !n.is_ascii_hexdigit()) {
+            return name.get(start..=i);
+        }
+    }
+    None
+}
+
+#[derive(Debug)]
+pub struct CgroupIndex {
+    root: PathBuf,
+    by_id: HashMap<String, PathBuf>,
+}
+
+impl CgroupIndex {
+    pub fn new(root: &Path) -> CgroupIndex {
+        CgroupIndex {
+            root: root.to_path_buf(),
+            by_id: HashMap::new(),
+        }
+    }
+
+    /// Walks the tree again (once) if one of `ids` is not known: call it once per round.
+    pub fn learn(&mut self, ids: &[&str]) {
+        if ids.iter().any(|id| !self.by_id.contains_key(*id)) {
+            self.by_id = walk(&self.root);
+        }
+    }
+
+    /// The cgroup directory of container `id`, as last walked.
+    pub fn dir(&self, id: &str) -> Option<&Path> {
+        self.by_id.get(id).map(PathBuf::as_path)
+    }
+
+    /// Forgets containers not in `live`.
+    pub fn retain(&mut self, live: &dyn Fn(&str) -> bool) {
+        self.by_id.retain(|id, _| live(id));
+    }
+}
+
+/// Every container directory under `root`, by id.
+fn walk(root: &Path) -> HashMap<String, PathBuf> {
+    let mut found = HashMap::new();
+    let mut stack = vec![(root.to_path_buf(), 0usize)];
+    let mut seen = 0usize;
+    while let Some((dir, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            seen = seen.saturating_add(1);
+            if seen > MAX_DIRS {
+                return found;
+            }
+            let name = e.file_name();
+            if let Some(id) = name.to_str().and_then(container_id) {
+                found.insert(id.to_string(), e.path());
+            } else if depth + 1 < MAX_DEPTH {
+                stack.push((e.path(), depth + 1));
+            }
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "3f1c2b9a8e7d6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b4a39281706f5e4d3";
+
+    #[test]
+    fn ids_are_found_in_every_drivers_names() {
+        assert_eq!(
+            container_id(&format!("cri-containerd-{ID}.scope")),
+            Some(ID)
+        );
+        assert_eq!(container_id(&format!("docker-{ID}.scope")), Some(ID));
+        assert_eq!(container_id(ID), Some(ID));
+        assert_eq!(container_id("kubepods-burstable-pod0b1c.slice"), None);
+        // 65 hex digits or upper case: not an id.
+        assert_eq!(container_id(&format!("{ID}0")), None);
+        assert_eq!(container_id(&ID.to_uppercase()), None);
+    }
+
+    #[test]
+    fn the_walk_finds_containers_under_both_drivers_layouts() {
+        let root = std::env::temp_dir().join(format!("tap-cgroups-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let other = ID.replace('3', "7");
+        let systemd = root.join(format!(
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podx.slice/cri-containerd-{ID}.scope"
+        ));
+        let cgroupfs = root.join(format!("kubepods/besteffort/pody/{other}"));
+        for d in [&systemd, &cgroupfs] {
+            std::fs::create_dir_all(d).expect("mkdir");
+        }
+        let mut idx = CgroupIndex::new(&root);
+        assert_eq!(idx.dir(ID), None, "not walked yet");
+        idx.learn(&[ID, "missing"]);
+        assert_eq!(idx.dir(ID), Some(systemd.as_path()));
+        assert_eq!(idx.dir(&other), Some(cgroupfs.as_path()));
+        assert_eq!(idx.dir("missing"), None);
+        idx.retain(&|id| id == ID);
+        assert_eq!(idx.by_id.len(), 1);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
