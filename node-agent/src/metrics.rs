@@ -166,6 +166,8 @@ pub struct Metrics {
     pub proxy_up: Gauge,
     pub proxy_request_duration: Family<MethodLabels, Histogram>,
     pub hook_request_duration: Family<HookLabels, Histogram>,
+    /// `tap_pod_resources_request_duration_seconds`: the create's device lookup at the kubelet.
+    pub pod_resources_duration: Histogram,
     pub errors: Family<ErrorLabels, Counter>,
     pub placements: Family<PlacementLabels, Counter>,
     pub runtime_connected: Gauge,
@@ -320,6 +322,7 @@ impl Metrics {
         let hook_request_duration = Family::<HookLabels, Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
         );
+        let pod_resources_duration = latency_histogram();
         let errors = Family::<ErrorLabels, Counter>::default();
         let placements = Family::<PlacementLabels, Counter>::default();
         let runtime_connected = Gauge::default();
@@ -343,6 +346,11 @@ impl Metrics {
             "tap_hook_request_duration_seconds",
             "Time the placement engine took for a hook, by hook and mode",
             hook_request_duration.clone(),
+        );
+        registry.register(
+            "tap_pod_resources_request_duration_seconds",
+            "Time the kubelet's pod-resources API took to tell a create's allocated devices (answered or not)",
+            pod_resources_duration.clone(),
         );
         let usage = UsageSource::default();
         registry.register_collector(Box::new(UsageCollector {
@@ -389,6 +397,7 @@ impl Metrics {
             proxy_up,
             proxy_request_duration,
             hook_request_duration,
+            pod_resources_duration,
             errors,
             placements,
             runtime_connected,

@@ -395,10 +395,15 @@ impl Ledger {
             container: &info.name,
         };
         let wait = (self.budget() / 4).min(DEVICE_LOOKUP_MAX);
+        let started = std::time::Instant::now();
         let result = match tokio::time::timeout(wait, source.devices(c)).await {
             Ok(r) => r,
             Err(_) => Err(PodResourcesError::Timeout(wait)),
         };
+        if !matches!(result, Err(PodResourcesError::NoSocket(_))) {
+            let took = started.elapsed().as_secs_f64();
+            self.agent.metrics().pod_resources_duration.observe(took);
+        }
         match result {
             Ok(devices) => info.kubelet_devices = devices,
             Err(e) if e.is_failure() => {
