@@ -178,7 +178,13 @@ fn default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator
     assert_eq!(host_path("nri-socket-dir"), "/var/run/nri");
     assert_eq!(mount("nri-socket-dir")["mountPath"], "/var/run/nri");
     assert_eq!(host_path("state"), "/var/lib/kunpeng-tap");
-    assert_eq!(mounts.len(), 3, "{mounts:?}");
+    // The kubelet's pod-resources folder, read-only (device hints).
+    assert_eq!(host_path("pod-resources"), "/var/lib/kubelet/pod-resources");
+    assert_eq!(mount("pod-resources")["readOnly"], true);
+    assert!(c["args"].as_array().is_some_and(|a| a
+        .iter()
+        .any(|a| a == "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock")));
+    assert_eq!(mounts.len(), 4, "{mounts:?}");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(c["ports"][0]["containerPort"], 9091);
@@ -320,10 +326,19 @@ fn value_sets_change_what_is_rendered() {
         [
             "/sys",
             "/var/lib/kunpeng-tap",
+            "/var/lib/kubelet/pod-resources",
             "/var/run/containerd",
             "/var/run/kunpeng"
         ]
     );
+    // podResourcesSocket empty: no mount, and the flag says off.
+    let objs = render(&["agent.flags.podResourcesSocket="]);
+    let pod = &one(&objs, "DaemonSet")["spec"]["template"]["spec"];
+    assert!(!pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|v| v["name"] == "pod-resources"));
 
     // Metrics off: no port, no probes, no agent Service; ServiceMonitors on request.
     let objs = render(&[
