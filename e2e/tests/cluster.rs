@@ -599,6 +599,100 @@ fn cri_proxy_mode(t: &mut Tier) -> Result<()> {
     r
 }
 
+/// The hyperthread and cache controls need a machine with SMT and L3 groups smaller than a
+/// NUMA node: the CRI proxy agent (a host process, as in `cri_proxy_mode`) runs on the fixture
+/// `synthetic-2s-2numa-64t-8ccx` (2 threads a core, 8 L3 groups of 4 cores) while the kubelet
+/// makes the Pods. `second` goes first, so that a Guaranteed 1-CPU Pod fits the 2-CPU node.
+fn smt_and_cache_controls(t: &mut Tier) -> Result<()> {
+    const CCX: &str = "synthetic-2s-2numa-64t-8ccx";
+    t.delete_pod("second")?;
+    let proxy = t.cl.dir.join("tap-proxy-ccx.sock");
+    let state = t.cl.dir.join("proxy-ccx-state");
+    let mut args = t.cl.containerd().cri_proxy_agent_args(&proxy, CCX, &state);
+    args.push("--enable-node-topology=false".to_string());
+    let agent = TapAgent::start(&args, &t.cl.dir.join("proxy-ccx-agent.log"))?;
+    let r = (|| -> Result<()> {
+        let adds = t.kubelet_adds("guide");
+        t.cl.set_runtime_endpoint(RuntimeEndpoint::Proxy(proxy.clone()))?;
+        t.wait_kubelet_sync("guide", adds)?;
+        smt_and_cache_pods(t, &agent)
+    })();
+    if r.is_err() {
+        eprintln!("--- CCX proxy agent log\n{}", agent.log_tail(80));
+    }
+    t.cl.set_runtime_endpoint(RuntimeEndpoint::Containerd)?;
+    drop(agent);
+    r
+}
+
+fn smt_and_cache_pods(t: &mut Tier, agent: &TapAgent) -> Result<()> {
+    // level: cache -> one L3 group (4 cores, 8 threads).
+    let c = t.run_pod(&annotated("ht-cache", &[(LEVEL, "cache")]))?;
+    ensure!(c.field("pool").starts_with("cache"), "level cache: {c:?}");
+    // hide-hyperthreads: one thread of each core of its cache pool.
+    let h = t.run_pod(&annotated("ht-hide", &[(HIDE_HT, "true")]))?;
+    ensure!(
+        h.field("pool").starts_with("cache"),
+        "hide-hyperthreads: {h:?}"
+    );
+    let cpus = logged_cpus(agent, "ht-hide")?;
+    ensure!(
+        cpus.len() == 4,
+        "hide-hyperthreads: {cpus:?} is not one thread of 4 cores"
+    );
+    // A Guaranteed 1-CPU container: no whole 2-thread core, so shared CPUs and a warning...
+    let mut g = annotated("ht-whole", &[]);
+    (g.cpu_request, g.cpu_limit) = ("1", "1");
+    let w = t.run_pod(&g)?;
+    ensure!(
+        w.field("x").is_empty(),
+        "whole cores gave exclusive CPUs: {w:?}"
+    );
+    let log = agent.log_tail(100_000);
+    ensure!(
+        log.lines()
+            .any(|l| l.contains("ht-whole") && l.contains("whole free cores")),
+        "no whole-cores warning for ht-whole"
+    );
+    t.delete_pod("ht-whole")?;
+    // ... and with exclusive-cores: threads, one exclusive thread.
+    let mut g = annotated(
+        "ht-threads",
+        &[("tap.kunpeng.huawei.com/exclusive-cores", "threads")],
+    );
+    (g.cpu_request, g.cpu_limit) = ("1", "1");
+    let x = t.run_pod(&g)?;
+    ensure!(
+        parse_list(&x.field("x")).len() == 1,
+        "exclusive-cores threads: {x:?}"
+    );
+    t.notes.push(format!(
+        "SMT and L3 fixture through the kubelet: level cache {} ; hide-hyperthreads {} cpus {cpus:?} ; exclusive-cores threads {}",
+        c.grant, h.grant, x.grant
+    ));
+    for p in ["ht-cache", "ht-hide", "ht-threads"] {
+        t.delete_pod(p)?;
+    }
+    Ok(())
+}
+
+/// The fixture CPUs the agent logged for Pod `pod`'s placement.
+fn logged_cpus(agent: &TapAgent, pod: &str) -> Result<BTreeSet<usize>> {
+    let log = agent.log_tail(100_000);
+    let needle = format!(" pod={pod} ");
+    let line = log
+        .lines()
+        .rfind(|l| l.contains(" placed ") && l.contains(" cpus=") && l.contains(&needle))
+        .with_context(|| format!("no placed line for {pod}"))?;
+    let cpus = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("cpus="))
+        .with_context(|| format!("no cpus in {line}"))?;
+    Ok(parse_list(cpus))
+}
+
+const HIDE_HT: &str = "tap.kunpeng.huawei.com/hide-hyperthreads";
+
 #[test]
 fn cluster_tier() {
     if skip_unless_enabled("cluster_tier") {
@@ -665,7 +759,8 @@ fn cluster_tier() {
             &agent_restart_after_resize,
         )
         && run("helm_uninstall", &mut t, &|t| helm_uninstall(t))
-        && run("cri_proxy_mode", &mut t, &cri_proxy_mode);
+        && run("cri_proxy_mode", &mut t, &cri_proxy_mode)
+        && run("smt_and_cache_controls", &mut t, &smt_and_cache_controls);
     for n in &t.notes {
         eprintln!("NOTE {n}");
     }
