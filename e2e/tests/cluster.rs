@@ -602,10 +602,20 @@ fn cri_proxy_mode(t: &mut Tier) -> Result<()> {
 /// The hyperthread and cache controls need a machine with SMT and L3 groups smaller than a
 /// NUMA node: the CRI proxy agent (a host process, as in `cri_proxy_mode`) runs on the fixture
 /// `synthetic-2s-2numa-64t-8ccx` (2 threads a core, 8 L3 groups of 4 cores) while the kubelet
-/// makes the Pods. `second` goes first, so that a Guaranteed 1-CPU Pod fits the 2-CPU node.
+/// makes the Pods. `second` goes first (if still there), so that a Guaranteed 1-CPU Pod fits
+/// the 2-CPU node next to `guide`.
 fn smt_and_cache_controls(t: &mut Tier) -> Result<()> {
     const CCX: &str = "synthetic-2s-2numa-64t-8ccx";
-    t.delete_pod("second")?;
+    t.kubectl(&[
+        "-n",
+        "default",
+        "delete",
+        "pod",
+        "second",
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=60s",
+    ])?;
     let proxy = t.cl.dir.join("tap-proxy-ccx.sock");
     let state = t.cl.dir.join("proxy-ccx-state");
     let mut args = t.cl.containerd().cri_proxy_agent_args(&proxy, CCX, &state);
