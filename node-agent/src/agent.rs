@@ -308,6 +308,15 @@ impl Agent {
         self.engine.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether the engine is held by someone else right now (a restore, a scrape): a decision
+    /// would wait for it.
+    pub fn engine_busy(&self) -> bool {
+        matches!(
+            self.engine.try_lock(),
+            Err(std::sync::TryLockError::WouldBlock)
+        )
+    }
+
     /// Runs `f` on the engine; a panic inside becomes `None` with a log line and a metric.
     fn guarded<T>(&self, hook: &'static str, f: impl FnOnce(&mut Engine) -> T) -> Option<T> {
         let start = Instant::now();

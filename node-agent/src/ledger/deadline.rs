@@ -3,6 +3,12 @@
 //! container go unadjusted), a log line and `tap_errors_total{hook,kind}`. A result that
 //! arrives after the deadline is handed to `on_late` (to undo a grant the runtime never heard
 //! of).
+//!
+//! A create's or an update's decision takes microseconds: when the engine is free it runs
+//! right here, on the hook's own thread ([`Placement::Inline`]; its panics are caught inside
+//! `Agent::guarded` as everywhere), sparing two thread hand-offs per hook. Only when the
+//! engine is busy (a restore, a scrape) or for the long hooks (a runtime's synchronization)
+//! does it go to a blocking thread under the deadline.
 
 use crate::agent::Agent;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,6 +53,9 @@ impl Deadline {
         F: FnOnce(&Agent) -> T + Send + 'static,
         L: FnOnce(&Agent, T) + Send + 'static,
     {
+        if Placement::of(hook) == Placement::Inline && !agent.engine_busy() {
+            return self.inline(agent, hook, f, on_late);
+        }
         let a = agent.clone();
         // The decision logs inside the caller's hook span.
         let span = tracing::Span::current();
@@ -81,6 +90,53 @@ impl Deadline {
                 });
                 None
             }
+        }
+    }
+}
+
+impl Deadline {
+    /// Runs `f` here; the deadline is a watchdog: a decision that took longer than the budget
+    /// is answered as a missed one (none, and its result to `on_late`), as if it had run on a
+    /// blocking thread.
+    fn inline<T, F, L>(&self, agent: &Arc<Agent>, hook: &'static str, f: F, on_late: L) -> Option<T>
+    where
+        F: FnOnce(&Agent) -> T,
+        L: FnOnce(&Agent, T),
+    {
+        let started = std::time::Instant::now();
+        let v = f(agent);
+        let budget = self.budget();
+        if started.elapsed() <= budget {
+            return Some(v);
+        }
+        tracing::error!(
+            hook,
+            budget_ms = budget.as_millis() as u64,
+            took_ms = started.elapsed().as_millis() as u64,
+            "decision took longer than its deadline; answering without adjustment"
+        );
+        agent
+            .metrics()
+            .count_error(hook, crate::metrics::ErrorKind::Timeout);
+        on_late(agent, v);
+        None
+    }
+}
+
+/// Where a hook's decision runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    /// On the hook's thread (microseconds: a create, an update).
+    Inline,
+    /// On a blocking thread under the deadline (a synchronization with every container).
+    Blocking,
+}
+
+impl Placement {
+    fn of(hook: &str) -> Placement {
+        match hook {
+            "create" | "update" => Placement::Inline,
+            _ => Placement::Blocking,
         }
     }
 }

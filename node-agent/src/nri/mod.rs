@@ -1009,6 +1009,43 @@ mod tests {
         );
     }
 
+    /// A create decides on the hook's thread while the engine is free, and goes to a blocking
+    /// thread under the deadline while something else holds the engine (a restore, a scrape):
+    /// the hook answers on time, the late grant is released.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_busy_engine_sends_the_decision_to_the_deadline() {
+        let plugin = NriPlugin::new(test_agent());
+        plugin.ledger.set_budget(Duration::from_millis(100));
+        let here = std::thread::current().id();
+        let inline = plugin.ledger.decide(
+            "create",
+            move |_| std::thread::current().id() == here,
+            |_, _| {},
+        );
+        assert_eq!(
+            inline.await,
+            Some(true),
+            "a free engine: decided on the hook's thread"
+        );
+        let agent = plugin.agent.clone();
+        let holder = std::thread::spawn(move || {
+            agent.inspect(|_| std::thread::sleep(Duration::from_millis(600)));
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let started = std::time::Instant::now();
+        let out = plugin
+            .ledger
+            .decide("create", |a| a.inspect(|_| 1), |_, _| {})
+            .await;
+        assert_eq!(out, None, "the engine was held past the deadline");
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            started.elapsed()
+        );
+        holder.join().expect("holder");
+    }
+
     #[test]
     fn backoff_doubles_and_is_capped() {
         let mut b = BACKOFF_MIN;
