@@ -134,12 +134,20 @@ fn place(
     // also have room for the request beat nodes that would be overcommitted; a node of the
     // container's devices comes first (`gpu-first`) or right after that room (`cpu-first`);
     // then the most room after the limits already granted.
-    let on_device = |n: &NodeFig| req.device_nodes.contains(&n.id);
-    let gpu_first = e.config().priority == ResourcePriority::GpuFirst;
-    let single = nodes
-        .iter()
-        .filter(|n| n.cap >= size && n.mem >= mem_need)
-        .max_by_key(|n| {
+    let fitting = nodes.iter().filter(|n| n.cap >= size && n.mem >= mem_need);
+    let single = if req.device_nodes.is_empty() {
+        fitting.max_by_key(|n| {
+            (
+                n.free >= req_milli,
+                n.free,
+                n.limit_room,
+                std::cmp::Reverse(n.id),
+            )
+        })
+    } else {
+        let on_device = |n: &NodeFig| req.device_nodes.contains(&n.id);
+        let gpu_first = e.config().priority == ResourcePriority::GpuFirst;
+        fitting.max_by_key(|n| {
             (
                 gpu_first && on_device(n),
                 n.free >= req_milli,
@@ -148,7 +156,8 @@ fn place(
                 n.limit_room,
                 std::cmp::Reverse(n.id),
             )
-        });
+        })
+    };
     if let Some(n) = single {
         let mut set = NodeSet::new();
         set.insert(n.id as usize);
