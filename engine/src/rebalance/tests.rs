@@ -1,0 +1,258 @@
+//! Unit tests of the rebalancer's plan and of `Engine::relocate`.
+
+use super::*;
+use crate::engine::Outcome;
+use crate::request::ContainerRequest;
+use crate::topology::fixtures::machine;
+use crate::types::{EngineConfig, Existing};
+use std::sync::Arc;
+
+/// One socket, 4 NUMA nodes of 4 single-thread CPUs; `n` Burstable containers `c0..` of
+/// request 500m and limit 1, placed round robin: `ci` on node `i % 4`.
+fn engine(n: usize) -> Engine {
+    let topo = Arc::new(Topology::build(&machine(1, 1, 4, 1, 4)).unwrap());
+    let mut e = Engine::new(topo, EngineConfig::default());
+    for i in 0..n {
+        let Outcome::Placed(_) = e.create(&burstable(&format!("c{i}"), 500, 1000)) else {
+            panic!("c{i} not placed");
+        };
+        assert_eq!(node(&e, &format!("c{i}")), i % 4, "c{i}");
+    }
+    e
+}
+
+fn burstable(id: &str, request: u64, limit: u64) -> ContainerRequest {
+    ContainerRequest {
+        id: id.into(),
+        cpu_request_milli: request,
+        cpu_limit_milli: Some(limit),
+        ..Default::default()
+    }
+}
+
+fn node(e: &Engine, id: &str) -> usize {
+    let g = e.grant(id).unwrap();
+    assert_eq!(g.nodes.len(), 1, "{id} on one node");
+    g.nodes.iter().next().unwrap()
+}
+
+fn sample(id: &str, usage_milli: u64) -> UsageSample {
+    UsageSample {
+        id: id.into(),
+        usage_milli,
+    }
+}
+
+/// 12 containers: c0, c4 and c8 (node 0) burn 1.5 CPUs each, the others 100m.
+fn hot_node0() -> Vec<UsageSample> {
+    (0..12)
+        .map(|i| sample(&format!("c{i}"), if i % 4 == 0 { 1500 } else { 100 }))
+        .collect()
+}
+
+fn never(_: &str) -> bool {
+    false
+}
+
+fn numa_pool(e: &Engine, node: usize) -> PoolId {
+    numa_pools(e.topology())[node].unwrap()
+}
+
+fn cfg(max_moves: usize) -> RebalanceConfig {
+    RebalanceConfig {
+        max_moves,
+        ..RebalanceConfig::default()
+    }
+}
+
+#[test]
+fn acts_only_after_the_window_and_then_starts_counting_again() {
+    let e = engine(12);
+    let mut r = Rebalancer::new(cfg(1));
+    let u = hot_node0();
+    assert!(r.plan(&e, &u, 1, &never).is_empty());
+    assert!(r.plan(&e, &u, 2, &never).is_empty());
+    assert_eq!(r.rounds_above(), 2);
+    let m = r.plan(&e, &u, 3, &never);
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert_eq!(r.rounds_above(), 0);
+    assert!(r.plan(&e, &u, 4, &never).is_empty(), "a new window");
+    // A balanced round in between starts the window again.
+    let balanced: Vec<UsageSample> = (0..12).map(|i| sample(&format!("c{i}"), 200)).collect();
+    assert!(r.plan(&e, &balanced, 5, &never).is_empty());
+    assert_eq!(r.rounds_above(), 0);
+}
+
+#[test]
+fn no_move_when_balanced() {
+    let e = engine(12);
+    let mut r = Rebalancer::new(cfg(2));
+    let u: Vec<UsageSample> = (0..12).map(|i| sample(&format!("c{i}"), 300)).collect();
+    for t in 0..10 {
+        assert!(r.plan(&e, &u, t, &never).is_empty());
+    }
+}
+
+#[test]
+fn picks_the_best_moves_recomputing_after_each_and_stops_when_none_lowers_it() {
+    let e = engine(12);
+    // node usage 4500, 300, 300, 300: mean 1350, imbalance 3.33.
+    let mut r = Rebalancer::new(cfg(5));
+    let u = hot_node0();
+    r.plan(&e, &u, 1, &never);
+    r.plan(&e, &u, 2, &never);
+    let m = r.plan(&e, &u, 3, &never);
+    // A hot one to node 1 (4500 -> 3000 / 1800), another to node 2 (1500 / 1800 / 1800);
+    // then no single move lowers the maximum (two nodes at 1800).
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert_eq!((m[0].id.as_str(), m[1].id.as_str()), ("c0", "c4"));
+    assert_eq!((m[0].to, m[1].to), (numa_pool(&e, 1), numa_pool(&e, 2)));
+    assert_eq!(m[0].from, numa_pool(&e, 0));
+    let MoveReason::UsageImbalance { before, after, .. } = m[0].why;
+    assert!((before - 4500.0 / 1350.0).abs() < 1e-9 && (after - 3000.0 / 1350.0).abs() < 1e-9);
+    let MoveReason::UsageImbalance {
+        before: b2,
+        after: a2,
+        usage_milli,
+    } = m[1].why;
+    assert_eq!((b2, usage_milli), (after, 1500));
+    assert!((a2 - 1800.0 / 1350.0).abs() < 1e-9);
+}
+
+#[test]
+fn respects_max_moves() {
+    let e = engine(12);
+    let mut r = Rebalancer::new(cfg(1));
+    let u = hot_node0();
+    let moves: Vec<_> = (1..=3).flat_map(|t| r.plan(&e, &u, t, &never)).collect();
+    assert_eq!(moves.len(), 1);
+}
+
+#[test]
+fn respects_the_cooldown_and_forgets_removed_containers() {
+    let mut e = engine(12);
+    let mut r = Rebalancer::new(cfg(1));
+    let u = hot_node0();
+    // The moves are not applied: the same picture every round.
+    let mut ids = Vec::new();
+    for t in 1..=70 {
+        ids.extend(r.plan(&e, &u, t, &never).into_iter().map(|m| (t, m.id)));
+    }
+    let want: Vec<(u64, String)> = [(3, "c0"), (6, "c4"), (9, "c8"), (63, "c0")]
+        .iter()
+        .map(|(t, id)| (*t, id.to_string()))
+        .collect();
+    assert_eq!(ids[..4], want[..]);
+    assert_eq!(r.moved_at.len(), 3);
+    e.remove("c4");
+    r.plan(&e, &u, 71, &never);
+    assert!(
+        !r.moved_at.contains_key("c4"),
+        "removed containers are forgotten"
+    );
+}
+
+#[test]
+fn never_moves_opted_out_containers() {
+    let e = engine(12);
+    let mut r = Rebalancer::new(cfg(2));
+    let u = hot_node0();
+    let out = |id: &str| id == "c0" || id == "c4";
+    let moves: Vec<_> = (1..=3).flat_map(|t| r.plan(&e, &u, t, &out)).collect();
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert_eq!(moves[0].id, "c8");
+}
+
+#[test]
+fn never_moves_exclusive_grants_nor_counts_them() {
+    let mut e = engine(8);
+    let Outcome::Placed(p) = e.create(&burstable("g", 2000, 2000)) else {
+        panic!("g not placed");
+    };
+    assert!(p.exclusive);
+    let mut r = Rebalancer::new(cfg(2));
+    let mut u: Vec<UsageSample> = (0..8).map(|i| sample(&format!("c{i}"), 200)).collect();
+    u.push(sample("g", 2000));
+    for t in 0..10 {
+        assert!(r.plan(&e, &u, t, &never).is_empty());
+    }
+    let to = numa_pool(&e, (node(&e, "g") + 1) % 4);
+    assert_eq!(
+        e.relocate("g", to),
+        Err(RelocateError::Exclusive("g".into()))
+    );
+}
+
+#[test]
+fn no_move_when_nothing_fits() {
+    let mut e = engine(1);
+    for (i, id) in ["f1", "f2", "f3"].iter().enumerate() {
+        let Outcome::Placed(_) = e.create(&burstable(id, 3900, 4000)) else {
+            panic!("{id}");
+        };
+        assert_eq!(node(&e, id), i + 1);
+    }
+    let mut r = Rebalancer::new(cfg(2));
+    let u = vec![sample("c0", 3000), sample("f1", 0), sample("f2", 0)];
+    for t in 0..10 {
+        assert!(r.plan(&e, &u, t, &never).is_empty());
+    }
+    let to = numa_pool(&e, 1);
+    let before = e.clone();
+    let err = e.relocate("c0", to);
+    assert_eq!(
+        err,
+        Err(RelocateError::DoesNotFit {
+            id: "c0".into(),
+            pool: to
+        })
+    );
+    assert_eq!(e, before, "a refused move changes nothing");
+}
+
+#[test]
+fn relocate_charges_the_target_as_a_restore_from_records_would() {
+    let mut e = engine(6);
+    let start = e.clone();
+    let to = numa_pool(&e, 3);
+    let ups = e.relocate("c1", to).unwrap();
+    assert_eq!(ups.len(), 1);
+    assert_eq!(&*ups[0].container_id, "c1");
+    assert_eq!(ups[0].cpus, e.topology().pools[to].cpus);
+    assert_eq!(node(&e, "c1"), 3);
+    assert!(e
+        .record("c1")
+        .unwrap()
+        .contains(&format!("pool={}", e.topology().pools[to].name)));
+    assert_eq!(e.pool_load(to).request_milli, 1000);
+    assert_eq!(e.pool_load(numa_pool(&e, 1)).request_milli, 500);
+    // The same state as a fresh engine adopting every grant from its record.
+    let existing: Vec<Existing> = (0..6)
+        .map(|i| {
+            let id = format!("c{i}");
+            Existing {
+                request: burstable(&id, 500, 1000),
+                cpus: Some(e.grant(&id).unwrap().cpus),
+                mems: None,
+                record: e.record(&id),
+            }
+        })
+        .collect();
+    let mut restored = Engine::new(e.topology().clone(), EngineConfig::default());
+    let report = restored.restore(&existing);
+    assert_eq!(report.from_record, 6);
+    assert_eq!(restored, e);
+    // And back: exactly where it started.
+    e.relocate("c1", numa_pool(&e, 1)).unwrap();
+    assert_eq!(e, start);
+}
+
+#[test]
+fn relocate_refuses_unknown_containers_and_pools() {
+    let mut e = engine(2);
+    assert_eq!(
+        e.relocate("nope", 1),
+        Err(RelocateError::UnknownContainer("nope".into()))
+    );
+    assert_eq!(e.relocate("c0", 999), Err(RelocateError::NoSuchPool(999)));
+}
