@@ -40,7 +40,9 @@ pub use cpuset::CpuSet;
 pub use engine::Engine;
 pub use nodeset::NodeSet;
 pub use policy::{Choice, Policy, Settings};
-pub use rebalance::{Move, MoveReason, RebalanceConfig, Rebalancer, RelocateError, UsageSample};
+pub use rebalance::{
+    BalanceBy, Move, MoveReason, RebalanceConfig, Rebalancer, RelocateError, UsageSample,
+};
 pub use request::{ContainerRequest, CoreGrain, Overrides, PolicyKind, Qos};
 pub use state::StateView;
 pub use topology::{Level, MemoryKind, Pool, PoolId, RawTopology, Topology};

@@ -5,13 +5,15 @@
 //!
 //! A round ([`Rebalancer::plan`]): each NUMA node's usage is the sum of the measured usage of
 //! the shared grants on it (a grant spanning several nodes, such as a BestEffort container on
-//! the machine's shared CPUs, is spread evenly over them); the imbalance is max/mean of those
-//! figures over the nodes that have shared CPUs. Only after it stays above the threshold for
-//! `window` consecutive rounds does the rebalancer act: it picks, one at a time and at most
+//! the machine's shared CPUs, is spread over them in proportion to its CPUs on each: exclusive
+//! CPUs taken from one node leave its share there smaller); the imbalance is max/mean of those
+//! figures over the nodes that have shared CPUs, each node's usage divided by its shared CPUs
+//! first ([`BalanceBy::UsagePerSharedCpu`], the default) or not ([`BalanceBy::Usage`]). Only
+//! after it stays above the threshold for `window` consecutive rounds does the rebalancer act: it picks, one at a time and at most
 //! `max_moves`, the move of a shared one-node grant to another node's NUMA pool that lowers
 //! the imbalance most (ties: the lower sum of squares of the node usages), recomputing after
 //! each, among grants that fit their target ([`fit`]), are not opted out, and did not move in
-//! the last `cooldown` ticks. After acting, the count of rounds above starts again.
+//! the last `cooldown` ticks; and again every round while the imbalance stays above.
 
 mod fit;
 #[cfg(test)]
@@ -38,6 +40,20 @@ pub struct RebalanceConfig {
     pub max_moves: usize,
     /// Ticks before the same container may move again.
     pub cooldown: u64,
+    /// What is balanced across the NUMA nodes.
+    pub by: BalanceBy,
+}
+
+/// What the rebalancer balances across NUMA nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BalanceBy {
+    /// Each node's usage, as measured.
+    Usage,
+    /// Each node's usage per shared CPU (usable CPUs not held exclusively): a node whose
+    /// shared CPUs are fewer (exclusive grants took them) holds less usage at the same
+    /// pressure. The default: balancing raw usage would move load onto such a node.
+    #[default]
+    UsagePerSharedCpu,
 }
 
 impl Default for RebalanceConfig {
@@ -47,6 +63,7 @@ impl Default for RebalanceConfig {
             window: 3,
             max_moves: 2,
             cooldown: 60,
+            by: BalanceBy::default(),
         }
     }
 }
@@ -111,6 +128,8 @@ struct Nodes {
     /// Per node (position in the topology's list): its NUMA pool, when it has shared CPUs.
     pool: Vec<Option<PoolId>>,
     usage: Vec<u64>,
+    /// What a node's usage is divided by before comparing: 1, or its shared CPUs.
+    per: Vec<f64>,
 }
 
 /// The best move found so far in a round.
@@ -120,7 +139,7 @@ struct Best<'a> {
     src: usize,
     dst: usize,
     usage: u64,
-    after: (f64, u128),
+    after: (f64, f64),
 }
 
 impl Rebalancer {
@@ -136,7 +155,7 @@ impl Rebalancer {
         &self.cfg
     }
 
-    /// Consecutive rounds the imbalance has been above the threshold (reset after acting).
+    /// Consecutive rounds the imbalance has been above the threshold.
     pub fn rounds_above(&self) -> u32 {
         self.above
     }
@@ -152,7 +171,7 @@ impl Rebalancer {
     ) -> Vec<Move> {
         let view = engine.view();
         self.moved_at.retain(|id, _| view.grant(id).is_some());
-        let mut nodes = Nodes::measure(&view, usage);
+        let mut nodes = Nodes::measure(&view, usage, self.cfg.by);
         let above = nodes.imbalance().is_some_and(|i| i > self.cfg.threshold);
         if !above {
             self.above = 0;
@@ -163,9 +182,6 @@ impl Rebalancer {
             return Vec::new();
         }
         let moves = self.choose(&view, &mut nodes, usage, tick, opted_out);
-        if !moves.is_empty() {
-            self.above = 0;
-        }
         for m in &moves {
             self.moved_at.insert(m.id.clone(), tick);
         }
@@ -240,7 +256,10 @@ impl Rebalancer {
                 continue;
             };
             let better = best.as_ref().is_none_or(|b| {
-                after.0.total_cmp(&b.after.0).then(after.1.cmp(&b.after.1))
+                after
+                    .0
+                    .total_cmp(&b.after.0)
+                    .then(after.1.total_cmp(&b.after.1))
                     == std::cmp::Ordering::Less
             });
             if better && fits(view, pending, g, pool) {
@@ -287,30 +306,66 @@ impl Rebalancer {
 
 impl Nodes {
     /// Each node's NUMA pool (where it has shared CPUs) and the usage of the shared grants on
-    /// it (a grant over several nodes spread evenly, the first taking the remainder).
-    fn measure(view: &StateView<'_>, usage: &[UsageSample]) -> Nodes {
+    /// it (a grant over several nodes spread in proportion to its CPUs on each).
+    fn measure(view: &StateView<'_>, usage: &[UsageSample], by: BalanceBy) -> Nodes {
         let topo = view.topology();
+        let per = topo
+            .nodes
+            .iter()
+            .map(|n| match by {
+                BalanceBy::Usage => 1.0,
+                BalanceBy::UsagePerSharedCpu => view.shared_cpus(&n.cpus).len().max(1) as f64,
+            })
+            .collect();
         let pool: Vec<Option<PoolId>> = numa_pools(topo)
             .into_iter()
             .map(|p| p.filter(|p| view.pool_has_shared_cpus(*p)))
             .collect();
-        let mut out = vec![0u64; topo.nodes.len()];
+        let mut out = Nodes {
+            usage: vec![0u64; topo.nodes.len()],
+            pool,
+            per,
+        };
         for s in usage {
             let Some(g) = view.grant(&s.id) else { continue };
-            if g.is_exclusive() || g.site != Site::Pools {
-                continue;
-            }
-            let on = |id: usize| node_pos(topo, id).filter(|p| pool[*p].is_some());
-            let n = g.nodes.iter().filter_map(on).count() as u64;
-            if n == 0 {
-                continue;
-            }
-            for (i, p) in g.nodes.iter().filter_map(on).enumerate() {
-                let rest = if i == 0 { s.usage_milli % n } else { 0 };
-                out[p] = out[p].saturating_add(s.usage_milli / n + rest);
+            if !g.is_exclusive() && g.site == Site::Pools {
+                out.spread(topo, g, s.usage_milli);
             }
         }
-        Nodes { pool, usage: out }
+        out
+    }
+
+    /// Adds `usage` of grant `g` to its nodes with shared CPUs: all of it to its node when it
+    /// has one, else in proportion to its CPUs on each (the last taking the remainder).
+    fn spread(&mut self, topo: &Topology, g: &Grant, usage: u64) {
+        if g.nodes.len() == 1 {
+            let p = g.nodes.iter().next().and_then(|id| node_pos(topo, id));
+            if let Some(p) = p.filter(|p| self.pool[*p].is_some()) {
+                self.usage[p] = self.usage[p].saturating_add(usage);
+            }
+            return;
+        }
+        let cpus = |p: usize| {
+            let on = self.pool[p].is_some() && g.nodes.contains(topo.nodes[p].id as usize);
+            if on {
+                g.cpus.intersection(&topo.nodes[p].cpus).len() as u64
+            } else {
+                0
+            }
+        };
+        let total: u64 = (0..self.usage.len()).map(cpus).sum();
+        let mut left = usage;
+        let mut last = None;
+        for p in (0..self.usage.len()).filter(|p| cpus(*p) > 0) {
+            let part = u64::try_from(u128::from(usage) * u128::from(cpus(p)) / u128::from(total))
+                .unwrap_or(u64::MAX);
+            self.usage[p] = self.usage[p].saturating_add(part);
+            left = left.saturating_sub(part);
+            last = Some(p);
+        }
+        if let Some(p) = last {
+            self.usage[p] = self.usage[p].saturating_add(left);
+        }
     }
 
     /// Max/mean of the usage over the nodes with shared CPUs (`None` with fewer than two, or
@@ -320,7 +375,7 @@ impl Nodes {
     }
 
     /// The imbalance and sum of squares after moving `x` from node `src` to node `dst`.
-    fn after(&self, src: usize, dst: usize, x: u64) -> Option<(f64, u128)> {
+    fn after(&self, src: usize, dst: usize, x: u64) -> Option<(f64, f64)> {
         self.figures(|p| match p {
             _ if p == src => self.usage[p].saturating_sub(x),
             _ if p == dst => self.usage[p].saturating_add(x),
@@ -328,25 +383,26 @@ impl Nodes {
         })
     }
 
-    fn figures(&self, usage: impl Fn(usize) -> u64) -> Option<(f64, u128)> {
-        let (mut n, mut total, mut max, mut sq) = (0u64, 0u128, 0u64, 0u128);
+    /// Max/mean and sum of squares of the nodes' loads (usage, or usage per shared CPU).
+    fn figures(&self, usage: impl Fn(usize) -> u64) -> Option<(f64, f64)> {
+        let (mut n, mut total, mut max, mut sq) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
         for p in (0..self.pool.len()).filter(|p| self.pool[*p].is_some()) {
-            let u = usage(p);
-            n += 1;
-            total = total.saturating_add(u128::from(u));
-            max = max.max(u);
-            sq = sq.saturating_add(u128::from(u) * u128::from(u));
+            let load = usage(p) as f64 / self.per[p];
+            n += 1.0;
+            total += load;
+            max = max.max(load);
+            sq += load * load;
         }
-        if n < 2 || total == 0 {
+        if n < 2.0 || total <= 0.0 {
             return None;
         }
-        Some((max as f64 * n as f64 / total as f64, sq))
+        Some((max * n / total, sq))
     }
 }
 
 /// Each NUMA node's pool (by position in the topology's node list): the shallowest pool of
 /// that node alone (its NUMA pool, or a socket or die that holds one node).
-pub(crate) fn numa_pools(topo: &Topology) -> Vec<Option<PoolId>> {
+pub fn numa_pools(topo: &Topology) -> Vec<Option<PoolId>> {
     let one = |id: u32| {
         let only = NodeSet::from_ids([id as usize]);
         topo.pools

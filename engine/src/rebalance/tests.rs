@@ -66,7 +66,7 @@ fn cfg(max_moves: usize) -> RebalanceConfig {
 }
 
 #[test]
-fn acts_only_after_the_window_and_then_starts_counting_again() {
+fn acts_only_after_the_window_and_every_round_while_above() {
     let e = engine(12);
     let mut r = Rebalancer::new(cfg(1));
     let u = hot_node0();
@@ -75,8 +75,12 @@ fn acts_only_after_the_window_and_then_starts_counting_again() {
     assert_eq!(r.rounds_above(), 2);
     let m = r.plan(&e, &u, 3, &never);
     assert_eq!(m.len(), 1, "{m:?}");
-    assert_eq!(r.rounds_above(), 0);
-    assert!(r.plan(&e, &u, 4, &never).is_empty(), "a new window");
+    assert_eq!(r.rounds_above(), 3);
+    assert_eq!(
+        r.plan(&e, &u, 4, &never).len(),
+        1,
+        "still above: acts again"
+    );
     // A balanced round in between starts the window again.
     let balanced: Vec<UsageSample> = (0..12).map(|i| sample(&format!("c{i}"), 200)).collect();
     assert!(r.plan(&e, &balanced, 5, &never).is_empty());
@@ -126,6 +130,7 @@ fn respects_max_moves() {
     let u = hot_node0();
     let moves: Vec<_> = (1..=3).flat_map(|t| r.plan(&e, &u, t, &never)).collect();
     assert_eq!(moves.len(), 1);
+    assert_eq!(r.plan(&e, &u, 4, &never).len(), 1);
 }
 
 #[test]
@@ -138,7 +143,7 @@ fn respects_the_cooldown_and_forgets_removed_containers() {
     for t in 1..=70 {
         ids.extend(r.plan(&e, &u, t, &never).into_iter().map(|m| (t, m.id)));
     }
-    let want: Vec<(u64, String)> = [(3, "c0"), (6, "c4"), (9, "c8"), (63, "c0")]
+    let want: Vec<(u64, String)> = [(3, "c0"), (4, "c4"), (5, "c8"), (63, "c0")]
         .iter()
         .map(|(t, id)| (*t, id.to_string()))
         .collect();
@@ -164,18 +169,33 @@ fn never_moves_opted_out_containers() {
 }
 
 #[test]
-fn never_moves_exclusive_grants_nor_counts_them() {
+fn never_moves_exclusive_grants_nor_counts_their_usage() {
     let mut e = engine(8);
     let Outcome::Placed(p) = e.create(&burstable("g", 2000, 2000)) else {
         panic!("g not placed");
     };
     assert!(p.exclusive);
-    let mut r = Rebalancer::new(cfg(2));
     let mut u: Vec<UsageSample> = (0..8).map(|i| sample(&format!("c{i}"), 200)).collect();
     u.push(sample("g", 2000));
+    // By usage: balanced, g's usage not counted.
+    let by_usage = RebalanceConfig {
+        by: BalanceBy::Usage,
+        ..cfg(2)
+    };
+    let mut r = Rebalancer::new(by_usage);
     for t in 0..10 {
         assert!(r.plan(&e, &u, t, &never).is_empty());
     }
+    // By usage per shared CPU, g's node (2 shared CPUs left) is the busiest: its shared
+    // containers move, never g.
+    let mut r = Rebalancer::new(cfg(2));
+    let moves: Vec<Move> = (0..10).flat_map(|t| r.plan(&e, &u, t, &never)).collect();
+    assert!(!moves.is_empty());
+    let g_node = numa_pool(&e, node(&e, "g"));
+    assert!(
+        moves.iter().all(|m| m.id != "g" && m.from == g_node),
+        "{moves:?}"
+    );
     let to = numa_pool(&e, (node(&e, "g") + 1) % 4);
     assert_eq!(
         e.relocate("g", to),
