@@ -229,4 +229,21 @@ mod tests {
         );
         assert!(svg.contains("NUMA imbalance of requested CPUs"));
     }
+
+    #[test]
+    fn timeline_draws_each_run_and_the_threshold() {
+        let dir = std::env::temp_dir().join(format!("tap-timeline-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("t.svg");
+        let runs = [
+            ("without".to_string(), vec![(0.0, 1.4), (10.0, 1.5)]),
+            ("with".to_string(), vec![(0.0, 1.2), (10.0, 1.1)]),
+        ];
+        plot_timeline(&path, "t", &runs, 1.15).expect("plot");
+        let svg = std::fs::read_to_string(&path).expect("svg");
+        let _ = std::fs::remove_dir_all(&dir);
+        for label in ["without", "with", "threshold 1.15"] {
+            assert!(svg.contains(label), "{label}");
+        }
+    }
 }

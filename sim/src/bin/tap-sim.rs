@@ -56,7 +56,7 @@ struct Args {
     /// Usage-aware rebalancing (issue 22): instead of the comparison table, topology-aware and
     /// numa-aware without and with the rebalancer, on usage traces, per seed (--seeds, or
     /// --seed): usage imbalance across NUMA nodes, moves, locality.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "plot")]
     rebalance: bool,
     /// --rebalance: seconds between sampling rounds (one round = one tick).
     #[arg(long, default_value_t = 10.0)]
