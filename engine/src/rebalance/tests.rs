@@ -4,6 +4,7 @@ use super::*;
 use crate::engine::Outcome;
 use crate::request::ContainerRequest;
 use crate::topology::fixtures::machine;
+use crate::topology::Topology;
 use crate::types::{EngineConfig, Existing};
 use std::sync::Arc;
 
@@ -275,4 +276,35 @@ fn relocate_refuses_unknown_containers_and_pools() {
         Err(RelocateError::UnknownContainer("nope".into()))
     );
     assert_eq!(e.relocate("c0", 999), Err(RelocateError::NoSuchPool(999)));
+}
+
+#[test]
+fn a_grant_over_several_nodes_counts_in_proportion_to_its_cpus_there() {
+    let mut e = engine(0);
+    let Outcome::Placed(g) = e.create(&burstable("g", 2000, 2000)) else {
+        panic!("g not placed");
+    };
+    assert!(g.exclusive);
+    let g_node = node(&e, "g");
+    // 5 CPUs fit no node of 4: the grant spans them all, 14 shared CPUs (2 are g's).
+    let Outcome::Placed(w) = e.create(&burstable("w", 5000, 6000)) else {
+        panic!("w not placed");
+    };
+    assert_eq!(w.cpus.len(), 14);
+    let u = [sample("w", 14_000)];
+    let raw = nodes::Nodes::measure(&e.view(), &u, BalanceBy::Usage);
+    let want: Vec<u64> = (0..4)
+        .map(|n| if n == g_node { 2000 } else { 4000 })
+        .collect();
+    assert_eq!(raw.usage, want);
+    // Per shared CPU every node carries the same: balanced.
+    let per_cpu = nodes::Nodes::measure(&e.view(), &u, BalanceBy::UsagePerSharedCpu);
+    assert_eq!(per_cpu.imbalance(), Some(1.0));
+    // And it is never a candidate: it spans several nodes.
+    let mut r = Rebalancer::new(RebalanceConfig {
+        by: BalanceBy::Usage,
+        window: 1,
+        ..cfg(2)
+    });
+    assert!(r.plan(&e, &u, 1, &never).is_empty());
 }
