@@ -242,12 +242,7 @@ impl Run<'_> {
     fn measure(&self, demand: Vec<UsageSample>) -> (Vec<UsageSample>, Vec<Option<f64>>, Vec<f64>) {
         let topo = &self.m.topo;
         let n = topo.nodes.len();
-        let mut cap = vec![0.0f64; n];
-        for cpu in self.engine.shared_cpus(&topo.online).iter() {
-            if let Some(i) = topo.node_index_of_cpu(cpu) {
-                cap[i] += 1000.0;
-            }
-        }
+        let cap = self.shared_milli();
         let shares = |g: &tap_engine::grant::Grant, usage: u64| -> Vec<f64> {
             let mut per = vec![0.0f64; n];
             let usage = usage.min(g.cpus.len() as u64 * 1000) as f64;
@@ -295,6 +290,20 @@ impl Run<'_> {
             .map(|i| (!topo.nodes[i].cpus.is_empty()).then(|| want[i] * factor[i]))
             .collect();
         (measured, per_node, cap)
+    }
+}
+
+impl Run<'_> {
+    /// Each NUMA node's shared CPUs (usable, not exclusive), in milli-CPUs.
+    fn shared_milli(&self) -> Vec<f64> {
+        let topo = &self.m.topo;
+        let mut cap = vec![0.0f64; topo.nodes.len()];
+        for cpu in self.engine.shared_cpus(&topo.online).iter() {
+            if let Some(i) = topo.node_index_of_cpu(cpu) {
+                cap[i] += 1000.0;
+            }
+        }
+        cap
     }
 }
 
