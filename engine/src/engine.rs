@@ -19,6 +19,7 @@ pub use crate::types::{
 };
 
 mod reinstate;
+mod relocate;
 mod restore;
 mod shared_index;
 #[cfg(test)]

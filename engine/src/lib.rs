@@ -14,6 +14,8 @@
 //!   another one.
 //! - [`cpu_picker`]: the shared exclusive-CPU picker.
 //! - [`engine`]: the allocation state and its operations (create, update, remove, restore).
+//! - [`rebalance`]: usage-aware rebalancing: which shared containers to move between NUMA
+//!   nodes when their measured use is unbalanced ([`Engine::relocate`] moves one).
 //! - [`grant`]: one container's allocation and its record for restart recovery.
 //! - [`testdata`]: where the sysfs fixtures are (tests, benches).
 
@@ -25,6 +27,7 @@ pub mod engine;
 pub mod grant;
 pub mod nodeset;
 pub mod policy;
+pub mod rebalance;
 pub mod request;
 pub mod state;
 pub mod sysfs;
@@ -37,6 +40,9 @@ pub use cpuset::CpuSet;
 pub use engine::Engine;
 pub use nodeset::NodeSet;
 pub use policy::{Choice, Policy, Settings};
+pub use rebalance::{
+    BalanceBy, Move, MoveReason, RebalanceConfig, Rebalancer, RelocateError, UsageSample,
+};
 pub use request::{ContainerRequest, CoreGrain, Overrides, PolicyKind, Qos};
 pub use state::StateView;
 pub use topology::{Level, MemoryKind, Pool, PoolId, RawTopology, Topology};

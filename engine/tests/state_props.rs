@@ -53,6 +53,11 @@ enum Op {
     Remove {
         slot: u8,
     },
+    /// Usage-aware rebalancing's move: to pool `pool` (modulo the pool count).
+    Relocate {
+        slot: u8,
+        pool: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -61,6 +66,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(slot, qos, req, extra, mem_gib)| Op::Create { slot, qos, req, extra, mem_gib }),
         2 => (0u8..24, 0u16..12_000, 0u16..8_000).prop_map(|(slot, req, extra)| Op::Update { slot, req, extra }),
         3 => (0u8..24).prop_map(|slot| Op::Remove { slot }),
+        2 => (0u8..24, any::<u8>()).prop_map(|(slot, pool)| Op::Relocate { slot, pool }),
     ]
 }
 
@@ -273,6 +279,23 @@ proptest! {
                     let ups = e.remove(&id);
                     seen.remove(&id);
                     apply(&mut seen, &ups);
+                }
+                Op::Relocate { slot, pool } => {
+                    let id = format!("c{slot}");
+                    let to = usize::from(pool) % topo.pools.len();
+                    let before = e.clone();
+                    match e.relocate(&id, to) {
+                        Ok(ups) => {
+                            prop_assert!(ups.iter().all(|u| *u.container_id == *id), "{:?}", ups);
+                            // numa-aware moves to the nodes of `to` (its grant's pool is theirs).
+                            let g = e.grant(&id).expect("moved grant");
+                            let want = if g.policy == PolicyKind::TopologyAware { to } else { g.pool };
+                            prop_assert_eq!(g.pool, want);
+                            prop_assert_eq!(g.nodes, topo.pools[to].numa_nodes);
+                            apply(&mut seen, &ups);
+                        }
+                        Err(_) => prop_assert_eq!(&e, &before, "a refused move changed the state"),
+                    }
                 }
             }
             check_invariants(&e, &seen)?;

@@ -5,7 +5,9 @@
 pub mod gen;
 pub mod kubelet;
 pub mod plot;
+pub mod rebalance;
 pub mod report;
 pub mod seeds;
 pub mod sim;
 pub mod trace;
+pub mod usage;

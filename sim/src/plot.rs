@@ -130,6 +130,55 @@ pub fn plot(path: &std::path::Path, title: &str, series: &[Series]) -> anyhow::R
     Ok(())
 }
 
+/// `--rebalance --rebalance-plot out.svg`: usage imbalance (max/mean over NUMA nodes) per
+/// sampling round against simulated time, one line per run, and the rebalancer's threshold.
+pub fn plot_timeline(
+    path: &std::path::Path,
+    title: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    threshold: f64,
+) -> anyhow::Result<()> {
+    let root = SVGBackend::new(path, (1200, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let pts = || series.iter().flat_map(|s| s.1.iter());
+    let (x0, x1) = pts().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let (x0, x1) = if x0 < x1 { (x0, x1) } else { (0.0, 1.0) };
+    let y1 = pts().fold(threshold, |m, p| m.max(p.1)) + 0.05;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(x0..x1, 1.0..y1)?;
+    chart
+        .configure_mesh()
+        .x_desc("simulated time (s)")
+        .y_desc("usage imbalance (max/mean over NUMA nodes)")
+        .draw()?;
+    for (i, (label, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+            .label(label.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+    }
+    let line = vec![(x0, threshold), (x1, threshold)];
+    chart
+        .draw_series(LineSeries::new(line, BLACK.stroke_width(1)))?
+        .label(format!("threshold {threshold}"))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.stroke_width(1)));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,5 +228,22 @@ mod tests {
             "the zoomed panel names what it leaves out"
         );
         assert!(svg.contains("NUMA imbalance of requested CPUs"));
+    }
+
+    #[test]
+    fn timeline_draws_each_run_and_the_threshold() {
+        let dir = std::env::temp_dir().join(format!("tap-timeline-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("t.svg");
+        let runs = [
+            ("without".to_string(), vec![(0.0, 1.4), (10.0, 1.5)]),
+            ("with".to_string(), vec![(0.0, 1.2), (10.0, 1.1)]),
+        ];
+        plot_timeline(&path, "t", &runs, 1.15).expect("plot");
+        let svg = std::fs::read_to_string(&path).expect("svg");
+        let _ = std::fs::remove_dir_all(&dir);
+        for label in ["without", "with", "threshold 1.15"] {
+            assert!(svg.contains(label), "{label}");
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! The comparison table.
 
+use crate::rebalance::{Figure, Pair};
 use crate::sim::{Outcomes, Summary};
 use std::fmt::Write as _;
 
@@ -57,4 +58,86 @@ pub fn table(results: &[Outcomes]) -> String {
         );
     }
     out
+}
+
+/// `--rebalance`: one row per seed and policy, usage imbalance (raw, and per shared CPU)
+/// without and with the rebalancer, its moves, and the placements' locality; a last row per
+/// policy with the worst of each column.
+pub fn rebalance_table(rows: &[(u64, Vec<Pair>)]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| seed | policy | containers | usage imbalance mean, without | p95, without | mean, with | p95, with | per shared CPU: mean, without | p95, without | mean, with | p95, with | moves | moves per container-hour | most moves of one container | containers moved | 1 NUMA (not BestEffort), without | with | neighbour updates from moves | moves refused |"
+    );
+    let _ = writeln!(
+        out,
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for (seed, pairs) in rows {
+        for p in pairs {
+            let (a, b) = (&p.without, &p.with);
+            let _ = writeln!(
+                out,
+                "| {seed} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {} |",
+                p.label,
+                b.containers,
+                figures(p, Figure::Usage),
+                figures(p, Figure::UsagePerSharedCpu),
+                b.moves,
+                b.moves_per_container_hour(),
+                b.max_moves_one,
+                b.moved_containers,
+                pct(a.one_numa_not_be),
+                pct(b.one_numa_not_be),
+                b.neighbour_updates,
+                b.refused_moves,
+            );
+        }
+    }
+    let labels: Vec<&str> = rows
+        .first()
+        .map(|r| r.1.iter().map(|p| p.label.as_str()).collect())
+        .unwrap_or_default();
+    for label in labels {
+        let _ = writeln!(out, "{}", worst_row(rows, label));
+    }
+    out
+}
+
+/// Mean and p95 without, mean and p95 with, of one figure: four cells.
+fn figures(p: &Pair, f: Figure) -> String {
+    let (a, b) = (&p.without, &p.with);
+    format!(
+        "{:.3} | {:.3} | {:.3} | {:.3}",
+        a.mean(f),
+        a.p95(f),
+        b.mean(f),
+        b.p95(f)
+    )
+}
+
+fn worst_row(rows: &[(u64, Vec<Pair>)], label: &str) -> String {
+    let all: Vec<&Pair> = rows
+        .iter()
+        .flat_map(|r| r.1.iter().filter(|p| p.label == label))
+        .collect();
+    let worst = |f: &dyn Fn(&Pair) -> f64| all.iter().map(|p| f(p)).fold(f64::MIN, f64::max);
+    let four = |fig: Figure| {
+        format!(
+            "**{:.3}** | **{:.3}** | **{:.3}** | **{:.3}**",
+            worst(&|p| p.without.mean(fig)),
+            worst(&|p| p.without.p95(fig)),
+            worst(&|p| p.with.mean(fig)),
+            worst(&|p| p.with.p95(fig)),
+        )
+    };
+    format!(
+        "| worst | {label} | | {} | {} | | **{:.2}** | **{}** | | | | **{}** | **{}** |",
+        four(Figure::Usage),
+        four(Figure::UsagePerSharedCpu),
+        worst(&|p| p.with.moves_per_container_hour()),
+        worst(&|p| p.with.max_moves_one as f64),
+        worst(&|p| p.with.neighbour_updates as f64),
+        worst(&|p| p.with.refused_moves as f64),
+    )
 }

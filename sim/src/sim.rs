@@ -448,6 +448,35 @@ impl Ledger {
     }
 }
 
+/// The request of container `c` of `pod`, as the agent would build it (annotations read the
+/// agent's way; the CPU request defaulted as the API server does).
+pub fn container_request(
+    pod: &crate::trace::PodSpec,
+    c: &crate::trace::ContainerSpec,
+    id: &str,
+    device_nodes: Vec<u32>,
+) -> ContainerRequest {
+    let annotations: HashMap<String, String> = pod
+        .annotations
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let (overrides, _) = Overrides::from_pod(&HashMap::new(), &annotations, &c.name);
+    ContainerRequest {
+        id: id.to_string(),
+        pod_uid: format!("uid-{}", pod.name),
+        pod_name: pod.name.clone(),
+        namespace: pod.namespace.clone(),
+        container_name: c.name.clone(),
+        qos: Some(pod.qos.into()),
+        cpu_request_milli: c.effective_request(),
+        cpu_limit_milli: c.cpu_limit,
+        memory_limit_bytes: c.memory_limit,
+        device_nodes,
+        overrides,
+    }
+}
+
 enum State {
     None,
     Kubelet(Box<KubeletStatic>),
@@ -594,25 +623,7 @@ pub fn simulate_with(
                     gpu_held.insert(id.clone(), take);
                 }
             }
-            let annotations: HashMap<String, String> = pod
-                .annotations
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            let (overrides, _) = Overrides::from_pod(&HashMap::new(), &annotations, &c.name);
-            let req = ContainerRequest {
-                id: id.clone(),
-                pod_uid: format!("uid-{}", pod.name),
-                pod_name: pod.name.clone(),
-                namespace: pod.namespace.clone(),
-                container_name: c.name.clone(),
-                qos: Some(pod.qos.into()),
-                cpu_request_milli: request,
-                cpu_limit_milli: c.cpu_limit,
-                memory_limit_bytes: c.memory_limit,
-                device_nodes: device_nodes.clone(),
-                overrides,
-            };
+            let req = container_request(pod, c, &id, device_nodes.clone());
             let best_effort = req.qos() == tap_engine::Qos::BestEffort;
             let single_possible = !best_effort && ledger.single_possible(request, size);
             let (mut cpus, mut exclusive, mut refused, mut fallback, mut latency) =

@@ -45,7 +45,7 @@ impl Policy for TopologyAware {
 /// Free request capacity of a pool in milli-CPUs: its usable CPUs, minus the requests charged
 /// to it and below, minus exclusive CPUs inside it held by grants charged above it. Wide
 /// arithmetic: loads and requests are `u64` figures from outside.
-fn free_milli(e: &StateView<'_>, id: PoolId) -> i128 {
+pub(crate) fn free_milli(e: &StateView<'_>, id: PoolId) -> i128 {
     let load = e.pool_load(id);
     let hidden = (i128::from(load.taken_cpus) - i128::from(load.exclusive_cpus)).max(0) * 1000;
     i128::from(e.capacity_milli(id)) - i128::from(load.request_milli) - hidden

@@ -33,6 +33,9 @@ struct Args {
     /// Generator: Pod arrivals.
     #[arg(long, default_value_t = 3000)]
     pods: usize,
+    /// Generator: mean Pod lifetime in seconds (default 600).
+    #[arg(long)]
+    lifetime_s: Option<f64>,
     /// Generator: percent Burstable,BestEffort,Guaranteed.
     #[arg(long, default_value = "70,20,10")]
     mix: String,
@@ -50,6 +53,43 @@ struct Args {
     /// `1,4,6`) for kubelet static, numa-aware and topology-aware: locality, imbalance, p99.
     #[arg(long, conflicts_with_all = ["trace", "plot"])]
     seeds: Option<String>,
+    /// Usage-aware rebalancing (issue 22): instead of the comparison table, topology-aware and
+    /// numa-aware without and with the rebalancer, on usage traces, per seed (--seeds, or
+    /// --seed): usage imbalance across NUMA nodes, moves, locality.
+    #[arg(long, conflicts_with = "plot")]
+    rebalance: bool,
+    /// --rebalance: seconds between sampling rounds (one round = one tick).
+    #[arg(long, default_value_t = 10.0)]
+    rebalance_round_s: f64,
+    /// --rebalance: imbalance (max/mean) above which the rebalancer acts.
+    #[arg(long, default_value_t = 1.15)]
+    rebalance_threshold: f64,
+    /// --rebalance: consecutive rounds above the threshold before acting.
+    #[arg(long, default_value_t = 3)]
+    rebalance_window: u32,
+    /// --rebalance: moves per round at most.
+    #[arg(long, default_value_t = 2)]
+    rebalance_max_moves: usize,
+    /// --rebalance: rounds before the same container may move again.
+    #[arg(long, default_value_t = 60)]
+    rebalance_cooldown: u64,
+    /// --rebalance: seconds a container keeps one usage level (a phase).
+    #[arg(long, default_value_t = 300.0)]
+    usage_phase_s: f64,
+    /// --rebalance: share of Burstable phases that are hot (2-4x the request).
+    #[arg(long, default_value_t = 0.15)]
+    usage_hot_share: f64,
+    /// --rebalance: what the rebalancer balances: `per-shared-cpu` (usage per shared CPU of
+    /// each node, the default) or `usage`.
+    #[arg(long, default_value = "per-shared-cpu", value_parser = ["per-shared-cpu", "usage"])]
+    rebalance_by: String,
+    /// --rebalance: what the agent measures of a container: `demand` (usage plus time waiting
+    /// for a CPU) or `contended` (CPU time got: an oversubscribed node hides its excess).
+    #[arg(long, default_value = "demand", value_parser = ["demand", "contended"])]
+    usage_measure: String,
+    /// --rebalance: write an SVG of the usage imbalance over time of the first seed.
+    #[arg(long, requires = "rebalance")]
+    rebalance_plot: Option<PathBuf>,
     /// Overcommit targets of the sweep for --plot.
     #[arg(long, default_value = "1,1.5,2,2.5,3")]
     sweep: String,
@@ -74,6 +114,12 @@ fn params(args: &Args, m: &Machine, overcommit: f64) -> Result<GenParams> {
     p.pods = args.pods;
     p.mix = [mix[0], mix[1], mix[2]];
     p.gpus = m.gpus.len() as u32;
+    if let Some(l) = args.lifetime_s {
+        if l.is_nan() || l <= 0.0 {
+            bail!("--lifetime-s must be positive");
+        }
+        p.mean_lifetime_s = l;
+    }
     Ok(p)
 }
 
@@ -94,6 +140,9 @@ fn main() -> Result<()> {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     let m = Machine::new(&name, &raw)?;
+    if args.rebalance {
+        return rebalance(&args, &m);
+    }
     if let Some(list) = &args.seeds {
         let seeds = tap_sim::seeds::parse_seeds(list)
             .ok_or_else(|| anyhow::anyhow!("bad --seeds {list:?}: expected e.g. 1-10 or 1,4,6"))?;
@@ -249,6 +298,89 @@ fn main() -> Result<()> {
             ),
             &series,
         )?;
+        println!();
+        println!("plot written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// `--rebalance`: the usage-aware rebalancing comparison (see docs/sim.md, issue 22).
+fn rebalance(args: &Args, m: &Machine) -> Result<()> {
+    let seeds = match &args.seeds {
+        Some(list) => tap_sim::seeds::parse_seeds(list)
+            .ok_or_else(|| anyhow::anyhow!("bad --seeds {list:?}: expected e.g. 1-10 or 1,4,6"))?,
+        None => vec![args.seed],
+    };
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    if !positive(args.rebalance_round_s) || !positive(args.usage_phase_s) {
+        bail!("--rebalance-round-s and --usage-phase-s must be positive");
+    }
+    let cfg = tap_engine::RebalanceConfig {
+        threshold: args.rebalance_threshold,
+        window: args.rebalance_window,
+        max_moves: args.rebalance_max_moves,
+        cooldown: args.rebalance_cooldown,
+        by: match args.rebalance_by.as_str() {
+            "usage" => tap_engine::BalanceBy::Usage,
+            _ => tap_engine::BalanceBy::UsagePerSharedCpu,
+        },
+    };
+    println!(
+        "machine: {} ({} CPUs); generated traces, overcommit {}, {} pods each; usage phases of {} s, {}% of Burstable phases hot; measured: {}; sampled every {} s; rebalancer {:?}",
+        m.name, m.cpus(), args.overcommit, args.pods, args.usage_phase_s, args.usage_hot_share * 100.0, args.usage_measure, args.rebalance_round_s, cfg
+    );
+    println!();
+    let measure = match args.usage_measure.as_str() {
+        "contended" => tap_sim::rebalance::Measure::Contended,
+        _ => tap_sim::rebalance::Measure::Demand,
+    };
+    let mut rows = Vec::new();
+    for seed in seeds {
+        let mut p = params(args, m, args.overcommit)?;
+        p.seed = seed;
+        let trace = match &args.trace {
+            Some(path) => Trace::parse(&std::fs::read_to_string(path)?)?,
+            None => generate(&p),
+        };
+        let model = tap_sim::usage::UsageModel {
+            seed,
+            phase_s: args.usage_phase_s,
+            hot_share: args.usage_hot_share,
+        };
+        let pairs =
+            tap_sim::rebalance::compare(m, &trace, model, (args.rebalance_round_s, measure), cfg);
+        rows.push((seed, pairs));
+    }
+    print!("{}", tap_sim::report::rebalance_table(&rows));
+    if let (Some(path), Some((seed, pairs))) = (&args.rebalance_plot, rows.first()) {
+        // The first policy (topology-aware): both figures, without and with.
+        let series: Vec<(String, Vec<(f64, f64)>)> = pairs
+            .iter()
+            .take(1)
+            .flat_map(|p| {
+                let l = &p.label;
+                [
+                    (format!("{l}: usage, without"), p.without.rounds.clone()),
+                    (
+                        format!("{l}: usage, with the rebalancer"),
+                        p.with.rounds.clone(),
+                    ),
+                    (
+                        format!("{l}: per shared CPU, without"),
+                        p.without.rounds_per_cpu.clone(),
+                    ),
+                    (
+                        format!("{l}: per shared CPU, with"),
+                        p.with.rounds_per_cpu.clone(),
+                    ),
+                ]
+            })
+            .collect();
+        let title = format!(
+            "tap-sim: usage imbalance over time on {} (seed {seed})",
+            m.name
+        );
+        tap_sim::plot::plot_timeline(path, &title, &series, cfg.threshold)?;
         println!();
         println!("plot written to {}", path.display());
     }
