@@ -91,20 +91,18 @@ impl KubeletPodResources {
                     tracing::info!(error = %s.message(), "the kubelet does not serve pod-resources Get; using List");
                     self.get_unserved.store(true, Ordering::Relaxed);
                 }
-                Err(status) => {
-                    return Err(PodResourcesError::Call {
-                        method: "Get",
-                        status: Box::new(status),
-                    })
-                }
+                Err(status) => return Err(failed("Get")(status)),
             }
         }
-        self.list(c)
-            .await
-            .map_err(|status| PodResourcesError::Call {
-                method: "List",
-                status: Box::new(status),
-            })
+        self.list(c).await.map_err(failed("List"))
+    }
+}
+
+/// The error of a call of `method` that the kubelet answered with `status`.
+fn failed(method: &'static str) -> impl FnOnce(Status) -> PodResourcesError {
+    move |status| PodResourcesError::Call {
+        method,
+        status: Box::new(status),
     }
 }
 
@@ -115,20 +113,14 @@ fn get_not_served(s: &Status) -> bool {
 
 impl KubeletPodResources {
     async fn zone_counts(&self) -> Result<Vec<ZoneDevices>, PodResourcesError> {
-        let call = |method: &'static str| {
-            move |status| PodResourcesError::Call {
-                method,
-                status: Box::new(status),
-            }
-        };
         let alloc: proto::AllocatableResourcesResponse = self
             .call(proto::ALLOCATABLE, proto::AllocatableResourcesRequest {})
             .await
-            .map_err(call("GetAllocatableResources"))?;
+            .map_err(failed("GetAllocatableResources"))?;
         let list: proto::ListPodResourcesResponse = self
             .call(proto::LIST, ListPodResourcesRequest {})
             .await
-            .map_err(call("List"))?;
+            .map_err(failed("List"))?;
         Ok(count_zone_devices(&alloc.devices, &list.pod_resources))
     }
 }
