@@ -406,9 +406,7 @@ mod tests {
     use crate::gen::{generate, GenParams};
 
     fn machine() -> Machine {
-        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
-        let raw = tap_engine::sysfs::discover_dir(&root).expect("fixture");
-        Machine::new("fixture", &raw).expect("machine")
+        Machine::fixture("synthetic-2s-4numa-96c-gpu")
     }
 
     #[test]

@@ -149,9 +149,7 @@ mod tests {
     use crate::sim::{simulate, standard_policies, Machine};
 
     fn machine() -> Machine {
-        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
-        let raw = tap_engine::sysfs::discover_dir(&root).expect("fixture");
-        Machine::new("fixture", &raw).expect("machine")
+        Machine::fixture("synthetic-2s-4numa-96c-gpu")
     }
 
     /// Each row holds that seed's own figures, and the last row the worst of each column.

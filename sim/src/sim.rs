@@ -37,6 +37,14 @@ pub struct Machine {
 }
 
 impl Machine {
+    /// The machine of a fixture in the repository (tests).
+    #[cfg(test)]
+    pub fn fixture(name: &str) -> Machine {
+        let root = tap_engine::testdata::fixture_dir(name);
+        let raw = tap_engine::sysfs::discover_dir(&root).expect("fixture");
+        Machine::new("fixture", &raw).expect("machine")
+    }
+
     pub fn new(name: &str, raw: &RawTopology) -> anyhow::Result<Machine> {
         let topo = Arc::new(Topology::build(raw)?);
         let max = raw.cpus.iter().map(|c| c.id).max().unwrap_or(0);
