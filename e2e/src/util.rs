@@ -233,6 +233,16 @@ pub fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
     Ok(body)
 }
 
+/// The CPUs of the last `placed` line of an agent's text log that contains `needle` (e.g.
+/// `container=<id> ` or ` pod=<name> `): the fixture's CPUs, before any folding.
+pub fn logged_cpus(log: &str, needle: &str) -> Option<BTreeSet<usize>> {
+    let line = log
+        .lines()
+        .rfind(|l| l.contains(" placed ") && l.contains(" cpus=") && l.contains(needle))?;
+    let cpus = line.split(" cpus=").nth(1)?.split(' ').next()?;
+    parse_list(cpus).ok()
+}
+
 /// A kernel CPU or node list (`0-3,8`).
 pub fn parse_list(s: &str) -> anyhow::Result<BTreeSet<usize>> {
     let mut out = BTreeSet::new();

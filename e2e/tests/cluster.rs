@@ -553,47 +553,67 @@ fn helm_uninstall(t: &Tier) -> Result<()> {
 /// the kubelet's `containerRuntimeEndpoint` at the proxy's socket. Pods run and get cpusets.
 fn cri_proxy_mode(t: &mut Tier) -> Result<()> {
     let guide = t.placed("guide")?;
-    let proxy = t.cl.dir.join("tap-proxy.sock");
+    with_proxy_agent(
+        t,
+        "proxy",
+        FIXTURE,
+        &["--resource-policy=numa-aware"],
+        |t, _| {
+            t.wait_running("guide")?;
+            let a = t.run_pod(&PodDef::new("proxied-a", "250m", "500m"))?;
+            let ka = t.assert_on_one_node("proxied Pod a", &a, "numa-aware")?;
+            let b = t.run_pod(&PodDef::new("proxied-b", "250m", "500m"))?;
+            let kb = t.assert_on_one_node("proxied Pod b", &b, "numa-aware")?;
+            ensure!(ka != kb, "both proxied Pods on NUMA node {ka}");
+            ensure!(
+                a.cgroup_cpus != b.cgroup_cpus || host_cpus().len() == 1,
+                "different NUMA nodes, same cgroup cpuset"
+            );
+            t.notes.push(format!(
+                "CRI proxy: Pods on NUMA nodes {ka} and {kb}, cgroup cpusets {:?} and {:?}",
+                a.cgroup_cpus, b.cgroup_cpus
+            ));
+            // The Pod made before the switch kept its container and its cpuset.
+            t.assert_not_recreated("guide", &guide)?;
+            ensure!(
+                t.placed("guide")?.cgroup_cpus == guide.cgroup_cpus,
+                "the guide Pod moved"
+            );
+            t.delete_pod("proxied-a")?;
+            t.delete_pod("proxied-b")?;
+            Ok(())
+        },
+    )
+}
+
+/// Runs `f` with the kubelet talking to a CRI proxy agent (a host process named `name`, on
+/// `fixture`, with `extra` flags and no NodeTopology link), switched to once the kubelet has
+/// synced `guide`, and back to containerd before the proxy goes (also when `f` fails, whose
+/// error comes with the agent's log).
+fn with_proxy_agent(
+    t: &mut Tier,
+    name: &str,
+    fixture: &str,
+    extra: &[&str],
+    f: impl FnOnce(&mut Tier, &TapAgent) -> Result<()>,
+) -> Result<()> {
+    let proxy = t.cl.dir.join(format!("tap-{name}.sock"));
+    let state = t.cl.dir.join(format!("{name}-state"));
     let mut args =
         t.cl.containerd()
-            .cri_proxy_agent_args(&proxy, FIXTURE, &t.cl.dir.join("proxy-state"));
-    args.extend([
-        "--resource-policy=numa-aware".to_string(),
-        "--enable-node-topology=false".to_string(),
-    ]);
-    let agent = TapAgent::start(&args, &t.cl.dir.join("proxy-agent.log"))?;
+            .cri_proxy_agent_args(&proxy, fixture, &state);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args.push("--enable-node-topology=false".to_string());
+    let agent = TapAgent::start(&args, &t.cl.dir.join(format!("{name}-agent.log")))?;
     let r = (|| -> Result<()> {
         let adds = t.kubelet_adds("guide");
         t.cl.set_runtime_endpoint(RuntimeEndpoint::Proxy(proxy.clone()))?;
         t.wait_kubelet_sync("guide", adds)?;
-        t.wait_running("guide")?;
-        let a = t.run_pod(&PodDef::new("proxied-a", "250m", "500m"))?;
-        let ka = t.assert_on_one_node("proxied Pod a", &a, "numa-aware")?;
-        let b = t.run_pod(&PodDef::new("proxied-b", "250m", "500m"))?;
-        let kb = t.assert_on_one_node("proxied Pod b", &b, "numa-aware")?;
-        ensure!(ka != kb, "both proxied Pods on NUMA node {ka}");
-        ensure!(
-            a.cgroup_cpus != b.cgroup_cpus || host_cpus().len() == 1,
-            "different NUMA nodes, same cgroup cpuset"
-        );
-        t.notes.push(format!(
-            "CRI proxy: Pods on NUMA nodes {ka} and {kb}, cgroup cpusets {:?} and {:?}",
-            a.cgroup_cpus, b.cgroup_cpus
-        ));
-        // The Pod made before the switch kept its container and its cpuset.
-        t.assert_not_recreated("guide", &guide)?;
-        ensure!(
-            t.placed("guide")?.cgroup_cpus == guide.cgroup_cpus,
-            "the guide Pod moved"
-        );
-        t.delete_pod("proxied-a")?;
-        t.delete_pod("proxied-b")?;
-        Ok(())
+        f(t, &agent)
     })();
     if r.is_err() {
-        eprintln!("--- proxy agent log\n{}", agent.log_tail(80));
+        eprintln!("--- {name} agent log\n{}", agent.log_tail(80));
     }
-    // Back to containerd before the proxy goes.
     t.cl.set_runtime_endpoint(RuntimeEndpoint::Containerd)?;
     drop(agent);
     r
@@ -616,23 +636,7 @@ fn smt_and_cache_controls(t: &mut Tier) -> Result<()> {
         "--wait=true",
         "--timeout=60s",
     ])?;
-    let proxy = t.cl.dir.join("tap-proxy-ccx.sock");
-    let state = t.cl.dir.join("proxy-ccx-state");
-    let mut args = t.cl.containerd().cri_proxy_agent_args(&proxy, CCX, &state);
-    args.push("--enable-node-topology=false".to_string());
-    let agent = TapAgent::start(&args, &t.cl.dir.join("proxy-ccx-agent.log"))?;
-    let r = (|| -> Result<()> {
-        let adds = t.kubelet_adds("guide");
-        t.cl.set_runtime_endpoint(RuntimeEndpoint::Proxy(proxy.clone()))?;
-        t.wait_kubelet_sync("guide", adds)?;
-        smt_and_cache_pods(t, &agent)
-    })();
-    if r.is_err() {
-        eprintln!("--- CCX proxy agent log\n{}", agent.log_tail(80));
-    }
-    t.cl.set_runtime_endpoint(RuntimeEndpoint::Containerd)?;
-    drop(agent);
-    r
+    with_proxy_agent(t, "proxy-ccx", CCX, &[], smt_and_cache_pods)
 }
 
 fn smt_and_cache_pods(t: &mut Tier, agent: &TapAgent) -> Result<()> {
@@ -645,7 +649,8 @@ fn smt_and_cache_pods(t: &mut Tier, agent: &TapAgent) -> Result<()> {
         h.field("pool").starts_with("cache"),
         "hide-hyperthreads: {h:?}"
     );
-    let cpus = logged_cpus(agent, "ht-hide")?;
+    let cpus = util::logged_cpus(&agent.log_text(), " pod=ht-hide ")
+        .context("no placed line for ht-hide")?;
     ensure!(
         cpus.len() == 4,
         "hide-hyperthreads: {cpus:?} is not one thread of 4 cores"
@@ -658,7 +663,7 @@ fn smt_and_cache_pods(t: &mut Tier, agent: &TapAgent) -> Result<()> {
         w.field("x").is_empty(),
         "whole cores gave exclusive CPUs: {w:?}"
     );
-    let log = agent.log_tail(100_000);
+    let log = agent.log_text();
     ensure!(
         log.lines()
             .any(|l| l.contains("ht-whole") && l.contains("whole free cores")),
@@ -684,21 +689,6 @@ fn smt_and_cache_pods(t: &mut Tier, agent: &TapAgent) -> Result<()> {
         t.delete_pod(p)?;
     }
     Ok(())
-}
-
-/// The fixture CPUs the agent logged for Pod `pod`'s placement.
-fn logged_cpus(agent: &TapAgent, pod: &str) -> Result<BTreeSet<usize>> {
-    let log = agent.log_tail(100_000);
-    let needle = format!(" pod={pod} ");
-    let line = log
-        .lines()
-        .rfind(|l| l.contains(" placed ") && l.contains(" cpus=") && l.contains(&needle))
-        .with_context(|| format!("no placed line for {pod}"))?;
-    let cpus = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("cpus="))
-        .with_context(|| format!("no cpus in {line}"))?;
-    Ok(parse_list(cpus))
 }
 
 const HIDE_HT: &str = "tap.kunpeng.huawei.com/hide-hyperthreads";

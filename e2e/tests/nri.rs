@@ -285,13 +285,7 @@ fn setup(test: &str) -> Option<(CgroupGuard, Containerd)> {
 /// The cpuset the agent decided for container `id`, in the fixture's CPUs (unfolded), from its
 /// `placed` log line.
 fn logged_cpus(agent: &Agent, id: &str) -> Option<BTreeSet<usize>> {
-    let needle = format!("container={id} ");
-    let text = agent.log_text();
-    let line = text
-        .lines()
-        .rfind(|l| l.contains(" placed ") && l.contains(" cpus=") && l.contains(&needle))?;
-    let cpus = line.split(" cpus=").nth(1)?.split(' ').next()?;
-    Some(parse_list(cpus))
+    tap_e2e::util::logged_cpus(&agent.log_text(), &format!("container={id} "))
 }
 
 /// Hyperthreads (issue 23 item 3) on the 2-thread fixture (siblings n and n+48), folded: a

@@ -440,36 +440,28 @@ impl Tier {
     /// annotation may use (`annotation`: `ignored` or `honoured`) and kube-system's; waits until
     /// the node's NodeTopology carries it.
     pub(crate) fn set_reserved_policy(&self, reserved: &str, annotation: &str) -> Result<()> {
-        self.cl.kube().apply(&format!(
-            r#"apiVersion: tap.kunpeng.io/v1alpha1
-kind: TopologyPolicy
-metadata:
-  name: e2e-node
-spec:
-  nodeSelector:
-    matchLabels:
-      kubernetes.io/hostname: {NODE}
-  policy: topology-aware
-  priority: 10
-  reservedCPUs: "{reserved}"
-  reservedCPUsFor:
-    namespaces: [kube-system]
-    annotation: {annotation}
-"#
-        ))?;
-        util::wait_until(
-            &format!("NodeTopology {NODE} with reserved CPUs {reserved} ({annotation})"),
-            Duration::from_secs(60),
-            POLL,
-            || {
-                let p = &self.node_topology()?["spec"]["policy"];
-                Ok(p["reservedCPUs"] == reserved
-                    && p["reservedCPUsFor"]["annotation"] == annotation)
-            },
-        )
+        let extra = format!(
+            "  reservedCPUs: \"{reserved}\"\n  reservedCPUsFor:\n    namespaces: [kube-system]\n    annotation: {annotation}\n"
+        );
+        self.apply_policy("topology-aware", &extra, |p| {
+            p["reservedCPUs"] == reserved && p["reservedCPUsFor"]["annotation"] == annotation
+        })
     }
 
     pub(crate) fn set_policy(&self, policy: &str) -> Result<()> {
+        self.apply_policy(policy, "", |p| {
+            p["reservedCPUs"].as_str().unwrap_or("").is_empty()
+        })
+    }
+
+    /// Applies the node's TopologyPolicy (`policy` and the `extra` spec lines) and waits until
+    /// the node's NodeTopology carries that policy and `arrived` holds for it.
+    fn apply_policy(
+        &self,
+        policy: &str,
+        extra: &str,
+        arrived: impl Fn(&Value) -> bool,
+    ) -> Result<()> {
         self.cl.kube().apply(&format!(
             r#"apiVersion: tap.kunpeng.io/v1alpha1
 kind: TopologyPolicy
@@ -481,15 +473,15 @@ spec:
       kubernetes.io/hostname: {NODE}
   policy: {policy}
   priority: 10
-"#
+{extra}"#
         ))?;
         util::wait_until(
-            &format!("NodeTopology {NODE} with policy {policy}"),
+            &format!("NodeTopology {NODE} with policy {policy} {}", extra.trim()),
             Duration::from_secs(60),
             POLL,
             || {
                 let p = &self.node_topology()?["spec"]["policy"];
-                Ok(p["policy"] == policy && p["reservedCPUs"].as_str().unwrap_or("").is_empty())
+                Ok(p["policy"] == policy && arrived(p))
             },
         )
     }
