@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tap_engine::engine::PoolStatus;
@@ -182,8 +182,16 @@ pub struct Metrics {
     /// Where the per-pool figures come from at scrape time.
     usage: UsageSource,
     grants: OnceLock<Box<GrantsFn>>,
+    /// The state is rebuilt from the runtime (proxies) or the NRI session is synchronized.
     ready: AtomicBool,
+    /// Whether `/readyz` also waits for a proxy socket, and whether it is bound.
+    socket: AtomicU8,
 }
+
+/// Values of [`Metrics::socket`].
+const SOCKET_NONE: u8 = 0;
+const SOCKET_PENDING: u8 = 1;
+const SOCKET_BOUND: u8 = 2;
 
 /// What a scrape reads from the engine: the per-pool figures (capacity, usage, containers)
 /// and the configuration in force (policy, cluster affinity).
@@ -408,6 +416,7 @@ impl Metrics {
             usage,
             grants: OnceLock::new(),
             ready: AtomicBool::new(false),
+            socket: AtomicU8::new(SOCKET_NONE),
         }
     }
 
@@ -498,8 +507,21 @@ impl Metrics {
         self.ready.store(ready, Ordering::SeqCst);
     }
 
+    /// A proxy mode: `/readyz` also waits for [`Metrics::set_socket_bound`], so a client that
+    /// waits for readiness finds the socket there (the state can be restored before the bind).
+    pub fn expect_socket(&self) {
+        self.socket.store(SOCKET_PENDING, Ordering::SeqCst);
+    }
+
+    /// The proxy socket is bound (`true`) or closed (`false`); sets `tap_proxy_up` with it.
+    pub fn set_socket_bound(&self, bound: bool) {
+        let v = if bound { SOCKET_BOUND } else { SOCKET_PENDING };
+        self.socket.store(v, Ordering::SeqCst);
+        self.proxy_up.set(i64::from(bound));
+    }
+
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
+        self.ready.load(Ordering::SeqCst) && self.socket.load(Ordering::SeqCst) != SOCKET_PENDING
     }
 
     /// The OpenMetrics text of all metrics.
@@ -569,6 +591,22 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: Arc<Metrics>) -> anyhow:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_proxy_is_ready_once_restored_and_bound() {
+        let m = Metrics::for_mode("Docker");
+        m.expect_socket();
+        m.set_ready(true);
+        assert!(!m.is_ready(), "restored but the socket is not bound yet");
+        m.set_socket_bound(true);
+        assert!(m.is_ready());
+        assert_eq!(m.proxy_up.get(), 1);
+        m.set_socket_bound(false);
+        assert!(!m.is_ready(), "the socket is closed");
+        let nri = Metrics::for_mode("NRI");
+        nri.set_ready(true);
+        assert!(nri.is_ready(), "NRI mode has no socket to wait for");
+    }
 
     #[test]
     fn reference_metric_names_are_exported() {

@@ -115,6 +115,7 @@ pub const RESTORE_BOUND: Duration = Duration::from_secs(15);
 /// wedged runtime never keeps the socket away from the kubelet. Until the restore is done the
 /// agent is not ready and the proxies forward every call unadjusted (fail open): deciding on an
 /// engine that does not know the runtime's containers could hand out CPUs already taken.
+/// `/readyz` waits for the socket as well ([`Metrics::expect_socket`]).
 pub async fn restore_or_serve_open<F, Fut>(
     metrics: &Arc<Metrics>,
     runtime: String,
@@ -125,6 +126,7 @@ where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = anyhow::Result<usize>> + Send,
 {
+    metrics.expect_socket();
     let (m, stop) = (metrics.clone(), shutdown.clone());
     let mut task = tokio::spawn(async move {
         let done = restore_until_done(&m, &runtime, &stop, restore).await;

@@ -646,7 +646,7 @@ pub async fn run(
         return Ok(());
     }
     let listener = bind_unix(&flags.runtime_proxy_endpoint, group)?;
-    agent.metrics().proxy_up.set(1);
+    agent.metrics().set_socket_bound(true);
     tracing::info!(socket = %flags.runtime_proxy_endpoint.display(), backend = %backend.display(), "CRI proxy serving");
     let shared: Arc<CriProxy> = Arc::new(proxy.clone());
     let converger = tokio::spawn(
@@ -666,7 +666,7 @@ pub async fn run(
     serve(proxy, listener, shutdown, flags.graceful_timeout).await;
     let _ = tokio::join!(reconciler, converger);
     ledger.flush_records();
-    agent.metrics().proxy_up.set(0);
+    agent.metrics().set_socket_bound(false);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
     Ok(())
 }

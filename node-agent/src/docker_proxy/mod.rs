@@ -596,7 +596,7 @@ pub async fn run(
         return Ok(());
     }
     let listener = bind_unix(&flags.runtime_proxy_endpoint, group)?;
-    agent.metrics().proxy_up.set(1);
+    agent.metrics().set_socket_bound(true);
     tracing::info!(socket = %flags.runtime_proxy_endpoint.display(), backend = %flags.runtime_endpoint_path().display(), "Docker proxy serving");
     let converger = tokio::spawn(
         proxy
@@ -640,7 +640,7 @@ pub async fn run(
     .await;
     let _ = tokio::join!(reconciler, converger);
     records.flush_records();
-    agent.metrics().proxy_up.set(0);
+    agent.metrics().set_socket_bound(false);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
     Ok(())
 }
