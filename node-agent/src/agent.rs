@@ -7,6 +7,8 @@
 
 pub use crate::fold::HostFold;
 use crate::metrics::Metrics;
+
+pub mod rebalance;
 use crate::pod_resources::{DeviceSource, KubeletDevice};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -731,7 +733,7 @@ mod tests {
         Arc::new(Topology::build(&raw).unwrap())
     }
 
-    fn agent(name: &str) -> Agent {
+    pub(super) fn agent(name: &str) -> Agent {
         let topo = fixture(name);
         Agent::new(
             Engine::new(topo, EngineConfig::default()),
@@ -741,7 +743,7 @@ mod tests {
         )
     }
 
-    fn burstable(id: &str, req_cpus: u64, lim_cpus: u64) -> ContainerInfo {
+    pub(super) fn burstable(id: &str, req_cpus: u64, lim_cpus: u64) -> ContainerInfo {
         ContainerInfo {
             id: id.into(),
             name: "app".into(),

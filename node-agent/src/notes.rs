@@ -16,6 +16,8 @@ pub enum Kind {
     FailedOpen,
     /// Placed, but without a per-Pod control it asked for: `TopologyNotHonoured` (Warning).
     NotHonoured,
+    /// Moved to another NUMA node by the usage rebalancer: `TopologyRebalanced` (Normal).
+    Rebalanced,
 }
 
 /// One decision about one container of a Pod.
@@ -39,6 +41,7 @@ impl Note {
             Kind::Placed => "TopologyPlaced",
             Kind::FailedOpen => "TopologyNotPlaced",
             Kind::NotHonoured => "TopologyNotHonoured",
+            Kind::Rebalanced => "TopologyRebalanced",
         }
     }
 

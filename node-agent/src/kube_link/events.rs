@@ -35,7 +35,7 @@ pub fn regarding(n: &Note) -> ObjectReference {
 pub fn event(n: &Note) -> Event {
     Event {
         type_: match n.kind {
-            Kind::Placed => EventType::Normal,
+            Kind::Placed | Kind::Rebalanced => EventType::Normal,
             Kind::FailedOpen | Kind::NotHonoured => EventType::Warning,
         },
         reason: n.reason().into(),

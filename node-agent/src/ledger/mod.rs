@@ -314,6 +314,19 @@ impl Ledger {
         b.entries.get(&key).map(|e| e.info.clone())
     }
 
+    /// Every container in the book with what the usage sampler needs: its key, the runtime's
+    /// id (the cgroup's name carries it) and its placement inputs.
+    pub fn containers(&self) -> Vec<(String, String, ContainerInfo)> {
+        let b = self.book();
+        b.entries
+            .iter()
+            .map(|(k, e)| {
+                let rid = e.runtime_id.clone().unwrap_or_else(|| k.clone());
+                (k.clone(), rid, e.info.clone())
+            })
+            .collect()
+    }
+
     /// Every container in the book, by key (for tests and status).
     pub fn keys(&self) -> Vec<String> {
         let mut k: Vec<String> = self.book().entries.keys().cloned().collect();

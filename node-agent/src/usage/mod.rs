@@ -10,4 +10,5 @@
 
 pub mod cgroups;
 pub mod cpu_stat;
+pub mod rebalance_loop;
 pub mod sampler;

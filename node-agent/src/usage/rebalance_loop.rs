@@ -1,0 +1,226 @@
+//! The rebalancing loop (issue 22): every interval, each container's CPU use is read from its
+//! cgroup, the engine's rebalancer plans with it ([`Agent::rebalance_round`]), and the moved
+//! containers are marked for the ledger's convergence loop, which writes their new cpusets
+//! (retried, never leaving the books wrong), with a `TopologyRebalanced` Event each.
+
+use super::cgroups::CgroupIndex;
+use super::cpu_stat;
+use super::sampler::Sampler;
+use crate::agent::rebalance::opts_out;
+use crate::ledger::Ledger;
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tap_engine::rebalance::{RebalanceConfig, Rebalancer, UsageSample};
+use tokio_util::sync::CancellationToken;
+
+/// What the loop needs besides the ledger.
+#[derive(Debug, Clone)]
+pub struct LoopOptions {
+    pub interval: Duration,
+    /// Where cgroup v2 is mounted (the host's `/sys/fs/cgroup`).
+    pub cgroup_root: PathBuf,
+    pub config: RebalanceConfig,
+}
+
+/// The loop's state between rounds.
+pub struct Round {
+    cgroups: CgroupIndex,
+    sampler: Sampler,
+    rebalancer: Rebalancer,
+    started: Instant,
+    tick: u64,
+}
+
+impl Round {
+    pub fn new(opts: &LoopOptions) -> Round {
+        Round {
+            cgroups: CgroupIndex::new(&opts.cgroup_root),
+            sampler: Sampler::default(),
+            rebalancer: Rebalancer::new(opts.config),
+            started: Instant::now(),
+            tick: 0,
+        }
+    }
+
+    /// One round: sample, plan, apply, mark, note. Returns the keys moved.
+    pub fn run(&mut self, ledger: &Ledger) -> Vec<String> {
+        self.tick = self.tick.saturating_add(1);
+        let containers = ledger.containers();
+        let (usage, opted) = self.sample(&containers);
+        let agent = ledger.agent();
+        let moves = agent.rebalance_round(&mut self.rebalancer, &usage, self.tick, &opted);
+        let moved: Vec<String> = moves.iter().map(|m| m.id.clone()).collect();
+        ledger.dirty().mark(moved.iter().cloned());
+        for m in &moves {
+            if let Some((_, _, c)) = containers.iter().find(|(k, _, _)| *k == m.id) {
+                agent.note_rebalanced(c, m);
+            }
+        }
+        moved
+    }
+
+    fn sample(
+        &mut self,
+        containers: &[(String, String, crate::agent::ContainerInfo)],
+    ) -> (Vec<UsageSample>, HashSet<String>) {
+        let rids: Vec<&str> = containers.iter().map(|(_, r, _)| r.as_str()).collect();
+        self.cgroups.learn(&rids);
+        let live: HashSet<&str> = containers.iter().map(|(k, _, _)| k.as_str()).collect();
+        self.sampler.retain(&|id| live.contains(id));
+        self.cgroups.retain(&|id| rids.contains(&id));
+        let now = self.started.elapsed();
+        let mut usage = Vec::with_capacity(containers.len());
+        let mut opted = HashSet::new();
+        for (key, rid, info) in containers {
+            if opts_out(info) {
+                opted.insert(key.clone());
+            }
+            let Some(dir) = self.cgroups.dir(rid) else {
+                continue;
+            };
+            let Ok(stat) = cpu_stat::read(dir) else {
+                continue;
+            };
+            if let Some(u) = self.sampler.observe(key, now, stat) {
+                usage.push(UsageSample {
+                    id: key.clone(),
+                    usage_milli: u.milli,
+                });
+            }
+        }
+        (usage, opted)
+    }
+}
+
+/// Runs rounds every `opts.interval` until `shutdown`.
+pub async fn run(ledger: Arc<Ledger>, opts: LoopOptions, shutdown: CancellationToken) {
+    let mut round = Round::new(&opts);
+    let mut every = tokio::time::interval(opts.interval);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        let moved = round.run(&ledger);
+        if !moved.is_empty() {
+            ledger.retry_now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::{Agent, ContainerInfo, PodInfo};
+    use crate::metrics::Metrics;
+    use tap_engine::sysfs::discover_dir;
+    use tap_engine::{Engine, EngineConfig, Topology};
+
+    fn ledger() -> Ledger {
+        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
+        let topo =
+            Arc::new(Topology::build(&discover_dir(&root).expect("fixture")).expect("topology"));
+        let agent = Agent::new(
+            Engine::new(topo, EngineConfig::default()),
+            Arc::new(Metrics::new()),
+            None,
+            "test",
+        );
+        Ledger::new(Arc::new(agent), None)
+    }
+
+    fn id(i: usize) -> String {
+        format!("{i:064x}")
+    }
+
+    fn container(i: usize) -> ContainerInfo {
+        ContainerInfo {
+            id: id(i),
+            name: "app".into(),
+            pod: PodInfo {
+                uid: format!("uid-{i}"),
+                name: format!("pod-{i}"),
+                namespace: "default".into(),
+                cgroup_parent: Some("/kubepods/burstable/pod1".into()),
+                ..Default::default()
+            },
+            cpu_shares: Some(1024),
+            cpu_quota: Some(200_000),
+            cpu_period: Some(100_000),
+            ..Default::default()
+        }
+    }
+
+    /// Containers' cgroups in a tree shaped like the systemd driver's; the hot ones use 8 CPUs
+    /// between rounds. After the window the loop moves a hot container off the crowded node,
+    /// marks it for the convergence loop and the engine holds its new node.
+    #[tokio::test]
+    async fn rounds_read_the_cgroups_and_move_a_hot_container() {
+        let l = ledger();
+        for i in 0..8 {
+            let t = l.begin_create(container(i)).await;
+            l.commit_create(t, Some(id(i)));
+        }
+        let node_of = |i: usize| {
+            l.agent()
+                .snapshot()
+                .grant(&id(i))
+                .map(|g| g.nodes.to_string())
+        };
+        let first = node_of(0).expect("placed");
+        let hot: Vec<usize> = (0..8)
+            .filter(|i| node_of(*i).as_deref() == Some(first.as_str()))
+            .collect();
+        let root = std::env::temp_dir().join(format!("tap-rebalance-loop-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let dir = |i: usize| {
+            root.join(format!(
+                "kubepods.slice/pod{i}.slice/cri-containerd-{}.scope",
+                id(i)
+            ))
+        };
+        let write = |round: u64| {
+            for i in 0..8 {
+                let per_round = if hot.contains(&i) {
+                    80_000_000
+                } else {
+                    1_000_000
+                };
+                std::fs::create_dir_all(dir(i)).expect("mkdir");
+                let usage = per_round * round;
+                std::fs::write(dir(i).join("cpu.stat"), format!("usage_usec {usage}\n"))
+                    .expect("write");
+            }
+        };
+        let opts = LoopOptions {
+            interval: Duration::from_secs(10),
+            cgroup_root: root.clone(),
+            config: RebalanceConfig::default(),
+        };
+        let mut round = Round::new(&opts);
+        let mut moved = Vec::new();
+        for r in 0..6u64 {
+            write(r);
+            // Readings 10 s apart as the sampler sees them.
+            round.started -= Duration::from_secs(10);
+            moved = round.run(&l);
+            if !moved.is_empty() {
+                break;
+            }
+        }
+        let _ = std::fs::remove_dir_all(&root);
+        let shed = moved
+            .iter()
+            .find(|k| hot.iter().any(|i| id(*i) == **k))
+            .expect("a hot container moved");
+        let i = hot.iter().copied().find(|i| id(*i) == *shed).expect("hot");
+        assert_ne!(node_of(i).as_deref(), Some(first.as_str()));
+        assert!(
+            l.pending_updates().iter().any(|u| u.container_id == *shed),
+            "marked for the loop"
+        );
+    }
+}
