@@ -81,6 +81,28 @@ pub enum ReservedAnnotation {
     Honoured,
 }
 
+/// Whether the node agents move shared containers between NUMA nodes by their measured CPU
+/// use.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum RebalanceMode {
+    /// Containers stay where they were placed. (`none`, not `off`: YAML 1.1 readers, as
+    /// kubectl's, take an unquoted `off` for `false`.)
+    #[default]
+    #[serde(rename = "none")]
+    Off,
+    /// A shared container moves off a NUMA node whose demand per shared CPU stays 15% above
+    /// the mean for three rounds (at most two moves a round, none of a container within 60
+    /// rounds of its last). Pods keep their place with `tap.kunpeng.huawei.com/rebalance: "false"`.
+    #[serde(rename = "usage")]
+    Usage,
+}
+
+impl RebalanceMode {
+    pub fn is_off(&self) -> bool {
+        *self == RebalanceMode::Off
+    }
+}
+
 /// Who may use the reserved CPUs (system daemons): they are in no pool, and only these Pods'
 /// containers are placed on them (all of them, shared).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -134,6 +156,10 @@ pub struct PolicySettings {
         skip_serializing_if = "ReservedCpusFor::is_empty"
     )]
     pub reserved_cpus_for: ReservedCpusFor,
+    /// Move shared containers between NUMA nodes by their measured CPU use: `none` (absent)
+    /// or `usage`.
+    #[serde(default, skip_serializing_if = "RebalanceMode::is_off")]
+    pub rebalance: RebalanceMode,
     /// Whether Pod annotations may override the policy, level and memory binding.
     #[serde(default = "yes")]
     pub annotations_allowed: bool,
@@ -147,6 +173,7 @@ impl Default for PolicySettings {
             cluster_affinity: false,
             reserved_cpus: String::new(),
             reserved_cpus_for: ReservedCpusFor::default(),
+            rebalance: RebalanceMode::Off,
             annotations_allowed: true,
         }
     }
@@ -213,6 +240,10 @@ pub struct TopologyPolicySpec {
         skip_serializing_if = "ReservedCpusFor::is_empty"
     )]
     pub reserved_cpus_for: ReservedCpusFor,
+    /// Move shared containers between NUMA nodes by their measured CPU use: `none` (absent)
+    /// or `usage`.
+    #[serde(default, skip_serializing_if = "RebalanceMode::is_off")]
+    pub rebalance: RebalanceMode,
     /// Precedence where the selectors of several policies match a Node: the higher priority
     /// wins, then the older policy, then the smaller name. From -1000 to 1000; default 0.
     #[serde(default)]
@@ -232,6 +263,7 @@ impl TopologyPolicySpec {
             cluster_affinity: self.cluster_affinity,
             reserved_cpus: self.reserved_cpus.clone(),
             reserved_cpus_for: self.reserved_cpus_for.clone(),
+            rebalance: self.rebalance,
             annotations_allowed: self.annotations_allowed,
         }
     }
@@ -518,6 +550,9 @@ pub struct AgentStatus {
         skip_serializing_if = "ReservedCpusFor::is_empty"
     )]
     pub reserved_cpus_for: ReservedCpusFor,
+    /// Usage-aware rebalancing in force: `none` (absent) or `usage`.
+    #[serde(default, skip_serializing_if = "RebalanceMode::is_off")]
+    pub rebalance: RebalanceMode,
     /// Whether Pod annotations may override the policy, level and memory binding.
     pub annotations_allowed: bool,
     /// `NodeTopology` when from the spec, `flags` when the spec has none, `cache` when taken

@@ -190,3 +190,30 @@ fn reserved_cpus_for_round_trips_and_old_objects_still_parse() {
     let f = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["reservedCPUsFor"];
     assert_eq!(f["properties"]["namespaces"]["maxItems"], 64, "{f}");
 }
+
+#[test]
+fn rebalance_round_trips_and_old_objects_keep_containers_in_place() {
+    let spec: TopologyPolicySpec = serde_json::from_value(serde_json::json!({
+        "policy": "numa-aware",
+        "rebalance": "usage",
+    }))
+    .unwrap();
+    assert_eq!(spec.settings().rebalance, RebalanceMode::Usage);
+    let v = serde_json::to_value(spec.settings()).unwrap();
+    assert_eq!(v["rebalance"], "usage");
+    let old: PolicySettings =
+        serde_json::from_value(serde_json::json!({"policy": "numa-aware"})).unwrap();
+    assert_eq!(old.rebalance, RebalanceMode::Off);
+    assert!(serde_json::to_value(&old)
+        .unwrap()
+        .get("rebalance")
+        .is_none());
+    // `off` is no value of the CRD (kubectl's YAML reads an unquoted off as false).
+    assert!(
+        serde_json::from_value::<TopologyPolicySpec>(serde_json::json!({
+            "policy": "numa-aware",
+            "rebalance": "off",
+        }))
+        .is_err()
+    );
+}

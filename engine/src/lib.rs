@@ -47,7 +47,7 @@ pub use request::{ContainerRequest, CoreGrain, Overrides, PolicyKind, Qos};
 pub use state::StateView;
 pub use topology::{Level, MemoryKind, Pool, PoolId, RawTopology, Topology};
 pub use types::{
-    CacheAffinity, CpusetUpdate, EngineConfig, Existing, Outcome, Placement, Reason,
+    CacheAffinity, CpusetUpdate, EngineConfig, Existing, Outcome, Placement, Reason, Rebalance,
     ReservedAccess, ReservedAnnotation, ReservedRefusal, ResourcePriority, RestoreReport, Site,
     SkipReason, Unhonoured,
 };

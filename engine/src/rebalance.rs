@@ -17,11 +17,13 @@
 
 mod fit;
 mod nodes;
+mod report;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use fit::{fits, Pending, Shift};
 pub use nodes::numa_pools;
+pub use report::{report, NodeUsage, UsageReport};
 
 use nodes::{node_pos, Nodes};
 

@@ -49,6 +49,35 @@ impl CacheAffinity {
     }
 }
 
+/// Whether the node agent moves shared containers between NUMA nodes by their measured CPU
+/// use ([`crate::rebalance`]): the engine only carries the setting, the agent's loop reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Rebalance {
+    /// Containers stay where they were placed (the default).
+    #[default]
+    Off,
+    /// Shared containers move off a NUMA node whose usage per shared CPU stays above the
+    /// others' ([`crate::rebalance::RebalanceConfig`]).
+    Usage,
+}
+
+impl Rebalance {
+    pub fn parse(s: &str) -> Option<Rebalance> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "none" | "off" | "false" => Some(Rebalance::Off),
+            "usage" | "on" | "true" => Some(Rebalance::Usage),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rebalance::Off => "none",
+            Rebalance::Usage => "usage",
+        }
+    }
+}
+
 /// Whether a Pod's `reserved-cpus: "true"` annotation is honoured outside the namespaces of
 /// [`ReservedAccess::namespaces`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -105,6 +134,8 @@ pub struct EngineConfig {
     pub exclusive_cores: CoreGrain,
     /// Let topology-aware place containers on cache (L3) pools.
     pub cache_affinity: CacheAffinity,
+    /// Usage-aware rebalancing of shared containers (off by default).
+    pub rebalance: Rebalance,
 }
 
 impl Default for EngineConfig {
@@ -122,6 +153,7 @@ impl Default for EngineConfig {
             confine_best_effort: false,
             exclusive_cores: CoreGrain::WholeCores,
             cache_affinity: CacheAffinity::On,
+            rebalance: Rebalance::Off,
         }
     }
 }

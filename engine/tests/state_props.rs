@@ -110,6 +110,7 @@ fn config() -> impl Strategy<Value = EngineConfig> {
                 } else {
                     tap_engine::CacheAffinity::Off
                 },
+                rebalance: tap_engine::Rebalance::Off,
                 exclusive_cores: if whole {
                     tap_engine::CoreGrain::WholeCores
                 } else {

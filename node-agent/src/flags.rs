@@ -5,7 +5,7 @@ use clap::Parser;
 use std::path::PathBuf;
 use std::time::Duration;
 use tap_engine::{
-    CacheAffinity, ClusterAffinityRule, CoreGrain, CpuSet, EngineConfig, PolicyKind,
+    CacheAffinity, ClusterAffinityRule, CoreGrain, CpuSet, EngineConfig, PolicyKind, Rebalance,
     ReservedAccess, ReservedAnnotation, ResourcePriority,
 };
 
@@ -79,6 +79,19 @@ fn parse_core_grain(s: &str) -> Result<CoreGrain, String> {
 
 fn parse_cache_affinity(s: &str) -> Result<CacheAffinity, String> {
     CacheAffinity::parse(s).ok_or_else(|| format!("unknown cache affinity {s:?}: use on or off"))
+}
+
+fn parse_rebalance(s: &str) -> Result<Rebalance, String> {
+    Rebalance::parse(s).ok_or_else(|| format!("unknown rebalance mode {s:?}: use none or usage"))
+}
+
+/// At least a second: a round reads every container's cgroup files.
+fn parse_rebalance_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_secs(1) {
+        return Err(format!("rebalance interval {s:?} is under 1s"));
+    }
+    Ok(d)
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -258,6 +271,24 @@ pub struct Flags {
     #[arg(help_heading = "Policy", long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub confine_best_effort: bool,
 
+    /// Move shared containers between NUMA nodes by their measured CPU use: `none` (the
+    /// default) or `usage` (when a node's usage per shared CPU stays 15% above the mean for
+    /// three rounds, at most two moves a round, none of a container moved in the last 60
+    /// rounds). Per Pod: `tap.kunpeng.huawei.com/rebalance: "false"` keeps it in place. A
+    /// NodeTopology policy's `rebalance` replaces this flag.
+    #[arg(help_heading = "Rebalancing", long, default_value = "none", value_parser = parse_rebalance)]
+    pub rebalance: Rebalance,
+
+    /// How often the rebalancer samples every container's cgroup (`cpu.stat`, `cpu.pressure`)
+    /// and plans; a round's cooldown and window are counted in these.
+    #[arg(help_heading = "Rebalancing", long, default_value = "10s", value_parser = parse_rebalance_interval)]
+    pub rebalance_interval: Duration,
+
+    /// Where cgroup v2 is mounted (containers' `cpu.stat` are read below it). cgroup v1 hosts
+    /// report no usage and the rebalancer never moves anything there.
+    #[arg(help_heading = "Rebalancing", long, default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
+
     /// Map decisions onto this host's CPUs (`cpu % host CPUs`): for testing a fixture topology
     /// on a smaller machine. Never in production.
     #[arg(help_heading = "Testing and debugging", long)]
@@ -415,6 +446,7 @@ impl Flags {
             confine_best_effort: self.confine_best_effort,
             exclusive_cores: self.exclusive_cores,
             cache_affinity: self.cache_affinity,
+            rebalance: self.rebalance,
         }
     }
 
@@ -467,6 +499,25 @@ impl Flags {
 mod tests {
     use super::*;
 
+    #[test]
+    fn rebalancing_is_off_by_default_and_rounds_are_bounded() {
+        let f = Flags::try_parse_from(["kunpeng-tap"]).expect("defaults");
+        assert_eq!(f.engine_config().rebalance, Rebalance::Off);
+        assert_eq!(f.rebalance_interval, Duration::from_secs(10));
+        let f = Flags::try_parse_from(["kunpeng-tap", "--rebalance=usage"]).expect("usage");
+        assert_eq!(f.engine_config().rebalance, Rebalance::Usage);
+        for bad in [
+            "--rebalance=sometimes",
+            "--rebalance-interval=0s",
+            "--rebalance-interval=500ms",
+        ] {
+            assert!(
+                Flags::try_parse_from(["kunpeng-tap", bad]).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
     /// `--help` is grouped: every flag says what it does and sits under a heading.
     #[test]
     fn every_flag_has_help_and_a_heading() {
@@ -493,6 +544,7 @@ mod tests {
                 "Kube link",
                 "Observability",
                 "Policy",
+                "Rebalancing",
                 "Runtime",
                 "Testing and debugging"
             ]

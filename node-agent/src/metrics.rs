@@ -7,6 +7,9 @@
 //! in the proxy modes (Docker, Containerd). The per-zone gauges and `tap_build_info` are read
 //! from the engine at scrape time; cluster-level zones appear only while cluster affinity is on.
 
+mod rebalance;
+pub use rebalance::{NumaLabels, RebalanceMetrics};
+
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -179,6 +182,8 @@ pub struct Metrics {
     pub unconverged: Gauge,
     /// `tap_cpu_info`, set once from the topology ([`Metrics::set_cpu_info`]).
     pub cpu_info: Family<CpuLabels, Gauge>,
+    /// The rebalancing loop's (registered in every mode; empty while rebalancing is off).
+    pub rebalance: RebalanceMetrics,
     /// Where the per-pool figures come from at scrape time.
     usage: UsageSource,
     grants: OnceLock<Box<GrantsFn>>,
@@ -400,8 +405,10 @@ impl Metrics {
             "Always 1: the CPU model (Arm implementer and part, hex; model name)",
             cpu_info.clone(),
         );
+        let rebalance = RebalanceMetrics::register(&mut registry);
         Metrics {
             registry,
+            rebalance,
             proxy_up,
             proxy_request_duration,
             hook_request_duration,
@@ -644,6 +651,16 @@ mod tests {
         m.observe_hook("create", "Docker", Duration::from_micros(5));
         m.observe_proxy("/v1.41/containers/create", Duration::from_micros(5));
         m.set_cpu_info(&tap_engine::CpuModel::unknown());
+        let round = tap_engine::rebalance::UsageReport {
+            nodes: vec![tap_engine::rebalance::NodeUsage {
+                node: 0,
+                usage_milli: 1500,
+                shared_cpus: 4,
+            }],
+            imbalance: Some(1.2),
+        };
+        m.rebalance
+            .observe_round(&round, &round, &round, 3, Duration::from_millis(2));
         m.set_usage_source(Box::new(|| EngineFigures {
             pools: vec![pool("numa0", Level::Numa, 4000, 1000, 1)],
             config: EngineConfig::default(),

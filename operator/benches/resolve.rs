@@ -112,6 +112,7 @@ fn policies(n: usize) -> Vec<PolicyInput> {
                     cluster_affinity: false,
                     reserved_cpus: String::new(),
                     reserved_cpus_for: Default::default(),
+                    rebalance: Default::default(),
                     priority: (i % 10) as i32,
                     annotations_allowed: true,
                 },

@@ -310,6 +310,7 @@ mod tests {
                     namespaces: vec!["kube-system".into()],
                     annotation: tap_api::ReservedAnnotation::Honoured,
                 },
+                rebalance: tap_api::RebalanceMode::Usage,
                 priority: prio,
                 annotations_allowed: false,
             },
@@ -340,6 +341,7 @@ mod tests {
             s.reserved_cpus_for.annotation,
             tap_api::ReservedAnnotation::Honoured
         );
+        assert_eq!(s.rebalance, tap_api::RebalanceMode::Usage);
         let src = nt.spec.source.as_ref().unwrap();
         assert_eq!((src.name.as_str(), src.generation), ("p1", 3));
         // No policy: no assignment.

@@ -213,6 +213,7 @@ mod tests {
                 cluster_affinity: false,
                 reserved_cpus: String::new(),
                 reserved_cpus_for: Default::default(),
+                rebalance: Default::default(),
                 priority: prio,
                 annotations_allowed: true,
             },

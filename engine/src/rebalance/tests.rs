@@ -308,3 +308,21 @@ fn a_grant_over_several_nodes_counts_in_proportion_to_its_cpus_there() {
     });
     assert!(r.plan(&e, &u, 1, &never).is_empty());
 }
+
+#[test]
+fn the_report_shows_each_nodes_usage_and_the_imbalance() {
+    let e = engine(12);
+    let r = report(&e, &hot_node0(), BalanceBy::UsagePerSharedCpu);
+    let usage: Vec<(u32, u64, usize)> = r
+        .nodes
+        .iter()
+        .map(|n| (n.node, n.usage_milli, n.shared_cpus))
+        .collect();
+    assert_eq!(usage, [(0, 4500, 4), (1, 300, 4), (2, 300, 4), (3, 300, 4)]);
+    // max 4500 over a mean of 1350.
+    let imb = r.imbalance.expect("imbalance");
+    assert!((imb - 4500.0 / 1350.0).abs() < 1e-9, "{imb}");
+    let idle = report(&e, &[], BalanceBy::Usage);
+    assert_eq!(idle.imbalance, None, "no usage, no imbalance");
+    assert!(idle.nodes.iter().all(|n| n.usage_milli == 0));
+}

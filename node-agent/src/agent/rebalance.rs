@@ -8,7 +8,9 @@
 
 use super::{Agent, ContainerInfo};
 use std::collections::HashSet;
-use tap_engine::rebalance::{Move, MoveReason, Rebalancer, UsageSample};
+use tap_engine::rebalance::{
+    report, BalanceBy, Move, MoveReason, Rebalancer, UsageReport, UsageSample,
+};
 use tap_engine::request::{KEY_PREFIX, SKIP_KEY};
 
 /// The annotation that keeps a Pod's containers where they were placed (`"false"`).
@@ -23,6 +25,27 @@ pub fn opts_out(c: &ContainerInfo) -> bool {
         .is_some_and(|v| v.trim() == "false")
         || pod.labels.contains_key(SKIP_KEY)
         || pod.annotations.contains_key(SKIP_KEY)
+}
+
+/// One round's measurements, each container's by its key.
+#[derive(Debug, Default)]
+pub struct Measured {
+    /// CPU time used, milli-CPUs.
+    pub usage: Vec<UsageSample>,
+    /// Time waiting for a CPU (PSI `some`), milli-CPUs.
+    pub stall: Vec<UsageSample>,
+    /// The two together: what the rebalancer balances.
+    pub demand: Vec<UsageSample>,
+    /// Containers the rebalancer must leave alone ([`opts_out`]).
+    pub opted_out: HashSet<String>,
+}
+
+/// [`Agent::usage_reports`].
+#[derive(Debug)]
+pub struct RoundReports {
+    pub usage: UsageReport,
+    pub stall: UsageReport,
+    pub demand: UsageReport,
 }
 
 impl Agent {
@@ -46,6 +69,17 @@ impl Agent {
                 }
             })
             .collect()
+    }
+
+    /// What a round measured, per NUMA node: CPU use, time waiting for a CPU, and demand (the
+    /// two together, per shared CPU: what the rebalancer compares), for the metrics.
+    pub fn usage_reports(&self, m: &Measured) -> RoundReports {
+        let e = self.lock();
+        RoundReports {
+            usage: report(&e, &m.usage, BalanceBy::Usage),
+            stall: report(&e, &m.stall, BalanceBy::Usage),
+            demand: report(&e, &m.demand, BalanceBy::UsagePerSharedCpu),
+        }
     }
 
     /// Notes a move for the Pod's `TopologyRebalanced` Event and logs it.

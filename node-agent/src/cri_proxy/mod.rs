@@ -663,8 +663,9 @@ pub async fn run(
         ledger.keep_reconciled(shared, RECONCILE_EVERY, stop).await
     });
     let ledger = proxy.ledger().clone();
+    let rebalancer = crate::usage::rebalance_loop::spawn(&ledger, flags, &shutdown);
     serve(proxy, listener, shutdown, flags.graceful_timeout).await;
-    let _ = tokio::join!(reconciler, converger);
+    let _ = tokio::join!(reconciler, converger, rebalancer);
     ledger.flush_records();
     agent.metrics().set_socket_bound(false);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);

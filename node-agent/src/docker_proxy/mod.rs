@@ -605,6 +605,7 @@ pub async fn run(
             .converge(proxy.clone(), shutdown.clone()),
     );
     let records = proxy.ledger().clone();
+    let rebalancer = crate::usage::rebalance_loop::spawn(&records, flags, &shutdown);
     let (ledger, rt, stop) = (proxy.ledger().clone(), proxy.clone(), shutdown.clone());
     let reconciler = tokio::spawn(async move {
         // The periodic comparison starts once the state is restored (it would adopt every
@@ -638,7 +639,7 @@ pub async fn run(
         },
     )
     .await;
-    let _ = tokio::join!(reconciler, converger);
+    let _ = tokio::join!(reconciler, converger, rebalancer);
     records.flush_records();
     agent.metrics().set_socket_bound(false);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use tap_api::{PolicySettings, PolicySource};
-use tap_engine::{CpuSet, EngineConfig, PolicyKind, ReservedAccess, ReservedAnnotation};
+use tap_engine::{CpuSet, EngineConfig, PolicyKind, Rebalance, ReservedAccess, ReservedAnnotation};
 
 /// Where the configuration in force came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +66,22 @@ pub fn reserved_cpus_for(a: &ReservedAccess) -> tap_api::ReservedCpusFor {
     }
 }
 
+/// The CRD's name of an engine rebalancing setting.
+pub fn rebalance_mode(r: Rebalance) -> tap_api::RebalanceMode {
+    match r {
+        Rebalance::Off => tap_api::RebalanceMode::Off,
+        Rebalance::Usage => tap_api::RebalanceMode::Usage,
+    }
+}
+
+/// The engine's rebalancing setting of a CRD's.
+fn rebalance(r: tap_api::RebalanceMode) -> Rebalance {
+    match r {
+        tap_api::RebalanceMode::Off => Rebalance::Off,
+        tap_api::RebalanceMode::Usage => Rebalance::Usage,
+    }
+}
+
 /// The flags' configuration with a policy's settings on top (the settings a policy does not
 /// carry, resource priority and exclusive CPUs, stay with the flags). `None` = the flags. A
 /// policy's reservedCPUs and reservedCPUsFor replace the flags'; the kubelet's
@@ -88,6 +104,7 @@ pub fn engine_config(
         reserved: reserved.union(kubelet),
         reserved_for: reserved_access(&s.reserved_cpus_for),
         annotations_allowed: s.annotations_allowed,
+        rebalance: rebalance(s.rebalance),
         ..base.clone()
     })
 }
@@ -136,6 +153,7 @@ mod tests {
                 namespaces: vec!["kube-system".into()],
                 annotation: tap_api::ReservedAnnotation::Honoured,
             },
+            rebalance: tap_api::RebalanceMode::Usage,
             annotations_allowed: false,
         }
     }
@@ -154,6 +172,21 @@ mod tests {
         assert_eq!(c.reserved.to_string(), "0-1");
         assert_eq!(c.priority, ResourcePriority::GpuFirst);
         assert!(!c.exclusive_cpus);
+        assert_eq!(
+            c.rebalance,
+            Rebalance::Usage,
+            "the policy turns rebalancing on"
+        );
+        let off = PolicySettings {
+            rebalance: tap_api::RebalanceMode::Off,
+            ..settings()
+        };
+        let flags_on = EngineConfig {
+            rebalance: Rebalance::Usage,
+            ..base.clone()
+        };
+        let c = engine_config(&flags_on, &CpuSet::new(), Some(&off)).unwrap();
+        assert_eq!(c.rebalance, Rebalance::Off, "and off, over the flag");
         // The flags' cluster affinity rule stays: the engine applies it to the policy's
         // clusterAffinity as to the flag's (EngineConfig::in_force).
         assert_eq!(

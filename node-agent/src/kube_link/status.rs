@@ -153,6 +153,7 @@ pub fn node_status(
             cluster_affinity_rule: cfg.cluster_rule.as_str().to_string(),
             reserved_cpus: cfg.reserved.to_string(),
             reserved_cpus_for: super::policy::reserved_cpus_for(&cfg.reserved_for),
+            rebalance: super::policy::rebalance_mode(cfg.rebalance),
             annotations_allowed: cfg.annotations_allowed,
             config_source: facts.source.as_str().to_string(),
             observed_generation: facts.generation,

@@ -556,8 +556,9 @@ pub async fn run(
     let ledger = Ledger::shared(agent.clone(), Some(file));
     let slot = Arc::new(RuntimeSlot::new(flags.nri_unsolicited_updates));
     let converger = tokio::spawn(ledger.clone().converge(slot.clone(), shutdown.clone()));
+    let rebalancer = crate::usage::rebalance_loop::spawn(&ledger, flags, &shutdown);
     let end = serve_sessions(flags, &agent, &ledger, &slot, &shutdown).await;
-    let _ = converger.await;
+    let _ = tokio::join!(converger, rebalancer);
     ledger.flush_records();
     end
 }

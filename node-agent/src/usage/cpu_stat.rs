@@ -1,4 +1,4 @@
-//! `cpu.stat` of a cgroup v2 directory.
+//! `cpu.stat` and `cpu.pressure` (PSI) of a cgroup v2 directory.
 
 use std::path::Path;
 
@@ -11,6 +11,9 @@ pub struct CpuStat {
     pub nr_throttled: u64,
     /// Time the cgroup was throttled, µs.
     pub throttled_usec: u64,
+    /// Time some of its tasks waited for a CPU (`cpu.pressure`, `some ... total=`), µs;
+    /// `None` where the kernel has no PSI (or it is off: `psi=0`).
+    pub stall_usec: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +59,21 @@ pub fn read(dir: &Path) -> Result<CpuStat, CpuStatError> {
         path: path.display().to_string(),
         source,
     })?;
-    parse(&text).ok_or_else(|| CpuStatError::NoUsage(path.display().to_string()))
+    let mut stat = parse(&text).ok_or_else(|| CpuStatError::NoUsage(path.display().to_string()))?;
+    stat.stall_usec = std::fs::read_to_string(dir.join("cpu.pressure"))
+        .ok()
+        .as_deref()
+        .and_then(parse_pressure);
+    Ok(stat)
+}
+
+/// The `total=` of the `some` line of a PSI file (`some avg10=0.00 avg60=0.00 avg300=0.00
+/// total=12345`), µs.
+pub fn parse_pressure(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("some "))?;
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix("total="))
+        .and_then(|v| v.parse().ok())
 }
 
 #[cfg(test)]
@@ -74,6 +91,16 @@ mod tests {
         assert_eq!(s.usage_usec, 123_456_789);
         assert_eq!(s.nr_throttled, 42);
         assert_eq!(s.throttled_usec, 987_654);
+    }
+
+    #[test]
+    fn reads_the_time_some_tasks_waited() {
+        let psi = "some avg10=1.50 avg60=0.80 avg300=0.20 total=4242\n\
+            full avg10=0.00 avg60=0.00 avg300=0.00 total=17\n";
+        assert_eq!(parse_pressure(psi), Some(4242));
+        assert_eq!(parse_pressure("full avg10=0.00 total=17\n"), None);
+        assert_eq!(parse_pressure("some avg10=0.00 total=x\n"), None);
+        assert_eq!(parse_pressure(""), None);
     }
 
     #[test]

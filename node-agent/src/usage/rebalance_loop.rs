@@ -6,13 +6,17 @@
 use super::cgroups::CgroupIndex;
 use super::cpu_stat;
 use super::sampler::Sampler;
-use crate::agent::rebalance::opts_out;
+use crate::agent::rebalance::{opts_out, Measured};
+use crate::agent::ContainerInfo;
+use crate::flags::Flags;
 use crate::ledger::Ledger;
+use crate::metrics::ErrorKind;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tap_engine::rebalance::{RebalanceConfig, Rebalancer, UsageSample};
+use tap_engine::Rebalance;
 use tokio_util::sync::CancellationToken;
 
 /// What the loop needs besides the ledger.
@@ -22,6 +26,16 @@ pub struct LoopOptions {
     /// Where cgroup v2 is mounted (the host's `/sys/fs/cgroup`).
     pub cgroup_root: PathBuf,
     pub config: RebalanceConfig,
+}
+
+impl LoopOptions {
+    pub fn from_flags(flags: &Flags) -> LoopOptions {
+        LoopOptions {
+            interval: flags.rebalance_interval,
+            cgroup_root: flags.cgroup_root.clone(),
+            config: RebalanceConfig::default(),
+        }
+    }
 }
 
 /// The loop's state between rounds.
@@ -46,11 +60,18 @@ impl Round {
 
     /// One round: sample, plan, apply, mark, note. Returns the keys moved.
     pub fn run(&mut self, ledger: &Ledger) -> Vec<String> {
+        let t0 = Instant::now();
         self.tick = self.tick.saturating_add(1);
         let containers = ledger.containers();
-        let (usage, opted) = self.sample(&containers);
+        let measured = self.sample(&containers);
         let agent = ledger.agent();
-        let moves = agent.rebalance_round(&mut self.rebalancer, &usage, self.tick, &opted);
+        let reports = agent.usage_reports(&measured);
+        let moves = agent.rebalance_round(
+            &mut self.rebalancer,
+            &measured.demand,
+            self.tick,
+            &measured.opted_out,
+        );
         let moved: Vec<String> = moves.iter().map(|m| m.id.clone()).collect();
         ledger.dirty().mark(moved.iter().cloned());
         for m in &moves {
@@ -58,24 +79,31 @@ impl Round {
                 agent.note_rebalanced(c, m);
             }
         }
+        let metrics = &agent.metrics().rebalance;
+        metrics.moves.inc_by(moves.len() as u64);
+        metrics.observe_round(
+            &reports.usage,
+            &reports.stall,
+            &reports.demand,
+            measured.usage.len(),
+            t0.elapsed(),
+        );
         moved
     }
 
-    fn sample(
-        &mut self,
-        containers: &[(String, String, crate::agent::ContainerInfo)],
-    ) -> (Vec<UsageSample>, HashSet<String>) {
+    /// Each container's use since the last round, read from its cgroup (a container whose
+    /// cgroup is not found, or read for the first time, has none yet).
+    fn sample(&mut self, containers: &[(String, String, ContainerInfo)]) -> Measured {
         let rids: Vec<&str> = containers.iter().map(|(_, r, _)| r.as_str()).collect();
         self.cgroups.learn(&rids);
         let live: HashSet<&str> = containers.iter().map(|(k, _, _)| k.as_str()).collect();
         self.sampler.retain(&|id| live.contains(id));
         self.cgroups.retain(&|id| rids.contains(&id));
         let now = self.started.elapsed();
-        let mut usage = Vec::with_capacity(containers.len());
-        let mut opted = HashSet::new();
+        let mut m = Measured::default();
         for (key, rid, info) in containers {
             if opts_out(info) {
-                opted.insert(key.clone());
+                m.opted_out.insert(key.clone());
             }
             let Some(dir) = self.cgroups.dir(rid) else {
                 continue;
@@ -84,19 +112,38 @@ impl Round {
                 continue;
             };
             if let Some(u) = self.sampler.observe(key, now, stat) {
-                usage.push(UsageSample {
+                let sample = |milli| UsageSample {
                     id: key.clone(),
-                    usage_milli: u.milli,
-                });
+                    usage_milli: milli,
+                };
+                m.usage.push(sample(u.milli));
+                m.stall.push(sample(u.stall_milli));
+                m.demand.push(sample(u.demand_milli()));
             }
         }
-        (usage, opted)
+        m
     }
 }
 
-/// Runs rounds every `opts.interval` until `shutdown`.
+/// Starts the loop ([`run`]) on a task of its own (every mode does, whatever the flag: a
+/// NodeTopology policy may turn rebalancing on later).
+pub fn spawn(
+    ledger: &Arc<Ledger>,
+    flags: &Flags,
+    shutdown: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(run(
+        ledger.clone(),
+        LoopOptions::from_flags(flags),
+        shutdown.clone(),
+    ))
+}
+
+/// Runs rounds every `opts.interval` until `shutdown`, while the configuration in force (flags
+/// or the NodeTopology's policy) asks for rebalancing and the agent is ready (its state is
+/// the runtime's). Turning it off forgets the rounds' history.
 pub async fn run(ledger: Arc<Ledger>, opts: LoopOptions, shutdown: CancellationToken) {
-    let mut round = Round::new(&opts);
+    let mut round: Option<Round> = None;
     let mut every = tokio::time::interval(opts.interval);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -104,9 +151,39 @@ pub async fn run(ledger: Arc<Ledger>, opts: LoopOptions, shutdown: CancellationT
             _ = shutdown.cancelled() => return,
             _ = every.tick() => {}
         }
-        let moved = round.run(&ledger);
-        if !moved.is_empty() {
-            ledger.retry_now();
+        let agent = ledger.agent();
+        if agent.config().rebalance == Rebalance::Off {
+            if round.take().is_some() {
+                tracing::info!("rebalancing turned off");
+            }
+            continue;
+        }
+        if !agent.metrics().is_ready() {
+            continue;
+        }
+        let mut r = round.take().unwrap_or_else(|| {
+            tracing::info!(interval = ?opts.interval, cgroup_root = %opts.cgroup_root.display(), "rebalancing by usage");
+            Round::new(&opts)
+        });
+        // A round reads a file or two per container: off the runtime's threads.
+        let l = ledger.clone();
+        match tokio::task::spawn_blocking(move || {
+            let moved = r.run(&l);
+            (r, moved)
+        })
+        .await
+        {
+            Ok((r, moved)) => {
+                round = Some(r);
+                if !moved.is_empty() {
+                    ledger.retry_now();
+                }
+            }
+            // A panic in a round: logged, counted, the next round starts over.
+            Err(e) => {
+                tracing::error!("rebalancing round failed: {e}");
+                agent.metrics().count_error("rebalance", ErrorKind::Panic);
+            }
         }
     }
 }

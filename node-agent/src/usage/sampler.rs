@@ -11,6 +11,16 @@ pub struct Usage {
     pub milli: u64,
     /// Periods throttled during the interval.
     pub throttled_periods: u64,
+    /// Time some of its tasks waited for a CPU, milli-CPUs (PSI `some`; 0 without PSI).
+    pub stall_milli: u64,
+}
+
+impl Usage {
+    /// What the container would have used: CPU time plus time waiting for a CPU (what the
+    /// rebalancer balances: on a crowded node, usage alone hides the excess).
+    pub fn demand_milli(&self) -> u64 {
+        self.milli.saturating_add(self.stall_milli)
+    }
 }
 
 /// The last reading of each container, and the clock it was taken at (monotonic, as a
@@ -33,9 +43,14 @@ impl Sampler {
         }
         let used = stat.usage_usec.checked_sub(s0.usage_usec)?;
         let milli = used.saturating_mul(1000) / wall_us;
+        let stalled = match (stat.stall_usec, s0.stall_usec) {
+            (Some(now), Some(then)) => now.saturating_sub(then),
+            _ => 0,
+        };
         Some(Usage {
             milli,
             throttled_periods: stat.nr_throttled.saturating_sub(s0.nr_throttled),
+            stall_milli: stalled.saturating_mul(1000) / wall_us,
         })
     }
 
@@ -61,8 +76,30 @@ mod tests {
         CpuStat {
             usage_usec,
             nr_throttled,
-            throttled_usec: 0,
+            ..CpuStat::default()
         }
+    }
+
+    #[test]
+    fn demand_adds_the_time_waiting_for_a_cpu() {
+        let mut s = Sampler::default();
+        let t = Duration::from_secs;
+        let psi = |usage_usec, stall| CpuStat {
+            usage_usec,
+            stall_usec: Some(stall),
+            ..CpuStat::default()
+        };
+        assert_eq!(s.observe("a", t(0), psi(0, 0)), None);
+        let u = s
+            .observe("a", t(10), psi(10_000_000, 5_000_000))
+            .expect("usage");
+        assert_eq!(
+            (u.milli, u.stall_milli, u.demand_milli()),
+            (1000, 500, 1500)
+        );
+        // PSI gone (or not there before): usage alone.
+        let u = s.observe("a", t(20), stat(20_000_000, 0)).expect("usage");
+        assert_eq!((u.milli, u.stall_milli), (1000, 0));
     }
 
     #[test]
@@ -76,7 +113,8 @@ mod tests {
             u,
             Usage {
                 milli: 500,
-                throttled_periods: 3
+                throttled_periods: 3,
+                stall_milli: 0
             }
         );
         // Four CPUs busy.
