@@ -198,7 +198,9 @@ impl Rebalancer {
         let mut pending = Pending::new(topo);
         let mut out: Vec<Move> = Vec::new();
         while out.len() < self.cfg.max_moves {
-            let Some(before) = nodes.imbalance() else {
+            // Once the moves so far bring it under the threshold, the round is done (a move
+            // that only trims an imbalance nobody acts on is churn).
+            let Some(before) = nodes.imbalance().filter(|i| *i > self.cfg.threshold) else {
                 break;
             };
             let mut best: Option<Best<'_>> = None;

@@ -326,3 +326,28 @@ fn the_report_shows_each_nodes_usage_and_the_imbalance() {
     assert_eq!(idle.imbalance, None, "no usage, no imbalance");
     assert!(idle.nodes.iter().all(|n| n.usage_milli == 0));
 }
+
+/// The agent's first real run (two spinning containers on one of two nodes, idle ones on
+/// both): one move evens the nodes; the round must not go on to trim 1.01 to 1.00 by moving
+/// an idle container.
+#[test]
+fn stops_once_under_the_threshold() {
+    let topo = Arc::new(Topology::build(&machine(1, 1, 2, 1, 4)).unwrap());
+    let mut e = Engine::new(topo, EngineConfig::default());
+    for i in 0..4 {
+        let Outcome::Placed(_) = e.create(&burstable(&format!("c{i}"), 500, 1000)) else {
+            panic!("c{i} not placed");
+        };
+    }
+    // c0 and c2 on node 0 spin; c1 and c3 (node 1) almost idle.
+    let u: Vec<UsageSample> = (0..4)
+        .map(|i| sample(&format!("c{i}"), if i % 2 == 0 { 1000 } else { 10 }))
+        .collect();
+    let mut r = Rebalancer::new(RebalanceConfig {
+        window: 1,
+        ..cfg(2)
+    });
+    let m = r.plan(&e, &u, 1, &never);
+    assert_eq!(m.len(), 1, "one move evens the nodes: {m:?}");
+    assert!(m[0].id == "c0" || m[0].id == "c2", "{m:?}");
+}
