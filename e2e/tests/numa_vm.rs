@@ -134,13 +134,18 @@ async fn guest_checks(report: &mut Value) -> Result<()> {
         ..ContainerdOptions::default()
     };
     let ctd = Containerd::start(opts)?;
-    let mut agent = GuestAgent::start(&ctd)?;
+    let mut agent = GuestAgent::start(&ctd, &[])?;
     let mut cri = ctd.cri().await?;
     let steps = async {
         guide_pod_on_one_node(&mut cri, &nodes, report).await?;
         memory_over_nodes(&mut cri, &nodes, report).await?;
         exclusive_next_to_shared(&mut cri, report).await?;
         resize_moves_pages(&mut cri, &nodes, report).await?;
+        // The last step restarts the agent with rebalancing on.
+        cri.remove_all_pods().await?;
+        agent.stop();
+        agent = GuestAgent::start(&ctd, &["--rebalance=usage", "--rebalance-interval=1s"])?;
+        rebalance_moves_pages(&mut cri, &nodes, report).await?;
         anyhow::Ok(())
     };
     let out = steps.await;
@@ -261,9 +266,16 @@ struct GuestAgent {
 }
 
 impl GuestAgent {
-    fn start(ctd: &Containerd) -> Result<GuestAgent> {
+    fn start(ctd: &Containerd, extra: &[&str]) -> Result<GuestAgent> {
         let log = ctd.dir().join("agent.log");
-        let f = std::fs::File::create(&log)?;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
+        let restored = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("state restored from the runtime")
+            .count();
         let child = Command::new(agent_bin()?)
             .arg("--container-runtime-mode=NRI")
             .arg(format!("--nri-socket-path={}", ctd.nri_socket().display()))
@@ -274,6 +286,7 @@ impl GuestAgent {
                 "--state-dir={}",
                 ctd.dir().join("agent-state").display()
             ))
+            .args(extra)
             .env_remove("TAP_LOG")
             .stdin(Stdio::null())
             .stdout(f.try_clone()?)
@@ -285,7 +298,7 @@ impl GuestAgent {
             log,
         };
         let deadline = Instant::now() + Duration::from_secs(180);
-        while !a.log().contains("state restored from the runtime") {
+        while a.log().matches("state restored from the runtime").count() <= restored {
             if let Some(st) = a.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 bail!("the agent exited ({st}):\n{}", a.log());
             }
@@ -541,6 +554,102 @@ async fn resize_moves_pages(cri: &mut Cri, nodes: &GuestNodes, report: &mut Valu
         "{out} of {all} pages stayed outside node {freed} after the move: {after:?}"
     );
     Ok(())
+}
+
+/// Usage-aware rebalancing on a real kernel (issue 22): five touchers of 32 MiB (500m, limit 1
+/// CPU) over the four nodes, so two share one; those two spin. The rebalancer moves one of
+/// them to another node, `cpuset.mems` with it, and the kernel migrates its pages there.
+async fn rebalance_moves_pages(
+    cri: &mut Cri,
+    nodes: &GuestNodes,
+    report: &mut Value,
+) -> Result<()> {
+    let ctl = PathBuf::from(format!("/var/tmp/tap-rebalance-{}", std::process::id()));
+    let mut placed = Vec::new();
+    for i in 0..5 {
+        let dir = ctl.join(i.to_string());
+        std::fs::create_dir_all(&dir)?;
+        let mut c = toucher("app", 500, 1000, 128 * MIB, 32)?;
+        c.command.push("/ctl/go".into());
+        c.mounts.push((dir.display().to_string(), "/ctl".into()));
+        let p = run(cri, &format!("spin{i}"), CgroupQos::Burstable, &c).await?;
+        placed.push((node_of(nodes, p.pid)?, dir, p));
+    }
+    let home = (0..nodes.cpus.len())
+        .find(|n| placed.iter().filter(|(m, _, _)| m == n).count() >= 2)
+        .context("no two touchers on one node")?;
+    let pair: Vec<&(usize, PathBuf, Placed)> = placed
+        .iter()
+        .filter(|(m, _, _)| *m == home)
+        .take(2)
+        .collect();
+    for (_, dir, p) in &pair {
+        touched_pages(p.pid, 32)?;
+        std::fs::write(dir.join("go"), b"")?;
+    }
+    let moved = wait_rebalanced(cri, nodes, &pair, home).await?;
+    let mems = parse_list(&cgroup_mems(moved.pid)?)?;
+    let to = node_of(nodes, moved.pid)?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let after = loop {
+        let pages = touched_pages(moved.pid, 32)?;
+        let (out, all) = outside(&pages, &mems);
+        if out * 100 <= all || Instant::now() > deadline {
+            break pages;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    report["rebalance"] = json!({
+        "from": home, "to": to, "cpuset.mems": list(&mems), "numa_maps_anon_pages": after,
+    });
+    ensure!(
+        mems == BTreeSet::from([to]),
+        "cpuset.mems {mems:?}, not {to}"
+    );
+    let (out, all) = outside(&after, &mems);
+    ensure!(
+        out * 100 <= all,
+        "{out} of {all} pages stayed outside node {to} after the move: {after:?}"
+    );
+    let _ = std::fs::remove_dir_all(&ctl);
+    Ok(())
+}
+
+/// Waits (up to 3 minutes: TCG) until one of the pair runs on another node; containerd 1.7
+/// takes the update with its next NRI request, so a probe container is started every 10 s.
+async fn wait_rebalanced<'a>(
+    cri: &mut Cri,
+    nodes: &GuestNodes,
+    pair: &[&'a (usize, PathBuf, Placed)],
+    home: usize,
+) -> Result<&'a Placed> {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut probes = 0;
+    let mut next_probe = Instant::now() + Duration::from_secs(10);
+    loop {
+        for (_, _, p) in pair {
+            if node_of(nodes, p.pid).is_ok_and(|n| n != home) {
+                return Ok(p);
+            }
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "neither spinning container left node {home} in 3 minutes"
+        );
+        if Instant::now() > next_probe {
+            let probe = ContainerSpec::sleeper("probe");
+            run(
+                cri,
+                &format!("probe{probes}"),
+                CgroupQos::BestEffort,
+                &probe,
+            )
+            .await?;
+            probes += 1;
+            next_probe = Instant::now() + Duration::from_secs(10);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// The NUMA node whose CPUs are exactly the process's cgroup cpuset.

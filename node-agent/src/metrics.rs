@@ -678,6 +678,7 @@ mod tests {
             "docs/install.md",
             "docs/nri.md",
             "docs/reliability.md",
+            "docs/rebalance.md",
             "docs/metrics.md",
             "README.md",
         ] {

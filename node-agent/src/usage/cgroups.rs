@@ -3,7 +3,7 @@
 //! `<id>` (cgroupfs). One walk of the tree finds every container; a later walk happens only
 //! when a container is not known yet (bounded by [`MAX_DEPTH`] and [`MAX_DIRS`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 /// Containers sit at most this deep (`kubepods.slice/kubepods-burstable.slice/<pod>/<ctr>`).
@@ -31,6 +31,9 @@ pub fn container_id(name: &str) -> Option<&str> {
 pub struct CgroupIndex {
     root: PathBuf,
     by_id: HashMap<String, PathBuf>,
+    /// Ids the last walk did not find (a cgroup v1 host, another cgroup root): they do not
+    /// cause another walk every round, only a new id does.
+    missing: HashSet<String>,
 }
 
 impl CgroupIndex {
@@ -38,13 +41,21 @@ impl CgroupIndex {
         CgroupIndex {
             root: root.to_path_buf(),
             by_id: HashMap::new(),
+            missing: HashSet::new(),
         }
     }
 
-    /// Walks the tree again (once) if one of `ids` is not known: call it once per round.
+    /// Walks the tree again (once) if one of `ids` is new (neither known nor missed by the
+    /// last walk): call it once per round.
     pub fn learn(&mut self, ids: &[&str]) {
-        if ids.iter().any(|id| !self.by_id.contains_key(*id)) {
+        let new = |id: &&str| !self.by_id.contains_key(*id) && !self.missing.contains(*id);
+        if ids.iter().any(new) {
             self.by_id = walk(&self.root);
+            self.missing = ids
+                .iter()
+                .filter(|id| !self.by_id.contains_key(**id))
+                .map(|id| id.to_string())
+                .collect();
         }
     }
 
@@ -56,6 +67,7 @@ impl CgroupIndex {
     /// Forgets containers not in `live`.
     pub fn retain(&mut self, live: &dyn Fn(&str) -> bool) {
         self.by_id.retain(|id, _| live(id));
+        self.missing.retain(|id| live(id));
     }
 }
 
@@ -125,8 +137,17 @@ mod tests {
         assert_eq!(idx.dir(ID), Some(systemd.as_path()));
         assert_eq!(idx.dir(&other), Some(cgroupfs.as_path()));
         assert_eq!(idx.dir("missing"), None);
+        // A container whose cgroup the walk did not find causes no walk every round; a new
+        // container does.
+        let late = ID.replace('3', "9");
+        std::fs::create_dir_all(root.join(format!("kubepods/pod-late/{late}"))).expect("mkdir");
+        idx.learn(&[ID, "missing"]);
+        assert_eq!(idx.dir(&late), None, "no walk for the missing one alone");
+        idx.learn(&[ID, "missing", &late]);
+        assert!(idx.dir(&late).is_some(), "a new id walks again");
         idx.retain(&|id| id == ID);
         assert_eq!(idx.by_id.len(), 1);
+        assert!(idx.missing.is_empty());
         let _ = std::fs::remove_dir_all(&root);
     }
 }

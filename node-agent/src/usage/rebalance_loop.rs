@@ -98,7 +98,8 @@ impl Round {
         self.cgroups.learn(&rids);
         let live: HashSet<&str> = containers.iter().map(|(k, _, _)| k.as_str()).collect();
         self.sampler.retain(&|id| live.contains(id));
-        self.cgroups.retain(&|id| rids.contains(&id));
+        let running: HashSet<&str> = rids.iter().copied().collect();
+        self.cgroups.retain(&|id| running.contains(id));
         let now = self.started.elapsed();
         let mut m = Measured::default();
         for (key, rid, info) in containers {
