@@ -47,6 +47,8 @@ pub const STATUS_MIN_INTERVAL: Duration = Duration::from_secs(5);
 /// container count): under container churn a node writes at most once per this interval, so N
 /// nodes send at most N / 15 writes per second (docs/scale.md).
 pub const USAGE_MIN_INTERVAL: Duration = Duration::from_secs(15);
+/// How long the NodeResourceTopology loop waits after building an object that had not changed.
+const NRT_BUILD_EVERY: Duration = Duration::from_secs(5);
 /// The field manager of the agent's status writes.
 pub const FIELD_MANAGER: &str = "kunpeng-tap-agent";
 /// File in `--state-dir` holding the last policy.
@@ -486,6 +488,7 @@ async fn write_nrt(link: Arc<Link>, client: kube::Client, mode: NrtMode, adv: nr
     let mut pacer = pace::Pacer::default();
     let mut devices = DeviceZones::default();
     let (mut served, mut next_check, mut warned) = (false, Instant::now(), false);
+    let mut next_build = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         if !served {
@@ -514,9 +517,13 @@ async fn write_nrt(link: Arc<Link>, client: kube::Client, mode: NrtMode, adv: nr
             tracing::info!(node = %link.node, "publishing NodeResourceTopology");
             pacer.reset();
         }
-        if !link.agent.restored() {
+        // Nothing is built (pods listed, hugepages read) before a write could be sent, nor
+        // within NRT_BUILD_EVERY of a build that found nothing changed.
+        let due = pacer.due(Instant::now(), USAGE_MIN_INTERVAL) && Instant::now() >= next_build;
+        if !link.agent.restored() || !due {
             continue;
         }
+        next_build = Instant::now() + NRT_BUILD_EVERY;
         let extras = nrt::Extras {
             pods: link.agent.pods(),
             devices: devices.current(&link.agent).await,
