@@ -16,11 +16,13 @@
 //! the last `cooldown` ticks; and again every round while the imbalance stays above.
 
 mod fit;
+mod hint;
 mod nodes;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use fit::{fits, Pending, Shift};
+pub use hint::UsageHint;
 pub use nodes::numa_pools;
 
 use nodes::{node_pos, Nodes};
@@ -45,6 +47,19 @@ pub struct RebalanceConfig {
     pub cooldown: u64,
     /// What is balanced across the NUMA nodes.
     pub by: BalanceBy,
+    /// How new shared containers are placed meanwhile (see [`Rebalancer::hint`]).
+    pub place: PlaceBy,
+}
+
+/// How the engine places new shared containers while the rebalancer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PlaceBy {
+    /// By requests, as without the rebalancer ([`Rebalancer::hint`] gives no hint).
+    #[default]
+    Requests,
+    /// Among the places that fit by requests, the NUMA node with the least measured usage
+    /// per shared CPU first ([`Rebalancer::hint`] gives the engine a [`UsageHint`]).
+    Usage,
 }
 
 /// What the rebalancer balances across NUMA nodes.
@@ -67,6 +82,7 @@ impl Default for RebalanceConfig {
             max_moves: 2,
             cooldown: 60,
             by: BalanceBy::default(),
+            place: PlaceBy::default(),
         }
     }
 }
@@ -152,6 +168,16 @@ impl Rebalancer {
     /// Consecutive rounds the imbalance has been above the threshold.
     pub fn rounds_above(&self) -> u32 {
         self.above
+    }
+
+    /// The usage hint to hand the engine with this round's usage
+    /// ([`Engine::set_usage_hint`](crate::Engine::set_usage_hint)): `Some` with
+    /// [`PlaceBy::Usage`], `None` with [`PlaceBy::Requests`].
+    pub fn hint(&self, engine: &Engine, usage: &[UsageSample]) -> Option<UsageHint> {
+        match self.cfg.place {
+            PlaceBy::Requests => None,
+            PlaceBy::Usage => Some(UsageHint::measure(&engine.view(), usage)),
+        }
     }
 
     /// One round: what to move, given this round's usage (does not change the engine). Apply

@@ -213,6 +213,10 @@ impl Run<'_> {
             }
             if let Some(imb) = imbalance(&per_node, |i| cap[i]) {
                 self.out.rounds_per_cpu.push((t, imb));
+                if std::env::var("TAP_SIM_DEBUG").is_ok() && self.rebalancer.is_some() {
+                    let v: Vec<String> = (0..per_node.len()).map(|i| format!("{:.0}/{:.0}", per_node[i].unwrap_or(0.0)/1000.0, cap[i]/1000.0)).collect();
+                    eprintln!("DBG t={t:.0} imb={imb:.3} {}", v.join(" "));
+                }
             }
             self.out.container_hours += self.live.len() as f64 * self.setup.round_s / 3600.0;
         }
@@ -231,6 +235,8 @@ impl Run<'_> {
                 Err(_) => self.out.refused_moves += 1,
             }
         }
+        let hint = r.hint(&self.engine, &samples);
+        self.engine.set_usage_hint(hint);
     }
 
     /// What the shared containers are measured to use, given their demand: at most their

@@ -139,6 +139,7 @@ fn place(
         fitting.max_by_key(|n| {
             (
                 n.free >= req_milli,
+                usage_key(e, n.id),
                 n.free,
                 n.limit_room,
                 std::cmp::Reverse(n.id),
@@ -203,4 +204,11 @@ fn place(
         all.insert(n.id as usize);
     }
     Some(choice_for(all))
+}
+
+/// The ranking term of measured usage of node `id`: the lower its usage per shared CPU the
+/// better; 0 for every node without a usage hint (no change to the ranking).
+fn usage_key(e: &StateView<'_>, id: u32) -> i64 {
+    e.usage_pressure(&NodeSet::from_ids([id as usize]))
+        .map_or(0, |u| -i64::try_from(u).unwrap_or(i64::MAX))
 }

@@ -85,7 +85,7 @@ fn fits(e: &StateView<'_>, pool: PoolId, req_milli: u64, mem: Option<u64>) -> bo
 }
 
 /// Ranking key of a fitting pool; larger is better.
-type Key = (bool, bool, bool, u32, bool, i128, i128, i64, i128, i64);
+type Key = (bool, bool, bool, u32, bool, i64, i128, i128, i64, i128, i64);
 
 fn rank(
     e: &StateView<'_>,
@@ -93,6 +93,7 @@ fn rank(
     limit: u64,
     device_nodes: &NodeSet,
     prio: ResourcePriority,
+    by: Rank,
 ) -> Key {
     let free = free_milli(e, p.id);
     let limit = i128::from(limit);
@@ -108,12 +109,34 @@ fn rank(
         free >= limit,
         p.depth,
         dev_late,
+        by.usage_key(e, p),
         free - limit,
         limit_room(e, p.id) - limit,
         -i64::from(e.pool_load(p.id).containers),
         -parent_free,
         -(p.id as i64),
     )
+}
+
+/// Whether a ranking weighs the measured usage of a pool's NUMA nodes (when the engine has a
+/// usage hint): for shared grants, not for exclusive CPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rank {
+    Requests,
+    Usage,
+}
+
+impl Rank {
+    /// The ranking term of measured usage: the lower the usage per shared CPU of the pool's
+    /// NUMA nodes the better; 0 for every pool without a hint (no change to the ranking).
+    fn usage_key(self, e: &StateView<'_>, p: &Pool) -> i64 {
+        match self {
+            Rank::Requests => 0,
+            Rank::Usage => e
+                .usage_pressure(&p.numa_nodes)
+                .map_or(0, |u| -i64::try_from(u).unwrap_or(i64::MAX)),
+        }
+    }
 }
 
 fn place(
@@ -198,7 +221,7 @@ fn place(
             topo.pools
                 .iter()
                 .filter(|p| possible && candidate(p))
-                .map(|p| (rank(e, p, limit, &device_nodes, prio), p.id)),
+                .map(|p| (rank(e, p, limit, &device_nodes, prio, Rank::Requests), p.id)),
         );
         ranked.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
         for (_, id) in ranked {
@@ -223,7 +246,7 @@ fn place(
         if !candidate(p) {
             continue;
         }
-        let k = rank(e, p, limit, &device_nodes, prio);
+        let k = rank(e, p, limit, &device_nodes, prio, Rank::Usage);
         if best.as_ref().is_none_or(|(bk, _)| k > *bk) {
             best = Some((k, p.id));
         }
