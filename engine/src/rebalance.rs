@@ -49,6 +49,19 @@ pub struct RebalanceConfig {
     pub by: BalanceBy,
     /// How new shared containers are placed meanwhile (see [`Rebalancer::hint`]).
     pub place: PlaceBy,
+    /// When a container may move again before its cooldown is over.
+    pub cooldown_waiver: CooldownWaiver,
+}
+
+/// When a container may move again before its cooldown is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CooldownWaiver {
+    /// Never.
+    #[default]
+    Never,
+    /// Off a node whose measured usage exceeds its shared CPUs (its containers wait for CPU:
+    /// exclusive grants took CPUs from under them since they moved there).
+    OffOversubscribed,
 }
 
 /// How the engine places new shared containers while the rebalancer runs.
@@ -83,6 +96,7 @@ impl Default for RebalanceConfig {
             cooldown: 60,
             by: BalanceBy::default(),
             place: PlaceBy::default(),
+            cooldown_waiver: CooldownWaiver::default(),
         }
     }
 }
@@ -308,10 +322,6 @@ impl Rebalancer {
         if s.usage_milli == 0 || opted_out(&s.id) {
             return None;
         }
-        let cooling = |t: &u64| tick.saturating_sub(*t) < self.cfg.cooldown;
-        if self.moved_at.get(&s.id).is_some_and(cooling) {
-            return None;
-        }
         let g = view.grant(&s.id)?;
         let topo = view.topology();
         let one_node = g.nodes.len() == 1 && topo.pools[g.pool].numa_nodes.len() == 1;
@@ -320,6 +330,12 @@ impl Rebalancer {
         }
         let src = node_pos(topo, g.nodes.iter().next()?)?;
         nodes.pool[src]?;
+        let cooling = |t: &u64| tick.saturating_sub(*t) < self.cfg.cooldown;
+        let waived = self.cfg.cooldown_waiver == CooldownWaiver::OffOversubscribed
+            && nodes.oversubscribed(src);
+        if !waived && self.moved_at.get(&s.id).is_some_and(cooling) {
+            return None;
+        }
         Some((g, src))
     }
 }

@@ -128,8 +128,9 @@ impl<'a> StateView<'a> {
     }
 
     /// Measured usage per shared CPU of the NUMA nodes `nodes` together (milli-CPUs per CPU),
-    /// when the caller handed the engine a [`UsageHint`]; `None` without one.
-    pub fn usage_pressure(&self, nodes: &NodeSet) -> Option<u64> {
+    /// `fewer` of their shared CPUs taken first (exclusive CPUs about to be), when the caller
+    /// handed the engine a [`UsageHint`]; `None` without one.
+    pub fn usage_pressure(&self, nodes: &NodeSet, fewer: usize) -> Option<u64> {
         let hint = self.usage_hint?;
         let mut cpus = CpuSet::new();
         for id in nodes.iter() {
@@ -137,6 +138,7 @@ impl<'a> StateView<'a> {
                 cpus = cpus.union(&n.cpus);
             }
         }
-        Some(hint.pressure(self.topo, nodes, self.shared_cpus(&cpus).len()))
+        let shared = self.shared_cpus(&cpus).len().saturating_sub(fewer);
+        Some(hint.pressure(self.topo, nodes, shared))
     }
 }

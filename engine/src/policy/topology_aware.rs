@@ -118,24 +118,25 @@ fn rank(
     )
 }
 
-/// Whether a ranking weighs the measured usage of a pool's NUMA nodes (when the engine has a
-/// usage hint): for shared grants, not for exclusive CPUs.
+/// What a ranking is for, as far as the measured usage of a pool's NUMA nodes goes (when the
+/// engine has a usage hint; without one the usage term is 0 for every pool).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rank {
-    Requests,
-    Usage,
+    /// A shared grant: the lower the usage per shared CPU of the pool's nodes the better.
+    Shared,
+    /// `n` exclusive CPUs: the lower the usage per shared CPU left after taking them.
+    Exclusive(usize),
 }
 
 impl Rank {
-    /// The ranking term of measured usage: the lower the usage per shared CPU of the pool's
-    /// NUMA nodes the better; 0 for every pool without a hint (no change to the ranking).
+    /// The ranking term of measured usage (larger is better).
     fn usage_key(self, e: &StateView<'_>, p: &Pool) -> i64 {
-        match self {
-            Rank::Requests => 0,
-            Rank::Usage => e
-                .usage_pressure(&p.numa_nodes)
-                .map_or(0, |u| -i64::try_from(u).unwrap_or(i64::MAX)),
-        }
+        let fewer = match self {
+            Rank::Shared => 0,
+            Rank::Exclusive(n) => n,
+        };
+        e.usage_pressure(&p.numa_nodes, fewer)
+            .map_or(0, |u| -i64::try_from(u).unwrap_or(i64::MAX))
     }
 }
 
@@ -221,7 +222,7 @@ fn place(
             topo.pools
                 .iter()
                 .filter(|p| possible && candidate(p))
-                .map(|p| (rank(e, p, limit, &device_nodes, prio, Rank::Requests), p.id)),
+                .map(|p| (rank(e, p, limit, &device_nodes, prio, Rank::Exclusive(n)), p.id)),
         );
         ranked.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
         for (_, id) in ranked {
@@ -246,7 +247,7 @@ fn place(
         if !candidate(p) {
             continue;
         }
-        let k = rank(e, p, limit, &device_nodes, prio, Rank::Usage);
+        let k = rank(e, p, limit, &device_nodes, prio, Rank::Shared);
         if best.as_ref().is_none_or(|(bk, _)| k > *bk) {
             best = Some((k, p.id));
         }

@@ -88,6 +88,10 @@ struct Args {
     /// the last round's usage) or `requests` (as without).
     #[arg(long, default_value = "requests", value_parser = ["requests", "usage"])]
     rebalance_place: String,
+    /// --rebalance: when a container may move again before its cooldown is over: `never` or
+    /// `off-oversubscribed` (off a node whose measured usage exceeds its shared CPUs).
+    #[arg(long, default_value = "never", value_parser = ["never", "off-oversubscribed"])]
+    rebalance_cooldown_waiver: String,
     /// --rebalance: what the agent measures of a container: `demand` (usage plus time waiting
     /// for a CPU) or `contended` (CPU time got: an oversubscribed node hides its excess).
     #[arg(long, default_value = "demand", value_parser = ["demand", "contended"])]
@@ -332,6 +336,10 @@ fn rebalance(args: &Args, m: &Machine) -> Result<()> {
         place: match args.rebalance_place.as_str() {
             "usage" => tap_engine::PlaceBy::Usage,
             _ => tap_engine::PlaceBy::Requests,
+        },
+        cooldown_waiver: match args.rebalance_cooldown_waiver.as_str() {
+            "off-oversubscribed" => tap_engine::CooldownWaiver::OffOversubscribed,
+            _ => tap_engine::CooldownWaiver::Never,
         },
     };
     println!(
