@@ -85,7 +85,7 @@ fn fits(e: &StateView<'_>, pool: PoolId, req_milli: u64, mem: Option<u64>) -> bo
 }
 
 /// Ranking key of a fitting pool; larger is better.
-type Key = (bool, bool, bool, u32, bool, i64, i128, i128, i64, i128, i64);
+type Key = (bool, bool, i64, bool, u32, bool, i128, i128, i64, i128, i64);
 
 fn rank(
     e: &StateView<'_>,
@@ -106,10 +106,10 @@ fn rank(
     (
         p.id != 0,
         dev_first,
+        by.usage_key(e, p),
         free >= limit,
         p.depth,
         dev_late,
-        by.usage_key(e, p),
         free - limit,
         limit_room(e, p.id) - limit,
         -i64::from(e.pool_load(p.id).containers),
@@ -135,8 +135,11 @@ impl Rank {
             Rank::Shared => 0,
             Rank::Exclusive(n) => n,
         };
-        e.usage_pressure(&p.numa_nodes, fewer)
-            .map_or(0, |u| -i64::try_from(u).unwrap_or(i64::MAX))
+        let one_node = p.numa_nodes.len() == 1;
+        e.usage_pressure(&p.numa_nodes, fewer).map_or(0, |u| match one_node {
+            true => -i64::try_from(u).unwrap_or(i64::MAX),
+            false => i64::MIN,
+        })
     }
 }
 
