@@ -213,10 +213,6 @@ impl Run<'_> {
             }
             if let Some(imb) = imbalance(&per_node, |i| cap[i]) {
                 self.out.rounds_per_cpu.push((t, imb));
-                if std::env::var("TAP_SIM_DEBUG").is_ok() && self.rebalancer.is_some() {
-                    let v: Vec<String> = (0..per_node.len()).map(|i| format!("{:.0}/{:.0}", per_node[i].unwrap_or(0.0)/1000.0, cap[i]/1000.0)).collect();
-                    eprintln!("DBG t={t:.0} imb={imb:.3} {}", v.join(" "));
-                }
             }
             self.out.container_hours += self.live.len() as f64 * self.setup.round_s / 3600.0;
         }
@@ -224,20 +220,6 @@ impl Run<'_> {
             return;
         };
         let plan = r.plan(&self.engine, &samples, tick, &|_| false);
-        if std::env::var("TAP_SIM_DEBUG2").is_ok() && cap[0] <= 15000.0 && in_window {
-            let topo = &self.m.topo;
-            let n0 = &topo.nodes[0].cpus;
-            let mut v = Vec::new();
-            for s in &samples {
-                if let Some(g) = self.engine.grant(&s.id) {
-                    let on = g.cpus.intersection(n0).len();
-                    if on > 0 && !g.is_exclusive() {
-                        v.push(format!("{}:{}:{}:{}/{}", topo.pools[g.pool].name, s.usage_milli, g.request_milli, on, g.cpus.len()));
-                    }
-                }
-            }
-            eprintln!("DBG2 t={t} cap0={} plan={:?} on0: {}", cap[0], plan.iter().map(|m| (m.id.clone(), m.from, m.to)).collect::<Vec<_>>(), v.join(" "));
-        }
         for mv in plan {
             match self.engine.relocate(&mv.id, mv.to) {
                 Ok(ups) => {
