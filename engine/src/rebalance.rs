@@ -21,6 +21,8 @@ mod hint;
 mod nodes;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod hint_tests;
 
 pub use config::{BalanceBy, CooldownWaiver, PlaceBy, RebalanceConfig};
 pub(crate) use fit::{fits, Pending, Shift};
