@@ -18,11 +18,11 @@
 mod config;
 mod fit;
 mod hint;
+#[cfg(test)]
+mod hint_tests;
 mod nodes;
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod hint_tests;
 
 pub use config::{BalanceBy, CooldownWaiver, PlaceBy, RebalanceConfig};
 pub(crate) use fit::{fits, Pending, Shift};

@@ -1,6 +1,8 @@
 //! `numa-aware`: the smallest set of NUMA nodes (nearest by distance) that holds the
-//! container's size (limit, or request without a limit); among equal choices the one with the
-//! most free request capacity; a node of the container's devices (GPUs, or those the kubelet
+//! container's size (limit, or request without a limit); among equal choices (a single node)
+//! with room for the request, the one least busy per shared CPU when the rebalancer handed a
+//! usage hint ([`crate::rebalance::UsageHint`]), then the one with the most free request
+//! capacity; a node of the container's devices (GPUs, or those the kubelet
 //! allocated) is preferred. Capacity is accounted by requests; CPUs are shared.
 
 use super::{Choice, Policy, Settings};

@@ -1,7 +1,10 @@
 //! `topology-aware`: the pool tree (machine > socket > die > NUMA > cache > cluster). Among pools whose
 //! free request capacity (and that of every ancestor below the root) covers the request, the
 //! best by: below the root (the root is the last resort); device affinity first with
-//! `gpu-first`; holds the limit too; deeper; device affinity with `cpu-first`; more free
+//! `gpu-first`; with a usage hint from the rebalancer ([`crate::rebalance::UsageHint`]), a pool
+//! of one NUMA node whose measured usage per shared CPU is lower (after taking the exclusive
+//! CPUs asked for), pools over several nodes last (without a hint this term is the same for
+//! every pool); holds the limit too; deeper; device affinity with `cpu-first`; more free
 //! capacity after the limit; more room after the limits already granted; fewer containers;
 //! pack siblings (the fuller parent first); lower id. Guaranteed integer-CPU containers get
 //! exclusive CPUs from the best pool that can give them (see [`pick_exclusive`]) taken out of
@@ -135,11 +138,12 @@ impl Rank {
             Rank::Shared => 0,
             Rank::Exclusive(n) => n,
         };
-        let one_node = p.numa_nodes.len() == 1;
-        e.usage_pressure(&p.numa_nodes, fewer).map_or(0, |u| match one_node {
-            true => -i64::try_from(u).unwrap_or(i64::MAX),
-            false => i64::MIN,
-        })
+        match e.usage_pressure(&p.numa_nodes, fewer) {
+            None => 0,
+            // Every single-node pool before a pool over several nodes: locality first.
+            Some(_) if p.numa_nodes.len() != 1 => i64::MIN,
+            Some(u) => -i64::try_from(u).unwrap_or(i64::MAX),
+        }
     }
 }
 
@@ -225,7 +229,12 @@ fn place(
             topo.pools
                 .iter()
                 .filter(|p| possible && candidate(p))
-                .map(|p| (rank(e, p, limit, &device_nodes, prio, Rank::Exclusive(n)), p.id)),
+                .map(|p| {
+                    (
+                        rank(e, p, limit, &device_nodes, prio, Rank::Exclusive(n)),
+                        p.id,
+                    )
+                }),
         );
         ranked.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
         for (_, id) in ranked {

@@ -91,7 +91,12 @@ fn exclusive_cpus_are_taken_where_the_shared_ones_stay_least_busy() {
     let busy = busy.iter().next().unwrap();
     // The node that would give the CPUs is made the busiest: they come from the idlest.
     let u: Vec<UsageSample> = (0..4)
-        .map(|i| sample(&format!("c{i}"), if i == busy { 1800 } else { 100 * i as u64 }))
+        .map(|i| {
+            sample(
+                &format!("c{i}"),
+                if i == busy { 1800 } else { 100 * i as u64 },
+            )
+        })
         .collect();
     let mut e = with_hint(engine(4), &u);
     let Outcome::Placed(p) = e.create(&g) else {
@@ -118,7 +123,10 @@ fn the_hint_follows_removals_and_moves() {
 fn a_node_without_shared_cpus_counts_as_full() {
     let e = engine(1);
     let h = UsageHint::measure(&e.view(), &[sample("c0", 100)]);
-    assert_eq!(h.pressure(e.topology(), &NodeSet::from_ids([0]), 0), u64::MAX);
+    assert_eq!(
+        h.pressure(e.topology(), &NodeSet::from_ids([0]), 0),
+        u64::MAX
+    );
     assert_eq!(h.pressure(e.topology(), &NodeSet::from_ids([0]), 4), 25);
 }
 
@@ -126,9 +134,15 @@ fn a_node_without_shared_cpus_counts_as_full() {
 fn the_rebalancer_hands_a_hint_only_when_placing_by_usage() {
     let e = engine(4);
     let u = usage4();
-    assert_eq!(Rebalancer::new(RebalanceConfig::default()).hint(&e, &u), None);
+    assert_eq!(
+        Rebalancer::new(RebalanceConfig::default()).hint(&e, &u),
+        None
+    );
     let r = Rebalancer::new(RebalanceConfig::usage_aware());
-    assert_eq!(r.hint(&e, &u).unwrap().node_usage_milli(), [1500, 900, 50, 400]);
+    assert_eq!(
+        r.hint(&e, &u).unwrap().node_usage_milli(),
+        [1500, 900, 50, 400]
+    );
 }
 
 #[test]
