@@ -130,8 +130,19 @@ impl<'a> StateView<'a> {
     /// Measured usage per shared CPU of the NUMA nodes `nodes` together (milli-CPUs per CPU),
     /// `fewer` of their shared CPUs taken first (exclusive CPUs about to be), when the caller
     /// handed the engine a [`UsageHint`]; `None` without one.
+    #[inline]
     pub fn usage_pressure(&self, nodes: &NodeSet, fewer: usize) -> Option<u64> {
         let hint = self.usage_hint?;
+        Some(self.pressure(hint, nodes, fewer))
+    }
+
+    /// Whether the caller handed the engine a [`UsageHint`].
+    #[inline]
+    pub fn has_usage_hint(&self) -> bool {
+        self.usage_hint.is_some()
+    }
+
+    fn pressure(&self, hint: &UsageHint, nodes: &NodeSet, fewer: usize) -> u64 {
         let mut cpus = CpuSet::new();
         for id in nodes.iter() {
             if let Some(n) = u32::try_from(id).ok().and_then(|id| self.topo.node(id)) {
@@ -139,6 +150,6 @@ impl<'a> StateView<'a> {
             }
         }
         let shared = self.shared_cpus(&cpus).len().saturating_sub(fewer);
-        Some(hint.pressure(self.topo, nodes, shared))
+        hint.pressure(self.topo, nodes, shared)
     }
 }

@@ -211,6 +211,9 @@ fn place(
 /// The ranking term of measured usage of node `id`: the lower its usage per shared CPU the
 /// better; 0 for every node without a usage hint (no change to the ranking).
 fn usage_key(e: &StateView<'_>, id: u32) -> i64 {
+    if !e.has_usage_hint() {
+        return 0;
+    }
     e.usage_pressure(&NodeSet::from_ids([id as usize]), 0)
         .map_or(0, |u| -i64::try_from(u).unwrap_or(i64::MAX))
 }

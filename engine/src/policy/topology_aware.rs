@@ -133,7 +133,11 @@ enum Rank {
 
 impl Rank {
     /// The ranking term of measured usage (larger is better).
+    #[inline]
     fn usage_key(self, e: &StateView<'_>, p: &Pool) -> i64 {
+        if !e.has_usage_hint() {
+            return 0;
+        }
         let fewer = match self {
             Rank::Shared => 0,
             Rank::Exclusive(n) => n,
