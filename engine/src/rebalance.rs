@@ -13,7 +13,14 @@
 //! `max_moves`, the move of a shared one-node grant to another node's NUMA pool that lowers
 //! the imbalance most (ties: the lower sum of squares of the node usages), recomputing after
 //! each, among grants that fit their target ([`fit`]), are not opted out, and did not move in
-//! the last `cooldown` ticks; and again every round while the imbalance stays above.
+//! the last `cooldown` ticks (unless [`CooldownWaiver::OffOversubscribed`] and the grant's
+//! node burns more than its shared CPUs); and again every round while the imbalance stays
+//! above.
+//!
+//! With [`PlaceBy::Usage`], [`Rebalancer::hint`] also turns the round's usage into a
+//! [`UsageHint`] for [`Engine::set_usage_hint`](crate::Engine::set_usage_hint): new shared
+//! containers then go to the least busy NUMA node among the places that fit them.
+//! [`RebalanceConfig::usage_aware`] is the set of settings measured in docs/sim.md.
 
 mod config;
 mod fit;
