@@ -5,6 +5,7 @@ use crate::cpu_model::ClustersOff;
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
 use crate::policy::{Policies, Policy};
+use crate::rebalance::UsageHint;
 use crate::request::{ContainerRequest, PolicyKind};
 use crate::state::{Parts, StateView};
 use crate::topology::{PoolId, Topology};
@@ -18,6 +19,7 @@ pub use crate::types::{
     PoolStatus, Reason, ResourcePriority, RestoreReport, Site, SkipReason,
 };
 
+mod hint;
 mod reinstate;
 mod relocate;
 mod restore;
@@ -51,6 +53,8 @@ pub struct Engine {
     taken: CpuSet,
     /// One policy instance per kind.
     policies: Policies,
+    /// Measured usage per NUMA node, when the caller hands one (see [`UsageHint`]).
+    usage_hint: Option<UsageHint>,
 }
 
 impl Engine {
@@ -74,6 +78,7 @@ impl Engine {
             shared: SharedIndex::default(),
             taken: CpuSet::new(),
             policies: Policies::default(),
+            usage_hint: None,
         }
     }
 
@@ -102,6 +107,7 @@ impl Engine {
             grants: &self.grants,
             pool_load: &self.pool_load,
             node_load: &self.node_load,
+            usage_hint: self.usage_hint.as_ref(),
         })
     }
 
@@ -305,6 +311,7 @@ impl Engine {
         let Some(g) = self.take(id) else {
             return Vec::new();
         };
+        self.hint_removed(id, &g);
         self.uncharge(&g);
         if g.is_exclusive() {
             self.set_taken(self.taken.difference(&g.exclusive));
@@ -483,6 +490,7 @@ impl Engine {
             self.put(id, g);
             self.refresh_shared(&ex)
         } else {
+            self.hint_placed(&id, &g);
             self.put(id, g);
             Vec::new()
         };

@@ -41,7 +41,8 @@ pub use engine::Engine;
 pub use nodeset::NodeSet;
 pub use policy::{Choice, Policy, Settings};
 pub use rebalance::{
-    BalanceBy, Move, MoveReason, RebalanceConfig, Rebalancer, RelocateError, UsageSample,
+    BalanceBy, CooldownWaiver, Move, MoveReason, PlaceBy, RebalanceConfig, Rebalancer,
+    RelocateError, UsageHint, UsageSample,
 };
 pub use request::{ContainerRequest, CoreGrain, Overrides, PolicyKind, Qos};
 pub use state::StateView;

@@ -13,15 +13,28 @@
 //! `max_moves`, the move of a shared one-node grant to another node's NUMA pool that lowers
 //! the imbalance most (ties: the lower sum of squares of the node usages), recomputing after
 //! each, among grants that fit their target ([`fit`]), are not opted out, and did not move in
-//! the last `cooldown` ticks; and again every round while the imbalance stays above.
+//! the last `cooldown` ticks (unless [`CooldownWaiver::OffOversubscribed`] and the grant's
+//! node burns more than its shared CPUs); and again every round while the imbalance stays
+//! above.
+//!
+//! With [`PlaceBy::Usage`], [`Rebalancer::hint`] also turns the round's usage into a
+//! [`UsageHint`] for [`Engine::set_usage_hint`](crate::Engine::set_usage_hint): new shared
+//! containers then go to the least busy NUMA node among the places that fit them.
+//! [`RebalanceConfig::usage_aware`] is the set of settings measured in docs/sim.md.
 
+mod config;
 mod fit;
+mod hint;
+#[cfg(test)]
+mod hint_tests;
 mod nodes;
 mod report;
 #[cfg(test)]
 mod tests;
 
+pub use config::{BalanceBy, CooldownWaiver, PlaceBy, RebalanceConfig};
 pub(crate) use fit::{fits, Pending, Shift};
+pub use hint::UsageHint;
 pub use nodes::numa_pools;
 pub use report::{report, NodeUsage, UsageReport};
 
@@ -33,45 +46,6 @@ use crate::state::StateView;
 use crate::topology::PoolId;
 use crate::types::Site;
 use std::collections::HashMap;
-
-/// When and how much to rebalance.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RebalanceConfig {
-    /// Usage imbalance (max/mean over NUMA nodes) above which to act.
-    pub threshold: f64,
-    /// Consecutive rounds above the threshold before acting.
-    pub window: u32,
-    /// Moves per round at most.
-    pub max_moves: usize,
-    /// Ticks before the same container may move again.
-    pub cooldown: u64,
-    /// What is balanced across the NUMA nodes.
-    pub by: BalanceBy,
-}
-
-/// What the rebalancer balances across NUMA nodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum BalanceBy {
-    /// Each node's usage, as measured.
-    Usage,
-    /// Each node's usage per shared CPU (usable CPUs not held exclusively): a node whose
-    /// shared CPUs are fewer (exclusive grants took them) holds less usage at the same
-    /// pressure. The default: balancing raw usage would move load onto such a node.
-    #[default]
-    UsagePerSharedCpu,
-}
-
-impl Default for RebalanceConfig {
-    fn default() -> Self {
-        RebalanceConfig {
-            threshold: 1.15,
-            window: 3,
-            max_moves: 2,
-            cooldown: 60,
-            by: BalanceBy::default(),
-        }
-    }
-}
 
 /// A container's measured CPU use over the last interval.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,6 +128,16 @@ impl Rebalancer {
     /// Consecutive rounds the imbalance has been above the threshold.
     pub fn rounds_above(&self) -> u32 {
         self.above
+    }
+
+    /// The usage hint to hand the engine with this round's usage
+    /// ([`Engine::set_usage_hint`](crate::Engine::set_usage_hint)): `Some` with
+    /// [`PlaceBy::Usage`], `None` with [`PlaceBy::Requests`].
+    pub fn hint(&self, engine: &Engine, usage: &[UsageSample]) -> Option<UsageHint> {
+        match self.cfg.place {
+            PlaceBy::Requests => None,
+            PlaceBy::Usage => Some(UsageHint::measure(&engine.view(), usage)),
+        }
     }
 
     /// One round: what to move, given this round's usage (does not change the engine). Apply
@@ -286,10 +270,6 @@ impl Rebalancer {
         if s.usage_milli == 0 || opted_out(&s.id) {
             return None;
         }
-        let cooling = |t: &u64| tick.saturating_sub(*t) < self.cfg.cooldown;
-        if self.moved_at.get(&s.id).is_some_and(cooling) {
-            return None;
-        }
         let g = view.grant(&s.id)?;
         let topo = view.topology();
         let one_node = g.nodes.len() == 1 && topo.pools[g.pool].numa_nodes.len() == 1;
@@ -298,6 +278,12 @@ impl Rebalancer {
         }
         let src = node_pos(topo, g.nodes.iter().next()?)?;
         nodes.pool[src]?;
+        let cooling = |t: &u64| tick.saturating_sub(*t) < self.cfg.cooldown;
+        let waived = self.cfg.cooldown_waiver == CooldownWaiver::OffOversubscribed
+            && nodes.oversubscribed(src);
+        if !waived && self.moved_at.get(&s.id).is_some_and(cooling) {
+            return None;
+        }
         Some((g, src))
     }
 }

@@ -5,6 +5,8 @@
 
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
+use crate::nodeset::NodeSet;
+use crate::rebalance::UsageHint;
 use crate::topology::{PoolId, Topology};
 use crate::types::IdHasher;
 use crate::types::{EngineConfig, NodeLoad, PoolLoad};
@@ -25,6 +27,7 @@ pub struct StateView<'a> {
     grants: &'a HashMap<Arc<str>, Grant, IdHasher>,
     pool_load: &'a [PoolLoad],
     node_load: &'a [NodeLoad],
+    usage_hint: Option<&'a UsageHint>,
 }
 
 /// The engine's fields a view borrows (named, so they cannot be passed in the wrong order).
@@ -42,6 +45,8 @@ pub(crate) struct Parts<'a> {
     pub grants: &'a HashMap<Arc<str>, Grant, IdHasher>,
     pub pool_load: &'a [PoolLoad],
     pub node_load: &'a [NodeLoad],
+    /// Measured usage per NUMA node, when the caller handed one.
+    pub usage_hint: Option<&'a UsageHint>,
 }
 
 impl<'a> StateView<'a> {
@@ -57,6 +62,7 @@ impl<'a> StateView<'a> {
             grants: p.grants,
             pool_load: p.pool_load,
             node_load: p.node_load,
+            usage_hint: p.usage_hint,
         }
     }
 
@@ -119,5 +125,31 @@ impl<'a> StateView<'a> {
     #[inline]
     pub fn node_capacity_milli(&self, pos: usize) -> u64 {
         self.node_capacity.get(pos).copied().unwrap_or(0)
+    }
+
+    /// Measured usage per shared CPU of the NUMA nodes `nodes` together (milli-CPUs per CPU),
+    /// `fewer` of their shared CPUs taken first (exclusive CPUs about to be), when the caller
+    /// handed the engine a [`UsageHint`]; `None` without one.
+    #[inline]
+    pub fn usage_pressure(&self, nodes: &NodeSet, fewer: usize) -> Option<u64> {
+        let hint = self.usage_hint?;
+        Some(self.pressure(hint, nodes, fewer))
+    }
+
+    /// Whether the caller handed the engine a [`UsageHint`].
+    #[inline]
+    pub fn has_usage_hint(&self) -> bool {
+        self.usage_hint.is_some()
+    }
+
+    fn pressure(&self, hint: &UsageHint, nodes: &NodeSet, fewer: usize) -> u64 {
+        let mut cpus = CpuSet::new();
+        for id in nodes.iter() {
+            if let Some(n) = u32::try_from(id).ok().and_then(|id| self.topo.node(id)) {
+                cpus = cpus.union(&n.cpus);
+            }
+        }
+        let shared = self.shared_cpus(&cpus).len().saturating_sub(fewer);
+        hint.pressure(self.topo, nodes, shared)
     }
 }

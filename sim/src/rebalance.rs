@@ -231,6 +231,8 @@ impl Run<'_> {
                 Err(_) => self.out.refused_moves += 1,
             }
         }
+        let hint = r.hint(&self.engine, &samples);
+        self.engine.set_usage_hint(hint);
     }
 
     /// What the shared containers are measured to use, given their demand: at most their
@@ -401,41 +403,4 @@ pub fn compare(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::gen::{generate, GenParams};
-
-    fn machine() -> Machine {
-        Machine::fixture("synthetic-2s-4numa-96c-gpu")
-    }
-
-    #[test]
-    fn the_rebalancer_moves_only_the_moved_and_lowers_the_imbalance() {
-        let m = machine();
-        let mut p = GenParams::new(3, m.cpus() as u64, m.memory_bytes(), 2.0);
-        p.pods = 400;
-        p.gpus = m.gpus.len() as u32;
-        let t = generate(&p);
-        let pairs = compare(
-            &m,
-            &t,
-            UsageModel::new(3),
-            (10.0, Measure::Demand),
-            RebalanceConfig::default(),
-        );
-        assert_eq!(pairs.len(), 2);
-        for pair in &pairs {
-            let (a, b) = (&pair.without, &pair.with);
-            assert_eq!(a.moves + a.moved_containers, 0, "{}", pair.label);
-            assert!(b.moves > 0, "{}: no moves", pair.label);
-            assert_eq!((b.neighbour_updates, b.refused_moves), (0, 0));
-            assert_eq!(a.rounds.len(), b.rounds.len());
-            let (before, after) = (
-                a.mean(Figure::UsagePerSharedCpu),
-                b.mean(Figure::UsagePerSharedCpu),
-            );
-            assert!(after < before, "{}: {before} -> {after}", pair.label);
-            assert!(a.p95(Figure::Usage) >= a.mean(Figure::Usage) * 0.99);
-        }
-    }
-}
+mod tests;

@@ -39,8 +39,10 @@ impl Engine {
             });
         }
         let moved = self.moved(g, to);
+        let usage = self.usage_hint.as_ref().and_then(|h| h.usage_of(id));
         self.release(id);
         self.charge(&moved);
+        self.hint_moved(id, &moved, usage);
         let (cpus, mems) = (moved.cpus, moved.mems);
         self.put(Arc::from(id), moved);
         Ok(vec![CpusetUpdate {

@@ -1,6 +1,8 @@
 //! `numa-aware`: the smallest set of NUMA nodes (nearest by distance) that holds the
-//! container's size (limit, or request without a limit); among equal choices the one with the
-//! most free request capacity; a node of the container's devices (GPUs, or those the kubelet
+//! container's size (limit, or request without a limit); among equal choices (a single node)
+//! with room for the request, the one least busy per shared CPU when the rebalancer handed a
+//! usage hint ([`crate::rebalance::UsageHint`]), then the one with the most free request
+//! capacity; a node of the container's devices (GPUs, or those the kubelet
 //! allocated) is preferred. Capacity is accounted by requests; CPUs are shared.
 
 use super::{Choice, Policy, Settings};
@@ -139,6 +141,7 @@ fn place(
         fitting.max_by_key(|n| {
             (
                 n.free >= req_milli,
+                usage_key(e, n.id),
                 n.free,
                 n.limit_room,
                 std::cmp::Reverse(n.id),
@@ -203,4 +206,14 @@ fn place(
         all.insert(n.id as usize);
     }
     Some(choice_for(all))
+}
+
+/// The ranking term of measured usage of node `id`: the lower its usage per shared CPU the
+/// better; 0 for every node without a usage hint (no change to the ranking).
+fn usage_key(e: &StateView<'_>, id: u32) -> i64 {
+    if !e.has_usage_hint() {
+        return 0;
+    }
+    e.usage_pressure(&NodeSet::from_ids([id as usize]), 0)
+        .map_or(0, |u| -i64::try_from(u).unwrap_or(i64::MAX))
 }

@@ -1,7 +1,10 @@
 //! `topology-aware`: the pool tree (machine > socket > die > NUMA > cache > cluster). Among pools whose
 //! free request capacity (and that of every ancestor below the root) covers the request, the
 //! best by: below the root (the root is the last resort); device affinity first with
-//! `gpu-first`; holds the limit too; deeper; device affinity with `cpu-first`; more free
+//! `gpu-first`; with a usage hint from the rebalancer ([`crate::rebalance::UsageHint`]), a pool
+//! of one NUMA node whose measured usage per shared CPU is lower (after taking the exclusive
+//! CPUs asked for), pools over several nodes last (without a hint this term is the same for
+//! every pool); holds the limit too; deeper; device affinity with `cpu-first`; more free
 //! capacity after the limit; more room after the limits already granted; fewer containers;
 //! pack siblings (the fuller parent first); lower id. Guaranteed integer-CPU containers get
 //! exclusive CPUs from the best pool that can give them (see [`pick_exclusive`]) taken out of
@@ -85,7 +88,7 @@ fn fits(e: &StateView<'_>, pool: PoolId, req_milli: u64, mem: Option<u64>) -> bo
 }
 
 /// Ranking key of a fitting pool; larger is better.
-type Key = (bool, bool, bool, u32, bool, i128, i128, i64, i128, i64);
+type Key = (bool, bool, i64, bool, u32, bool, i128, i128, i64, i128, i64);
 
 fn rank(
     e: &StateView<'_>,
@@ -93,6 +96,7 @@ fn rank(
     limit: u64,
     device_nodes: &NodeSet,
     prio: ResourcePriority,
+    by: Rank,
 ) -> Key {
     let free = free_milli(e, p.id);
     let limit = i128::from(limit);
@@ -105,6 +109,7 @@ fn rank(
     (
         p.id != 0,
         dev_first,
+        by.usage_key(e, p),
         free >= limit,
         p.depth,
         dev_late,
@@ -114,6 +119,36 @@ fn rank(
         -parent_free,
         -(p.id as i64),
     )
+}
+
+/// What a ranking is for, as far as the measured usage of a pool's NUMA nodes goes (when the
+/// engine has a usage hint; without one the usage term is 0 for every pool).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rank {
+    /// A shared grant: the lower the usage per shared CPU of the pool's nodes the better.
+    Shared,
+    /// `n` exclusive CPUs: the lower the usage per shared CPU left after taking them.
+    Exclusive(usize),
+}
+
+impl Rank {
+    /// The ranking term of measured usage (larger is better).
+    #[inline]
+    fn usage_key(self, e: &StateView<'_>, p: &Pool) -> i64 {
+        if !e.has_usage_hint() {
+            return 0;
+        }
+        let fewer = match self {
+            Rank::Shared => 0,
+            Rank::Exclusive(n) => n,
+        };
+        match e.usage_pressure(&p.numa_nodes, fewer) {
+            None => 0,
+            // Every single-node pool before a pool over several nodes: locality first.
+            Some(_) if p.numa_nodes.len() != 1 => i64::MIN,
+            Some(u) => -i64::try_from(u).unwrap_or(i64::MAX),
+        }
+    }
 }
 
 fn place(
@@ -198,7 +233,12 @@ fn place(
             topo.pools
                 .iter()
                 .filter(|p| possible && candidate(p))
-                .map(|p| (rank(e, p, limit, &device_nodes, prio), p.id)),
+                .map(|p| {
+                    (
+                        rank(e, p, limit, &device_nodes, prio, Rank::Exclusive(n)),
+                        p.id,
+                    )
+                }),
         );
         ranked.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
         for (_, id) in ranked {
@@ -223,7 +263,7 @@ fn place(
         if !candidate(p) {
             continue;
         }
-        let k = rank(e, p, limit, &device_nodes, prio);
+        let k = rank(e, p, limit, &device_nodes, prio, Rank::Shared);
         if best.as_ref().is_none_or(|(bk, _)| k > *bk) {
             best = Some((k, p.id));
         }

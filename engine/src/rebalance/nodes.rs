@@ -15,6 +15,8 @@ pub(super) struct Nodes {
     pub usage: Vec<u64>,
     /// What a node's usage is divided by before comparing: 1, or its shared CPUs.
     per: Vec<f64>,
+    /// Each node's shared CPUs, in milli-CPUs.
+    shared: Vec<u64>,
 }
 
 impl Nodes {
@@ -22,12 +24,16 @@ impl Nodes {
     /// it (a grant over several nodes spread in proportion to its CPUs on each).
     pub fn measure(view: &StateView<'_>, usage: &[UsageSample], by: BalanceBy) -> Nodes {
         let topo = view.topology();
-        let per = topo
+        let shared: Vec<u64> = topo
             .nodes
             .iter()
-            .map(|n| match by {
+            .map(|n| view.shared_cpus(&n.cpus).len() as u64 * 1000)
+            .collect();
+        let per = shared
+            .iter()
+            .map(|s| match by {
                 BalanceBy::Usage => 1.0,
-                BalanceBy::UsagePerSharedCpu => view.shared_cpus(&n.cpus).len().max(1) as f64,
+                BalanceBy::UsagePerSharedCpu => (*s).max(1000) as f64 / 1000.0,
             })
             .collect();
         let pool: Vec<Option<PoolId>> = numa_pools(topo)
@@ -38,6 +44,7 @@ impl Nodes {
             usage: vec![0u64; topo.nodes.len()],
             pool,
             per,
+            shared,
         };
         for s in usage {
             let Some(g) = view.grant(&s.id) else { continue };
@@ -79,6 +86,11 @@ impl Nodes {
         if let Some(p) = last {
             self.usage[p] = self.usage[p].saturating_add(left);
         }
+    }
+
+    /// Whether node `p`'s usage exceeds its shared CPUs: its containers wait for CPUs.
+    pub fn oversubscribed(&self, p: usize) -> bool {
+        self.usage[p] > self.shared[p]
     }
 
     /// Max/mean of the usage over the nodes with shared CPUs (`None` with fewer than two, or

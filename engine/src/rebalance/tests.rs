@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 /// One socket, 4 NUMA nodes of 4 single-thread CPUs; `n` Burstable containers `c0..` of
 /// request 500m and limit 1, placed round robin: `ci` on node `i % 4`.
-fn engine(n: usize) -> Engine {
+pub(super) fn engine(n: usize) -> Engine {
     let topo = Arc::new(Topology::build(&machine(1, 1, 4, 1, 4)).unwrap());
     let mut e = Engine::new(topo, EngineConfig::default());
     for i in 0..n {
@@ -22,7 +22,7 @@ fn engine(n: usize) -> Engine {
     e
 }
 
-fn burstable(id: &str, request: u64, limit: u64) -> ContainerRequest {
+pub(super) fn burstable(id: &str, request: u64, limit: u64) -> ContainerRequest {
     ContainerRequest {
         id: id.into(),
         cpu_request_milli: request,
@@ -31,13 +31,13 @@ fn burstable(id: &str, request: u64, limit: u64) -> ContainerRequest {
     }
 }
 
-fn node(e: &Engine, id: &str) -> usize {
+pub(super) fn node(e: &Engine, id: &str) -> usize {
     let g = e.grant(id).unwrap();
     assert_eq!(g.nodes.len(), 1, "{id} on one node");
     g.nodes.iter().next().unwrap()
 }
 
-fn sample(id: &str, usage_milli: u64) -> UsageSample {
+pub(super) fn sample(id: &str, usage_milli: u64) -> UsageSample {
     UsageSample {
         id: id.into(),
         usage_milli,
@@ -45,21 +45,21 @@ fn sample(id: &str, usage_milli: u64) -> UsageSample {
 }
 
 /// 12 containers: c0, c4 and c8 (node 0) burn 1.5 CPUs each, the others 100m.
-fn hot_node0() -> Vec<UsageSample> {
+pub(super) fn hot_node0() -> Vec<UsageSample> {
     (0..12)
         .map(|i| sample(&format!("c{i}"), if i % 4 == 0 { 1500 } else { 100 }))
         .collect()
 }
 
-fn never(_: &str) -> bool {
+pub(super) fn never(_: &str) -> bool {
     false
 }
 
-fn numa_pool(e: &Engine, node: usize) -> PoolId {
+pub(super) fn numa_pool(e: &Engine, node: usize) -> PoolId {
     numa_pools(e.topology())[node].unwrap()
 }
 
-fn cfg(max_moves: usize) -> RebalanceConfig {
+pub(super) fn cfg(max_moves: usize) -> RebalanceConfig {
     RebalanceConfig {
         max_moves,
         ..RebalanceConfig::default()

@@ -83,6 +83,15 @@ struct Args {
     /// each node, the default) or `usage`.
     #[arg(long, default_value = "per-shared-cpu", value_parser = ["per-shared-cpu", "usage"])]
     rebalance_by: String,
+    /// --rebalance: how new shared containers are placed with the rebalancer on: `usage`
+    /// (among the places that fit by requests, the NUMA node least busy per shared CPU, from
+    /// the last round's usage) or `requests` (as without).
+    #[arg(long, default_value = "requests", value_parser = ["requests", "usage"])]
+    rebalance_place: String,
+    /// --rebalance: when a container may move again before its cooldown is over: `never` or
+    /// `off-oversubscribed` (off a node whose measured usage exceeds its shared CPUs).
+    #[arg(long, default_value = "never", value_parser = ["never", "off-oversubscribed"])]
+    rebalance_cooldown_waiver: String,
     /// --rebalance: what the agent measures of a container: `demand` (usage plus time waiting
     /// for a CPU) or `contended` (CPU time got: an oversubscribed node hides its excess).
     #[arg(long, default_value = "demand", value_parser = ["demand", "contended"])]
@@ -323,6 +332,14 @@ fn rebalance(args: &Args, m: &Machine) -> Result<()> {
         by: match args.rebalance_by.as_str() {
             "usage" => tap_engine::BalanceBy::Usage,
             _ => tap_engine::BalanceBy::UsagePerSharedCpu,
+        },
+        place: match args.rebalance_place.as_str() {
+            "usage" => tap_engine::PlaceBy::Usage,
+            _ => tap_engine::PlaceBy::Requests,
+        },
+        cooldown_waiver: match args.rebalance_cooldown_waiver.as_str() {
+            "off-oversubscribed" => tap_engine::CooldownWaiver::OffOversubscribed,
+            _ => tap_engine::CooldownWaiver::Never,
         },
     };
     println!(
