@@ -90,9 +90,11 @@ pub enum RebalanceMode {
     #[default]
     #[serde(rename = "none")]
     Off,
-    /// A shared container moves off a NUMA node whose demand per shared CPU stays 15% above
-    /// the mean for three rounds (at most two moves a round, none of a container within 60
-    /// rounds of its last). Pods keep their place with `tap.kunpeng.huawei.com/rebalance: "false"`.
+    /// A shared container moves off a NUMA node whose demand per shared CPU is 10% above the
+    /// mean (at most two moves a round, none of a container within 20 rounds of its last
+    /// unless its node is oversubscribed), and new shared containers go to the node with the
+    /// lowest demand that fits them. Pods keep their place with
+    /// `tap.kunpeng.huawei.com/rebalance: "false"`.
     #[serde(rename = "usage")]
     Usage,
 }

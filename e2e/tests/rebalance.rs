@@ -6,7 +6,7 @@
 //! n), so two containers on one fixture node share one host CPU. Four Burstable containers
 //! (500m request, 1 CPU limit) are placed by request, two per node; each waits for a file in
 //! its own bind-mounted folder and then spins. The two of one node are started: that node
-//! burns a CPU, the other nothing. After the rebalancer's window (3 rounds of 1 s) one of them
+//! burns a CPU, the other nothing. After two 1-s rounds (the first reading, then a round above the threshold) one of them
 //! moves to the other node: its cgroup's `cpuset.cpus` becomes the other host CPU, and the
 //! nodes are even, so nothing moves back. Each node's demand in the metrics (use plus the time
 //! waiting for a CPU, from `cpu.pressure`) is then about one CPU.

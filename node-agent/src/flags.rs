@@ -272,9 +272,9 @@ pub struct Flags {
     pub confine_best_effort: bool,
 
     /// Move shared containers between NUMA nodes by their measured CPU use: `none` (the
-    /// default) or `usage` (when a node's usage per shared CPU stays 15% above the mean for
-    /// three rounds, at most two moves a round, none of a container moved in the last 60
-    /// rounds). Per Pod: `tap.kunpeng.huawei.com/rebalance: "false"` keeps it in place. A
+    /// default) or `usage` (when a node's demand per shared CPU is 10% above the mean, at
+    /// most two moves a round, none of a container moved in the last 20 rounds unless its node
+    /// is oversubscribed; new shared containers go to the least busy node that fits). Per Pod: `tap.kunpeng.huawei.com/rebalance: "false"` keeps it in place. A
     /// NodeTopology policy's `rebalance` replaces this flag.
     #[arg(help_heading = "Rebalancing", long, default_value = "none", value_parser = parse_rebalance)]
     pub rebalance: Rebalance,

@@ -73,7 +73,8 @@ impl RebalanceConfig {
     /// goal on the largest fixture (docs/sim.md): new shared containers placed by measured
     /// usage, acting on the first round above 1.10, a 20-tick cooldown waived off an
     /// oversubscribed node, at most 2 moves a round. The default stays as it was (no usage
-    /// placement, threshold 1.15, 3 rounds, 60 ticks).
+    /// placement, threshold 1.15, 3 rounds, 60 ticks). The node agent's `--rebalance=usage`
+    /// runs with these.
     pub fn usage_aware() -> RebalanceConfig {
         RebalanceConfig {
             threshold: 1.10,

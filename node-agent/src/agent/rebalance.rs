@@ -60,7 +60,8 @@ impl Agent {
     ) -> Vec<Move> {
         let mut e = self.lock();
         let plan = rebalancer.plan(&e, usage, tick, &|id| opted_out.contains(id));
-        plan.into_iter()
+        let moves = plan
+            .into_iter()
             .filter(|m| match e.relocate(&m.id, m.to) {
                 Ok(_) => true,
                 Err(err) => {
@@ -68,7 +69,17 @@ impl Agent {
                     false
                 }
             })
-            .collect()
+            .collect();
+        // New shared containers go where the measured usage is lowest until the next round
+        // (with PlaceBy::Usage; none with PlaceBy::Requests).
+        let hint = rebalancer.hint(&e, usage);
+        e.set_usage_hint(hint);
+        moves
+    }
+
+    /// Placement by requests again (rebalancing turned off).
+    pub fn clear_usage_hint(&self) {
+        self.lock().set_usage_hint(None);
     }
 
     /// What a round measured, per NUMA node: CPU use, time waiting for a CPU, and demand (the

@@ -33,7 +33,7 @@ impl LoopOptions {
         LoopOptions {
             interval: flags.rebalance_interval,
             cgroup_root: flags.cgroup_root.clone(),
-            config: RebalanceConfig::default(),
+            config: RebalanceConfig::usage_aware(),
         }
     }
 }
@@ -155,6 +155,7 @@ pub async fn run(ledger: Arc<Ledger>, opts: LoopOptions, shutdown: CancellationT
         let agent = ledger.agent();
         if agent.config().rebalance == Rebalance::Off {
             if round.take().is_some() {
+                agent.clear_usage_hint();
                 tracing::info!("rebalancing turned off");
             }
             continue;

@@ -89,3 +89,27 @@ fn the_annotation_and_the_skip_label_opt_out() {
     c.pod.labels.insert(SKIP_KEY.into(), "true".into());
     assert!(opts_out(&c));
 }
+
+/// With the agent's settings (`usage_aware`) a round leaves the engine a usage hint, so the
+/// next create goes to the least busy node; turning rebalancing off clears it.
+#[test]
+fn a_round_leaves_a_usage_hint_and_turning_off_clears_it() {
+    let a = agent("synthetic-2s-4numa-96c-gpu");
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        let c = burstable(&format!("c{i}"), 1, 2);
+        a.create(&c);
+        ids.push(c.id.clone());
+    }
+    let mut r = Rebalancer::new(RebalanceConfig::usage_aware());
+    a.rebalance_round(&mut r, &usage(&ids, &[]), 1, &HashSet::new());
+    assert!(a.snapshot().usage_hint().is_some(), "placement by usage");
+    a.clear_usage_hint();
+    assert!(a.snapshot().usage_hint().is_none(), "placement by requests");
+    let mut by_requests = Rebalancer::new(RebalanceConfig::default());
+    a.rebalance_round(&mut by_requests, &usage(&ids, &[]), 2, &HashSet::new());
+    assert!(
+        a.snapshot().usage_hint().is_none(),
+        "the default places by requests"
+    );
+}
