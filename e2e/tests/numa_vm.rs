@@ -525,16 +525,7 @@ async fn resize_moves_pages(cri: &mut Cri, nodes: &GuestNodes, report: &mut Valu
     cri.update_resources(&mover.id, grown.resources()).await?;
     let cpus = parse_list(&cgroup_cpuset(mover.pid)?)?;
     let mems = parse_list(&cgroup_mems(mover.pid)?)?;
-    // Migration is done by the kernel as the cgroup's mems change; give it a moment under TCG.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let after = loop {
-        let pages = touched_pages(mover.pid, 64)?;
-        let (out, all) = outside(&pages, &mems);
-        if out * 100 <= all || Instant::now() > deadline {
-            break pages;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let after = pages_after_move(mover.pid, 64, &mems).await?;
     report["resize"] = json!({
         "before": {"node": home, "numa_maps_anon_pages": before},
         "after": {"cpuset.cpus": list(&cpus), "cpuset.mems": list(&mems), "numa_maps_anon_pages": after},
@@ -590,15 +581,7 @@ async fn rebalance_moves_pages(
     let moved = wait_rebalanced(cri, nodes, &pair, home).await?;
     let mems = parse_list(&cgroup_mems(moved.pid)?)?;
     let to = node_of(nodes, moved.pid)?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let after = loop {
-        let pages = touched_pages(moved.pid, 32)?;
-        let (out, all) = outside(&pages, &mems);
-        if out * 100 <= all || Instant::now() > deadline {
-            break pages;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let after = pages_after_move(moved.pid, 32, &mems).await?;
     report["rebalance"] = json!({
         "from": home, "to": to, "cpuset.mems": list(&mems), "numa_maps_anon_pages": after,
     });
@@ -647,6 +630,24 @@ async fn wait_rebalanced<'a>(
             .await?;
             probes += 1;
             next_probe = Instant::now() + Duration::from_secs(10);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Where the `mib` MiB of `pid` are once at most 1% of them are outside `mems`, or after a
+/// minute: the kernel migrates them as the cgroup's mems change, slowly under TCG.
+async fn pages_after_move(
+    pid: u32,
+    mib: u64,
+    mems: &BTreeSet<usize>,
+) -> Result<BTreeMap<u32, u64>> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let pages = touched_pages(pid, mib)?;
+        let (out, all) = outside(&pages, mems);
+        if out * 100 <= all || Instant::now() > deadline {
+            return Ok(pages);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
