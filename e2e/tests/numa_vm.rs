@@ -394,6 +394,21 @@ fn outside(pages: &BTreeMap<u32, u64>, mems: &BTreeSet<usize>) -> (u64, u64) {
     (out, all)
 }
 
+/// A container's memory is on NUMA node `node`: its cgroup's `cpuset.mems` is that node alone,
+/// and at most 1% of its pages are elsewhere.
+fn memory_on_node(mems: &BTreeSet<usize>, pages: &BTreeMap<u32, u64>, node: usize) -> Result<()> {
+    ensure!(
+        *mems == BTreeSet::from([node]),
+        "cpuset.mems {mems:?}, not node {node}"
+    );
+    let (out, all) = outside(pages, mems);
+    ensure!(
+        out * 100 <= all,
+        "{out} of {all} pages outside node {node}: {pages:?}"
+    );
+    Ok(())
+}
+
 /// The guide's Pod shape (Burstable, 1 CPU requested, 2 limit, 256 MiB) lands on one NUMA node:
 /// its cgroup holds exactly that node's CPUs and memory node, and its pages are there.
 async fn guide_pod_on_one_node(
@@ -413,15 +428,7 @@ async fn guide_pod_on_one_node(
             nodes.cpus
         )
     })?;
-    ensure!(
-        mems == BTreeSet::from([node]),
-        "cpuset.mems {mems:?}, node {node}"
-    );
-    let (out, all) = outside(&pages, &mems);
-    ensure!(
-        out * 100 <= all,
-        "{out} of {all} pages outside node {node}: {pages:?}"
-    );
+    memory_on_node(&mems, &pages, node)?;
     Ok(p)
 }
 
@@ -535,16 +542,7 @@ async fn resize_moves_pages(cri: &mut Cri, nodes: &GuestNodes, report: &mut Valu
         nodes.exactly(&cpus) == Some(freed),
         "the grown container's cpuset {cpus:?}: not node {freed}'s CPUs"
     );
-    ensure!(
-        mems == BTreeSet::from([freed]),
-        "cpuset.mems {mems:?}, not {freed}"
-    );
-    let (out, all) = outside(&after, &mems);
-    ensure!(
-        out * 100 <= all,
-        "{out} of {all} pages stayed outside node {freed} after the move: {after:?}"
-    );
-    Ok(())
+    memory_on_node(&mems, &after, freed)
 }
 
 /// Usage-aware rebalancing on a real kernel (issue 22): five touchers of 32 MiB (500m, limit 1
@@ -585,15 +583,7 @@ async fn rebalance_moves_pages(
     report["rebalance"] = json!({
         "from": home, "to": to, "cpuset.mems": list(&mems), "numa_maps_anon_pages": after,
     });
-    ensure!(
-        mems == BTreeSet::from([to]),
-        "cpuset.mems {mems:?}, not {to}"
-    );
-    let (out, all) = outside(&after, &mems);
-    ensure!(
-        out * 100 <= all,
-        "{out} of {all} pages stayed outside node {to} after the move: {after:?}"
-    );
+    memory_on_node(&mems, &after, to)?;
     let _ = std::fs::remove_dir_all(&ctl);
     Ok(())
 }

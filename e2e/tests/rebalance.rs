@@ -20,6 +20,7 @@ use tap_e2e::containerd::{
     PodSpec,
 };
 use tap_e2e::docker::{temp_dir, TapAgent};
+use tap_e2e::nri_runtime::metric_sum;
 use tap_e2e::util::{self, skip_unless_enabled, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
@@ -88,7 +89,12 @@ async fn scenario(ctd: &mut Containerd, dir: &Path, mode: Mode) -> Result<()> {
         &hot[0].id[..12],
         &hot[1].id[..12]
     );
-    wait_log(&agent, "rebalanced:", Duration::from_secs(60))?;
+    util::wait_until(
+        "the agent to log a move",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || Ok(agent.log_text().contains("rebalanced:")),
+    )?;
     if matches!(mode, Mode::Nri) {
         // containerd 1.7 takes updates only in the answers to its own requests (the agent's
         // --nri-unsolicited-updates=auto): any container event on the node carries the move.
@@ -232,8 +238,8 @@ async fn check_settled(
     from: usize,
     to: usize,
 ) -> Result<()> {
-    let moves = |m: &str| metric(m, "tap_rebalance_moves_total");
-    ensure!(moves(&agent.metrics()?) == Some(1.0), "one move");
+    let moves = |m: &str| metric_sum(m, "tap_rebalance_moves_total");
+    ensure!(moves(&agent.metrics()?) == 1.0, "one move");
     tokio::time::sleep(Duration::from_secs(5)).await;
     let m = agent.metrics()?;
     for l in m
@@ -242,10 +248,7 @@ async fn check_settled(
     {
         eprintln!("{l}");
     }
-    ensure!(
-        moves(&m) == Some(1.0),
-        "a move after the nodes were even:\n{m}"
-    );
+    ensure!(moves(&m) == 1.0, "a move after the nodes were even:\n{m}");
     // Each node's demand (use plus waiting, which the other processes of this 2-CPU host
     // cause too) is one spinner's: about a CPU.
     for node in [from, to] {
@@ -274,20 +277,9 @@ async fn check_settled(
     Ok(())
 }
 
-/// The value of the series `name` (with its labels) in a /metrics text.
+/// The value of the series `name` with its labels (one node's) in a /metrics text.
 fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
-}
-
-fn wait_log(agent: &TapAgent, needle: &str, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    while !agent.log_text().contains(needle) {
-        if Instant::now() > deadline {
-            bail!("the agent never logged {needle:?} in {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    Ok(())
 }

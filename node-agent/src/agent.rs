@@ -718,7 +718,7 @@ pub(crate) mod test_sets {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::test_sets::*;
     use super::*;
     use tap_engine::sysfs::discover_dir;
@@ -733,7 +733,7 @@ mod tests {
         Arc::new(Topology::build(&raw).unwrap())
     }
 
-    pub(super) fn agent(name: &str) -> Agent {
+    pub(crate) fn agent(name: &str) -> Agent {
         let topo = fixture(name);
         Agent::new(
             Engine::new(topo, EngineConfig::default()),
@@ -743,7 +743,7 @@ mod tests {
         )
     }
 
-    pub(super) fn burstable(id: &str, req_cpus: u64, lim_cpus: u64) -> ContainerInfo {
+    pub(crate) fn burstable(id: &str, req_cpus: u64, lim_cpus: u64) -> ContainerInfo {
         ContainerInfo {
             id: id.into(),
             name: "app".into(),

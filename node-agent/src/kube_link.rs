@@ -519,11 +519,12 @@ async fn write_nrt(link: Arc<Link>, client: kube::Client, mode: NrtMode, adv: nr
         }
         // Nothing is built (pods listed, hugepages read) before a write could be sent, nor
         // within NRT_BUILD_EVERY of a build that found nothing changed.
-        let due = pacer.due(Instant::now(), USAGE_MIN_INTERVAL) && Instant::now() >= next_build;
+        let now = Instant::now();
+        let due = pacer.due(now, USAGE_MIN_INTERVAL) && now >= next_build;
         if !link.agent.restored() || !due {
             continue;
         }
-        next_build = Instant::now() + NRT_BUILD_EVERY;
+        next_build = now + NRT_BUILD_EVERY;
         let extras = nrt::Extras {
             pods: link.agent.pods(),
             devices: devices.current(&link.agent).await,

@@ -86,18 +86,13 @@ impl RebalanceMetrics {
         sampled: usize,
         took: Duration,
     ) {
-        let cpus = |milli: u64| milli as f64 / 1000.0;
-        for n in &usage.nodes {
-            let l = NumaLabels {
-                numa: n.node.to_string(),
-            };
-            self.usage.get_or_create(&l).set(cpus(n.usage_milli));
-        }
-        for n in &stall.nodes {
-            let l = NumaLabels {
-                numa: n.node.to_string(),
-            };
-            self.stall.get_or_create(&l).set(cpus(n.usage_milli));
+        for (family, report) in [(&self.usage, usage), (&self.stall, stall)] {
+            for n in &report.nodes {
+                let l = NumaLabels {
+                    numa: n.node.to_string(),
+                };
+                family.get_or_create(&l).set(n.usage_milli as f64 / 1000.0);
+            }
         }
         self.imbalance.set(demand.imbalance.unwrap_or(0.0));
         self.sampled.set(i64::try_from(sampled).unwrap_or(i64::MAX));

@@ -193,44 +193,19 @@ pub async fn run(ledger: Arc<Ledger>, opts: LoopOptions, shutdown: CancellationT
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::{Agent, ContainerInfo, PodInfo};
-    use crate::metrics::Metrics;
-    use tap_engine::sysfs::discover_dir;
-    use tap_engine::{Engine, EngineConfig, Topology};
+    use crate::agent::tests::{agent, burstable};
 
     fn ledger() -> Ledger {
-        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
-        let topo =
-            Arc::new(Topology::build(&discover_dir(&root).expect("fixture")).expect("topology"));
-        let agent = Agent::new(
-            Engine::new(topo, EngineConfig::default()),
-            Arc::new(Metrics::new()),
-            None,
-            "test",
-        );
-        Ledger::new(Arc::new(agent), None)
+        Ledger::new(Arc::new(agent("synthetic-2s-4numa-96c-gpu")), None)
     }
 
     fn id(i: usize) -> String {
         format!("{i:064x}")
     }
 
+    /// Burstable 1/2 CPUs.
     fn container(i: usize) -> ContainerInfo {
-        ContainerInfo {
-            id: id(i),
-            name: "app".into(),
-            pod: PodInfo {
-                uid: format!("uid-{i}"),
-                name: format!("pod-{i}"),
-                namespace: "default".into(),
-                cgroup_parent: Some("/kubepods/burstable/pod1".into()),
-                ..Default::default()
-            },
-            cpu_shares: Some(1024),
-            cpu_quota: Some(200_000),
-            cpu_period: Some(100_000),
-            ..Default::default()
-        }
+        burstable(&id(i), 1, 2)
     }
 
     /// Containers' cgroups in a tree shaped like the systemd driver's; the hot ones use 8 CPUs
