@@ -76,13 +76,29 @@ mod tests {
     }
 }
 
-/// The async runtime every binary runs on: two worker threads (a node agent shares the node with
-/// the workloads it places), all drivers enabled.
-pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
+/// How many threads run a binary's async tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    /// All tasks on the thread that starts the runtime (blocking work still goes to the
+    /// blocking pool): the node agent, whose hooks take microseconds and whose CPU per
+    /// container start is mostly waking threads and handing messages between them
+    /// (docs/start-path.md).
+    One,
+    /// Two worker threads: the operator and the kube link, which serve many objects at once.
+    Two,
+}
+
+/// The async runtime a binary runs on, all drivers enabled.
+pub fn runtime(threads: Threads) -> std::io::Result<tokio::runtime::Runtime> {
+    match threads {
+        Threads::One => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Threads::Two => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build(),
+    }
 }
 
 /// A listen address from `:9091`, `0.0.0.0:9091` or `127.0.0.1:9091` (a bare port means all

@@ -7,6 +7,7 @@ pub mod binfmt;
 pub mod churn;
 pub mod cluster;
 pub mod containerd;
+pub mod cpumeter;
 pub mod device_plugin;
 pub mod docker;
 pub mod helm;

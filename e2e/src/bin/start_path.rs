@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
     remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
 };
+use tap_e2e::cpumeter::{proc_stat_cpu, CpuMeter};
 use tap_e2e::docker::{terminate, TapAgent};
 use tap_e2e::stats::{ms, ms_delta, Summary};
 use tap_e2e::util::{self, fixture_dir, RmDir};
@@ -34,6 +35,8 @@ use tap_e2e::util::{self, fixture_dir, RmDir};
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
 /// Where hack/e2e/setup-nri-plugins.sh puts the Go plugin.
 const NRI_PLUGINS_BIN: &str = "/var/cache/kunpeng-tap/bin/nri-topology-aware-v0.12.1";
+/// Where hack/e2e/setup-nri-noop.sh puts the no-op plugin.
+const NRI_NOOP_BIN: &str = "/var/cache/kunpeng-tap/bin/nri-noop";
 
 #[derive(Parser, Debug)]
 #[command(about = "CreateContainer + StartContainer latency with and without a placement plugin")]
@@ -47,8 +50,8 @@ struct Args {
     /// Times every setup runs, in turn.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
-    /// Setups to run (a, b, c, d), comma-separated.
-    #[arg(long, default_value = "a,b,c,d", value_delimiter = ',')]
+    /// Setups to run (a, b, c, d, e), comma-separated.
+    #[arg(long, default_value = "a,b,c,d,e", value_delimiter = ',')]
     setups: Vec<char>,
     /// The kunpeng-tap binary (default: `cargo build --release` of node-agent).
     #[arg(long, env = "TAP_BIN")]
@@ -56,9 +59,16 @@ struct Args {
     /// The nri-plugins topology-aware binary.
     #[arg(long, default_value = NRI_PLUGINS_BIN)]
     nri_plugins: PathBuf,
+    /// The no-op NRI plugin (hack/e2e/setup-nri-noop.sh).
+    #[arg(long, default_value = NRI_NOOP_BIN)]
+    nri_noop: PathBuf,
     /// Keep the agent logs of each run in this folder.
     #[arg(long)]
     keep_logs: Option<PathBuf>,
+    /// Seconds the agent is left idle (containers running, none starting) before the measured
+    /// phase: its background CPU, to tell apart from what each start costs.
+    #[arg(long, default_value_t = 10)]
+    idle: u64,
 }
 
 fn setup_name(s: char) -> &'static str {
@@ -67,6 +77,7 @@ fn setup_name(s: char) -> &'static str {
         'b' => "(b) kunpeng-tap, NRI plugin",
         'c' => "(c) kunpeng-tap, CRI proxy",
         'd' => "(d) nri-plugins topology-aware v0.12.1",
+        'e' => "(e) no-op NRI plugin (Go, containerd's NRI stub)",
         _ => "?",
     }
 }
@@ -89,35 +100,29 @@ struct Samples {
     agent_cpu: Duration,
     containerd_cpu: Duration,
     cpu_containers: u32,
+    /// Wall time of the create+start phase (to take the background share out of agent_cpu).
+    phase_wall: Duration,
+    /// The agent's CPU time over `idle_wall` with no container starting.
+    agent_idle_cpu: Duration,
+    idle_wall: Duration,
+    /// The agent's CPU figures are from a cgroup (nanoseconds, ended threads counted).
+    precise_cpu: bool,
     /// Mean time per call the agent's own metrics show (engine per hook; proxied calls).
     agent_means: BTreeMap<String, (f64, u64)>,
     loads: Vec<String>,
 }
 
-/// User + system CPU time of a process and all its threads so far (`/proc/<pid>/stat`, in
-/// clock ticks of 10 ms).
 fn cpu_time(pid: Option<u32>) -> Duration {
-    let Some(pid) = pid else {
-        return Duration::ZERO;
-    };
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return Duration::ZERO;
-    };
-    // The fields after the command name (which may hold spaces) start at state (field 3);
-    // utime and stime are fields 14 and 15.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    let ticks = f.iter().sum::<u64>();
-    Duration::from_millis(ticks.saturating_mul(1000 / CLK_TCK))
+    pid.map_or(Duration::ZERO, proc_stat_cpu)
 }
 
-/// `getconf CLK_TCK` on Linux.
-const CLK_TCK: u64 = 100;
+/// The agent's CPU time over `secs` seconds in which no container starts, and the wall time.
+async fn idle_cpu(meter: Option<&CpuMeter>, secs: u64) -> (Duration, Duration) {
+    let used = || meter.map_or(Duration::ZERO, CpuMeter::used);
+    let (c0, t0) = (used(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    (used().saturating_sub(c0), t0.elapsed())
+}
 
 fn load() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -172,21 +177,29 @@ fn start_nri_plugins(bin: &Path, ctd: &Containerd, dir: &Path) -> Result<Externa
         "apiVersion: config.nri/v1alpha1\nkind: TopologyAwarePolicy\nmetadata:\n  name: default\n\
          spec:\n  pinCPU: true\n  pinMemory: true\n  reservedResources:\n    cpu: 750m\n",
     )?;
+    let args = [
+        format!("--config-file={}", cfg.display()),
+        format!("--state-dir={}", dir.join("nri-plugins-state").display()),
+        format!("--pid-file={}", dir.join("nri-plugins.pid").display()),
+    ];
+    start_external(bin, &args, ctd, dir)
+}
+
+/// Starts an NRI plugin that is not kunpeng-tap with `--nri-socket` and `args`, logging to
+/// `nri-plugins.log`, and waits until containerd has synchronized it.
+fn start_external(
+    bin: &Path,
+    args: &[String],
+    ctd: &Containerd,
+    dir: &Path,
+) -> Result<ExternalPlugin> {
     let log = std::fs::File::create(dir.join("nri-plugins.log"))?;
     // containerd 1.7 logs `plugin "<name>" connected` once it has synchronized a plugin.
     const CONNECTED: &str = " connected\"";
     let before = ctd_log_count(ctd, CONNECTED);
     let child = Command::new(bin)
         .arg(format!("--nri-socket={}", ctd.nri_socket().display()))
-        .arg(format!("--config-file={}", cfg.display()))
-        .arg(format!(
-            "--state-dir={}",
-            dir.join("nri-plugins-state").display()
-        ))
-        .arg(format!(
-            "--pid-file={}",
-            dir.join("nri-plugins.pid").display()
-        ))
+        .args(args)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -268,9 +281,26 @@ async fn run_setup(setup: char, args: &Args, agent_bin: Option<&Path>) -> Result
             external = Some(start_nri_plugins(&args.nri_plugins, &ctd, &dir)?);
             ctd.cri_socket()
         }
+        'e' => {
+            external = Some(start_external(&args.nri_noop, &[], &ctd, &dir)?);
+            ctd.cri_socket()
+        }
         _ => bail!("unknown setup {setup}"),
     };
-    let res = measure(&socket, args, agent.as_ref(), ctd.pid(), setup != 'a').await;
+    let plugin_pid = agent
+        .as_ref()
+        .and_then(TapAgent::pid)
+        .or_else(|| external.as_ref().map(|e| e.child.id()));
+    let plugged = matches!(setup, 'b' | 'c' | 'd');
+    let res = measure(
+        &socket,
+        args,
+        agent.as_ref(),
+        plugin_pid,
+        ctd.pid(),
+        plugged,
+    )
+    .await;
     if res.is_err() {
         eprintln!("--- containerd log\n{}", ctd.log_tail(30));
         if let Some(a) = &agent {
@@ -310,6 +340,7 @@ async fn measure(
     socket: &Path,
     args: &Args,
     agent: Option<&TapAgent>,
+    plugin_pid: Option<u32>,
     ctd_pid: Option<u32>,
     plugged: bool,
 ) -> Result<Samples> {
@@ -324,11 +355,16 @@ async fn measure(
     };
     let total = args.warmup + args.containers;
     let mut ids = Vec::with_capacity(total);
-    let agent_pid = agent.and_then(|a| a.pid());
+    let meter = plugin_pid.map(|p| CpuMeter::for_pid(p, &format!("tap-start-path-{p}")));
+    s.precise_cpu = meter.as_ref().is_some_and(CpuMeter::precise);
+    let agent_cpu = || meter.as_ref().map_or(Duration::ZERO, CpuMeter::used);
     let mut cpu0 = (Duration::ZERO, Duration::ZERO);
+    let mut phase0 = Instant::now();
     for i in 0..total {
         if i == args.warmup {
-            cpu0 = (cpu_time(agent_pid), cpu_time(ctd_pid));
+            (s.agent_idle_cpu, s.idle_wall) = idle_cpu(meter.as_ref(), args.idle).await;
+            cpu0 = (agent_cpu(), cpu_time(ctd_pid));
+            phase0 = Instant::now();
         }
         let (pod, spec) = container(i);
         let req = cri.create_request(&sandboxes[pod], &spec)?;
@@ -355,7 +391,8 @@ async fn measure(
         }
         ids.push(id);
     }
-    s.agent_cpu = cpu_time(agent_pid).saturating_sub(cpu0.0);
+    s.phase_wall = phase0.elapsed();
+    s.agent_cpu = agent_cpu().saturating_sub(cpu0.0);
     s.containerd_cpu = cpu_time(ctd_pid).saturating_sub(cpu0.1);
     s.cpu_containers = u32::try_from(args.containers).unwrap_or(u32::MAX);
     s.loads.push(load());
@@ -472,21 +509,23 @@ fn print_report(args: &Args, all: &BTreeMap<char, Samples>, skipped: &[(char, St
     }
     println!(
         "\nCPU time per measured container during create+start (user + system, all threads; \
-         10 ms ticks summed over the run):"
+         containerd in 10 ms ticks summed over the run, the plugin from a cgroup of its own \
+         where one could be made):"
     );
     for (setup, s) in all {
         let n = s.cpu_containers.max(1);
+        let plugin = match (setup, s.precise_cpu) {
+            ('a', _) => "-".into(),
+            (_, true) => format!("{:.3} ms (cgroup)", (s.agent_cpu / n).as_secs_f64() * 1e3),
+            (_, false) => format!("{} ms (ticks)", ms(s.agent_cpu / n)),
+        };
         println!(
-            "  {}: containerd {} ms, kunpeng-tap {} ms",
+            "  {}: containerd {} ms, the plugin {plugin}",
             setup_name(*setup),
             ms(s.containerd_cpu / n),
-            if *setup == 'b' || *setup == 'c' {
-                ms(s.agent_cpu / n)
-            } else {
-                "-".into()
-            }
         );
     }
+    print_idle_share(all);
     println!("\n(milliseconds; p50 - (a) of create+start:");
     if let Some(a) = base {
         for (setup, s) in all.iter().filter(|(k, _)| **k != 'a') {
@@ -517,6 +556,29 @@ fn print_report(args: &Args, all: &BTreeMap<char, Samples>, skipped: &[(char, St
     }
 }
 
+/// The agent's background CPU (measured idle) and what is left per start once the background
+/// share of the phase's wall time is taken out.
+fn print_idle_share(all: &BTreeMap<char, Samples>) {
+    for (setup, s) in all.iter().filter(|(k, _)| **k != 'a') {
+        if s.idle_wall.is_zero() {
+            continue;
+        }
+        let rate = s.agent_idle_cpu.as_secs_f64() / s.idle_wall.as_secs_f64();
+        let background = s.phase_wall.as_secs_f64() * rate;
+        let n = f64::from(s.cpu_containers.max(1));
+        let per_start = (s.agent_cpu.as_secs_f64() - background).max(0.0) / n;
+        println!(
+            "  {}: idle {:.2} ms CPU per second ({} ms over {:.0} s); per start without the \
+             background share {:.3} ms",
+            setup_name(*setup),
+            rate * 1e3,
+            ms(s.agent_idle_cpu),
+            s.idle_wall.as_secs_f64(),
+            per_start * 1e3
+        );
+    }
+}
+
 impl Samples {
     fn extend(&mut self, o: Samples) {
         self.create.extend(o.create);
@@ -527,7 +589,11 @@ impl Samples {
         self.per_run.extend(o.per_run);
         self.agent_cpu += o.agent_cpu;
         self.containerd_cpu += o.containerd_cpu;
+        self.precise_cpu = o.precise_cpu && (self.cpu_containers == 0 || self.precise_cpu);
         self.cpu_containers = self.cpu_containers.saturating_add(o.cpu_containers);
+        self.phase_wall += o.phase_wall;
+        self.agent_idle_cpu += o.agent_idle_cpu;
+        self.idle_wall += o.idle_wall;
         self.stop_remove.extend(o.stop_remove);
         for (k, (mean, n)) in o.agent_means {
             let e = self.agent_means.entry(k).or_insert((0.0, 0));
@@ -563,8 +629,15 @@ fn main() -> Result<()> {
                     args.nri_plugins.display()
                 ),
             )),
-            'a' | 'b' | 'c' | 'd' => setups.push(*s),
-            other => bail!("unknown setup {other:?} (a, b, c or d)"),
+            'e' if !args.nri_noop.exists() => skipped.push((
+                'e',
+                format!(
+                    "{} is absent; bash hack/e2e/setup-nri-noop.sh builds it",
+                    args.nri_noop.display()
+                ),
+            )),
+            'a' | 'b' | 'c' | 'd' | 'e' => setups.push(*s),
+            other => bail!("unknown setup {other:?} (a, b, c, d or e)"),
         }
     }
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -37,7 +37,8 @@ fn run(flags: Flags) -> anyhow::Result<()> {
     ));
     // No runtime: the empty state is the whole truth (no containers to restore).
     agent.restore(&[]);
-    let rt = tap_bin_support::runtime().context("starting the async runtime")?;
+    let rt = tap_bin_support::runtime(tap_bin_support::Threads::Two)
+        .context("starting the async runtime")?;
     rt.block_on(async move {
         let shutdown = tap_bin_support::shutdown_on_signal();
         node_agent::kube_link::run(&flags, agent, shutdown).await

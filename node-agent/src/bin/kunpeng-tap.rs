@@ -72,7 +72,8 @@ fn run(flags: Flags) -> anyhow::Result<()> {
         "kunpeng-tap starting"
     );
 
-    let rt = tap_bin_support::runtime().context("starting the async runtime")?;
+    let rt = tap_bin_support::runtime(tap_bin_support::Threads::One)
+        .context("starting the async runtime")?;
     rt.block_on(async move {
         let shutdown = tap_bin_support::shutdown_on_signal();
         // (The client's channel needs the runtime: made in it.)

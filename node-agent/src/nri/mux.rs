@@ -10,6 +10,7 @@
 //! frame with more than [`MAX_FRAME_PAYLOAD`] payload bytes: one `poll_write` becomes one
 //! frame of at most that size, and longer writes are split by the caller's `write_all`.
 
+use bytes::{Buf, Bytes, BytesMut};
 use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
@@ -47,7 +48,7 @@ pub fn decode_header(h: &[u8; HEADER_LEN]) -> (u32, usize) {
     (conn, len)
 }
 
-type Routes = Arc<Mutex<HashMap<u32, mpsc::UnboundedSender<Vec<u8>>>>>;
+type Routes = Arc<Mutex<HashMap<u32, mpsc::UnboundedSender<Bytes>>>>;
 
 /// One trunk connection. Dropping it does not stop its tasks; they end when the socket
 /// closes or [`Mux::close`] is called.
@@ -83,8 +84,7 @@ impl Mux {
                 MuxConn {
                     id,
                     rx,
-                    buf: Vec::new(),
-                    pos: 0,
+                    buf: Bytes::new(),
                     out: out.clone(),
                 }
             })
@@ -146,8 +146,7 @@ impl Mux {
         MuxConn {
             id,
             rx,
-            buf: Vec::new(),
-            pos: 0,
+            buf: Bytes::new(),
             out: self.out.clone(),
         }
     }
@@ -163,27 +162,23 @@ impl Mux {
     }
 }
 
-fn lock(r: &Routes) -> std::sync::MutexGuard<'_, HashMap<u32, mpsc::UnboundedSender<Vec<u8>>>> {
+fn lock(r: &Routes) -> std::sync::MutexGuard<'_, HashMap<u32, mpsc::UnboundedSender<Bytes>>> {
     r.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// What the trunk reader asks of the socket at a time: a CreateContainer request (about
+/// 3 KiB) and its frame header come in one read, and several frames often do.
+const READ_CHUNK: usize = 16 << 10;
+
 async fn read_loop<R: AsyncRead + Unpin>(rd: &mut R, routes: &Routes) -> io::Result<()> {
+    // One buffer for the trunk's life: each payload is split off it without a copy (and
+    // without zeroing a fresh allocation per frame); its memory is reused once the
+    // logical connection has read the payload.
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
     loop {
-        let mut h = [0u8; HEADER_LEN];
-        match rd.read_exact(&mut h).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e),
-        }
-        let (conn, len) = decode_header(&h);
-        if len > MAX_INBOUND_PAYLOAD {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("NRI frame of {len} bytes for connection {conn} is too large"),
-            ));
-        }
-        let mut payload = vec![0u8; len];
-        rd.read_exact(&mut payload).await?;
+        let Some((conn, payload)) = next_frame(rd, &mut buf).await? else {
+            return Ok(());
+        };
         if payload.is_empty() {
             continue;
         }
@@ -195,17 +190,67 @@ async fn read_loop<R: AsyncRead + Unpin>(rd: &mut R, routes: &Routes) -> io::Res
                     lock(routes).remove(&conn);
                 }
             }
-            None => tracing::trace!(conn, len, "dropping NRI frame for an unopened connection"),
+            None => tracing::trace!(
+                conn,
+                len = payload.len(),
+                "dropping NRI frame for an unopened connection"
+            ),
         }
     }
+}
+
+/// The next whole frame from `rd`, read through `buf`; `None` where the stream ends between
+/// frames (or inside a header).
+async fn next_frame<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+) -> io::Result<Option<(u32, Bytes)>> {
+    fill(rd, buf, HEADER_LEN).await?;
+    if buf.len() < HEADER_LEN {
+        return Ok(None);
+    }
+    let mut h = [0u8; HEADER_LEN];
+    h.copy_from_slice(&buf[..HEADER_LEN]);
+    let (conn, len) = decode_header(&h);
+    if len > MAX_INBOUND_PAYLOAD {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("NRI frame of {len} bytes for connection {conn} is too large"),
+        ));
+    }
+    buf.advance(HEADER_LEN);
+    if len <= READ_CHUNK {
+        fill(rd, buf, len).await?;
+        if buf.len() < len {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        return Ok(Some((conn, buf.split_to(len).freeze())));
+    }
+    // A large frame (a big Synchronize from an old runtime): a buffer of exactly its size.
+    let have = buf.len().min(len);
+    let mut payload = Vec::with_capacity(len);
+    payload.extend_from_slice(&buf.split_to(have));
+    payload.resize(len, 0);
+    rd.read_exact(&mut payload[have..]).await?;
+    Ok(Some((conn, Bytes::from(payload))))
+}
+
+/// Reads until `buf` holds at least `want` bytes or the stream ends.
+async fn fill<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut, want: usize) -> io::Result<()> {
+    while buf.len() < want {
+        buf.reserve(READ_CHUNK);
+        if rd.read_buf(buf).await? == 0 {
+            return Ok(());
+        }
+    }
+    Ok(())
 }
 
 /// One logical connection: a byte stream (a ttrpc message may span frames).
 pub struct MuxConn {
     id: u32,
-    rx: mpsc::UnboundedReceiver<Vec<u8>>,
-    buf: Vec<u8>,
-    pos: usize,
+    rx: mpsc::UnboundedReceiver<Bytes>,
+    buf: Bytes,
     out: mpsc::UnboundedSender<Vec<u8>>,
 }
 
@@ -222,20 +267,16 @@ impl AsyncRead for MuxConn {
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        if this.pos >= this.buf.len() {
+        if this.buf.is_empty() {
             match this.rx.poll_recv(cx) {
-                Poll::Ready(Some(b)) => {
-                    this.buf = b;
-                    this.pos = 0;
-                }
+                Poll::Ready(Some(b)) => this.buf = b,
                 // Trunk closed: end of stream.
                 Poll::Ready(None) => return Poll::Ready(Ok(())),
                 Poll::Pending => return Poll::Pending,
             }
         }
-        let n = out.remaining().min(this.buf.len() - this.pos);
-        out.put_slice(&this.buf[this.pos..this.pos + n]);
-        this.pos += n;
+        let n = out.remaining().min(this.buf.len());
+        out.put_slice(&this.buf.split_to(n));
         Poll::Ready(Ok(()))
     }
 }

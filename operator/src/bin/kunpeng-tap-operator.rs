@@ -95,7 +95,7 @@ async fn client(f: &Flags) -> anyhow::Result<kube::Client> {
 fn main() -> std::process::ExitCode {
     let f = Flags::parse();
     tap_bin_support::init_logging(f.verbose, f.log_format);
-    let rt = match tap_bin_support::runtime() {
+    let rt = match tap_bin_support::runtime(tap_bin_support::Threads::Two) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("kunpeng-tap-operator: starting the runtime: {e}");
