@@ -10,6 +10,7 @@ use crate::request::{ContainerRequest, PolicyKind};
 use crate::state::{Parts, StateView};
 use crate::topology::{PoolId, Topology};
 use crate::types::IdHasher;
+use crate::updates::CpusetUpdates;
 use shared_index::SharedIndex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -275,7 +276,7 @@ impl Engine {
                     Site::Reserved => Reason::Reserved,
                     Site::Pools => Reason::Fits(self.topo.pools[old.pool].level),
                 },
-                updates: Vec::new(),
+                updates: CpusetUpdates::new(),
                 unhonoured: None,
             });
         }
@@ -289,11 +290,8 @@ impl Engine {
         match outcome {
             Outcome::Placed(mut p) => {
                 // Updates from the release and from the new grant; the later one wins.
-                for u in p.updates.drain(..) {
-                    updates.retain(|x| x.container_id != u.container_id);
-                    updates.push(u);
-                }
-                updates.retain(|u| *u.container_id != *req.id);
+                updates.merge(std::mem::take(&mut p.updates));
+                updates.retain(|u| u.container_id != req.id);
                 p.updates = updates;
                 Outcome::Placed(p)
             }
@@ -303,13 +301,13 @@ impl Engine {
 
     /// Releases a container's grant (idempotent). Returns cpuset updates for shared containers
     /// that get returned exclusive CPUs back.
-    pub fn remove(&mut self, id: &str) -> Vec<CpusetUpdate> {
+    pub fn remove(&mut self, id: &str) -> CpusetUpdates {
         self.release(id)
     }
 
-    fn release(&mut self, id: &str) -> Vec<CpusetUpdate> {
+    fn release(&mut self, id: &str) -> CpusetUpdates {
         let Some(g) = self.take(id) else {
-            return Vec::new();
+            return CpusetUpdates::new();
         };
         self.hint_removed(id, &g);
         self.uncharge(&g);
@@ -317,7 +315,7 @@ impl Engine {
             self.set_taken(self.taken.difference(&g.exclusive));
             self.refresh_shared(&g.exclusive)
         } else {
-            Vec::new()
+            CpusetUpdates::new()
         }
     }
 
@@ -423,12 +421,12 @@ impl Engine {
     /// Recomputes the cpuset of every shared grant whose span meets `changed`, returning the
     /// updates for those whose cpuset changed: group by group (in the order the spans were
     /// first seen), in each group's member order.
-    fn refresh_shared(&mut self, changed: &CpuSet) -> Vec<CpusetUpdate> {
+    fn refresh_shared(&mut self, changed: &CpuSet) -> CpusetUpdates {
         let (usable, taken) = (self.usable, self.taken);
         // Room for every member of the groups hit: no regrowth (and copying) of a list that
         // can hold hundreds of updates.
         let members: usize = self.shared.hit(changed).map(|g| g.ids.len()).sum();
-        let mut out = Vec::with_capacity(members);
+        let mut out = CpusetUpdates::with_capacity(members);
         for group in self.shared.hit(changed) {
             let cpus = group.span.intersection(&usable).difference(&taken);
             if cpus.is_empty() {
@@ -441,11 +439,7 @@ impl Engine {
                 let mine = g.visible(&self.topo, &cpus);
                 if g.cpus != mine {
                     g.cpus = mine;
-                    out.push(CpusetUpdate {
-                        container_id: Arc::clone(id),
-                        cpus: mine,
-                        mems: g.mems,
-                    });
+                    out.push(Arc::clone(id), mine, g.mems);
                 }
             }
         }
@@ -492,7 +486,7 @@ impl Engine {
         } else {
             self.hint_placed(&id, &g);
             self.put(id, g);
-            Vec::new()
+            CpusetUpdates::new()
         };
         Placement {
             cpus,

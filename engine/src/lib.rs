@@ -34,6 +34,7 @@ pub mod sysfs;
 pub mod testdata;
 pub mod topology;
 pub mod types;
+pub mod updates;
 
 pub use cpu_model::{ClusterAffinityRule, CpuModel};
 pub use cpuset::CpuSet;
@@ -52,3 +53,4 @@ pub use types::{
     ReservedAccess, ReservedAnnotation, ReservedRefusal, ResourcePriority, RestoreReport, Site,
     SkipReason, Unhonoured,
 };
+pub use updates::{CpusetUpdates, UpdateRef};
