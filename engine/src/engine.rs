@@ -4,15 +4,14 @@
 use crate::cpu_model::ClustersOff;
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
+use crate::grants::Grants;
 use crate::policy::{Policies, Policy};
 use crate::rebalance::UsageHint;
-use crate::request::{ContainerRequest, PolicyKind};
+use crate::request::{ContainerRequest, Hyperthreads, PolicyKind};
 use crate::state::{Parts, StateView};
 use crate::topology::{PoolId, Topology};
-use crate::types::IdHasher;
 use crate::updates::CpusetUpdates;
 use shared_index::SharedIndex;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 pub use crate::types::{
@@ -46,8 +45,8 @@ pub struct Engine {
     /// Whether each pool has a CPU left for shared containers (usable and not exclusive),
     /// kept with `usable` and `taken`: every decision asks it of every pool.
     has_shared: Vec<bool>,
-    grants: HashMap<Arc<str>, Grant, IdHasher>,
-    /// The shared grants' ids grouped by span (kept with `grants` by `put` and `take`).
+    grants: Grants,
+    /// The shared grants grouped by span (kept with `grants` by `put` and `take`).
     shared: SharedIndex,
     pool_load: Vec<PoolLoad>,
     node_load: Vec<NodeLoad>,
@@ -75,7 +74,7 @@ impl Engine {
             cfg,
             clusters_off,
             usable,
-            grants: HashMap::default(),
+            grants: Grants::default(),
             shared: SharedIndex::default(),
             taken: CpuSet::new(),
             policies: Policies::default(),
@@ -158,23 +157,21 @@ impl Engine {
     }
 
     /// Adds (or replaces) a grant, keeping the shared index in step (a replaced grant's entry
-    /// goes: [`SharedIndex::add`] moves an id it holds).
+    /// goes: [`SharedIndex::add`] moves a slot it holds).
     fn put(&mut self, id: Arc<str>, g: Grant) {
         // Reserved grants are never refreshed: exclusive CPUs are never reserved ones.
-        if g.is_exclusive() || g.is_reserved() {
-            self.shared.remove(&id);
-        } else {
-            self.shared.add(&id, g.pool, &g.span);
+        let shared = (!g.is_exclusive() && !g.is_reserved()).then_some((g.pool, g.span));
+        let slot = self.grants.insert(Arc::clone(&id), g);
+        match shared {
+            Some((pool, span)) => self.shared.add(slot, &id, pool, &span),
+            None => self.shared.remove(slot),
         }
-        self.grants.insert(id, g);
     }
 
     /// Removes a grant, keeping the shared index in step.
     fn take(&mut self, id: &str) -> Option<Grant> {
-        let g = self.grants.remove(id)?;
-        if !g.is_exclusive() {
-            self.shared.remove(id);
-        }
+        let (slot, g) = self.grants.remove(id)?;
+        self.shared.remove(slot);
         Some(g)
     }
 
@@ -425,21 +422,28 @@ impl Engine {
         let (usable, taken) = (self.usable, self.taken);
         // Room for every member of the groups hit: no regrowth (and copying) of a list that
         // can hold hundreds of updates.
-        let members: usize = self.shared.hit(changed).map(|g| g.ids.len()).sum();
+        let members: usize = self.shared.hit(changed).map(|g| g.members.len()).sum();
         let mut out = CpusetUpdates::with_capacity(members);
         for group in self.shared.hit(changed) {
             let cpus = group.span.intersection(&usable).difference(&taken);
             if cpus.is_empty() {
                 continue;
             }
-            for id in &group.ids {
-                let Some(g) = self.grants.get_mut(&**id) else {
+            // One thread per core, worked out once for the group if a member hides them.
+            let mut hidden = None;
+            for m in &group.members {
+                let Some((_, g)) = self.grants.slot_mut(m.slot) else {
                     continue;
                 };
-                let mine = g.visible(&self.topo, &cpus);
-                if g.cpus != mine {
-                    g.cpus = mine;
-                    out.push(Arc::clone(id), mine, g.mems);
+                let mine = match g.threads {
+                    Hyperthreads::Shown => &cpus,
+                    Hyperthreads::Hidden => {
+                        hidden.get_or_insert_with(|| self.topo.one_thread_per_core(&cpus))
+                    }
+                };
+                if g.cpus != *mine {
+                    g.cpus = *mine;
+                    out.push(Arc::clone(&m.id), mine, g.mems.as_ref());
                 }
             }
         }

@@ -25,6 +25,7 @@ pub mod cpuset;
 pub mod devices;
 pub mod engine;
 pub mod grant;
+pub(crate) mod grants;
 pub mod nodeset;
 pub mod policy;
 pub mod rebalance;

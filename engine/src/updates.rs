@@ -49,12 +49,14 @@ impl CpusetUpdates {
 
     /// Adds an update (a container already in the list gets a second entry: see
     /// [`CpusetUpdates::merge`] for replacing).
-    pub fn push(&mut self, container_id: Arc<str>, cpus: CpuSet, mems: Option<NodeSet>) {
-        let set = Cpusets { cpus, mems };
+    pub fn push(&mut self, container_id: Arc<str>, cpus: &CpuSet, mems: Option<&NodeSet>) {
         let index = match self.sets.last() {
-            Some(last) if *last == set => self.sets.len() - 1,
+            Some(last) if last.cpus == *cpus && last.mems.as_ref() == mems => self.sets.len() - 1,
             _ => {
-                self.sets.push(set);
+                self.sets.push(Cpusets {
+                    cpus: *cpus,
+                    mems: mems.copied(),
+                });
                 self.sets.len() - 1
             }
         };
@@ -69,7 +71,7 @@ impl CpusetUpdates {
         for (id, set) in later.members {
             self.members.retain(|(x, _)| *x != id);
             if let Some(s) = later.sets.get(set as usize) {
-                self.push(id, s.cpus, s.mems);
+                self.push(id, &s.cpus, s.mems.as_ref());
             }
         }
     }
@@ -180,7 +182,7 @@ impl FromIterator<CpusetUpdate> for CpusetUpdates {
     fn from_iter<I: IntoIterator<Item = CpusetUpdate>>(iter: I) -> Self {
         let mut out = CpusetUpdates::new();
         for u in iter {
-            out.push(u.container_id, u.cpus, u.mems);
+            out.push(u.container_id, &u.cpus, u.mems.as_ref());
         }
         out
     }
@@ -214,12 +216,12 @@ mod tests {
     fn one_cpuset_per_run_of_equal_updates_and_later_ones_win() {
         let mut u = CpusetUpdates::new();
         for id in ["a", "b", "c"] {
-            u.push(Arc::from(id), set("0-3"), None);
+            u.push(Arc::from(id), &set("0-3"), None);
         }
-        u.push(Arc::from("d"), set("0,2"), None);
+        u.push(Arc::from("d"), &set("0,2"), None);
         assert_eq!(u.sets.len(), 2);
         let mut later = CpusetUpdates::new();
-        later.push(Arc::from("b"), set("4-7"), None);
+        later.push(Arc::from("b"), &set("4-7"), None);
         u.merge(later);
         u.retain(|r| r.container_id != "c");
         let got: Vec<(String, String)> = u
