@@ -11,7 +11,7 @@ use std::str::FromStr;
 pub const MAX_IDS: usize = 1024;
 const WORDS: usize = MAX_IDS / 64;
 
-#[derive(Clone, Copy, Eq, Hash, Default)]
+#[derive(Clone, Copy, Eq, Default)]
 pub struct CpuSet {
     bits: [u64; WORDS],
 }
@@ -28,6 +28,13 @@ impl PartialEq for CpuSet {
             .zip(&other.bits)
             .fold(0u64, |acc, (a, b)| acc | (a ^ b));
         diff == 0
+    }
+}
+
+/// As derived (the words in order), next to the hand-written equality it must agree with.
+impl std::hash::Hash for CpuSet {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.bits.hash(state);
     }
 }
 
