@@ -4,14 +4,14 @@
 use crate::cpu_model::ClustersOff;
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
+use crate::grants::Grants;
 use crate::policy::{Policies, Policy};
 use crate::rebalance::UsageHint;
-use crate::request::{ContainerRequest, PolicyKind};
+use crate::request::{ContainerRequest, Hyperthreads, PolicyKind};
 use crate::state::{Parts, StateView};
 use crate::topology::{PoolId, Topology};
-use crate::types::IdHasher;
+use crate::updates::CpusetUpdates;
 use shared_index::SharedIndex;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 pub use crate::types::{
@@ -45,8 +45,8 @@ pub struct Engine {
     /// Whether each pool has a CPU left for shared containers (usable and not exclusive),
     /// kept with `usable` and `taken`: every decision asks it of every pool.
     has_shared: Vec<bool>,
-    grants: HashMap<Arc<str>, Grant, IdHasher>,
-    /// The shared grants' ids grouped by span (kept with `grants` by `put` and `take`).
+    grants: Grants,
+    /// The shared grants grouped by span (kept with `grants` by `put` and `take`).
     shared: SharedIndex,
     pool_load: Vec<PoolLoad>,
     node_load: Vec<NodeLoad>,
@@ -74,7 +74,7 @@ impl Engine {
             cfg,
             clusters_off,
             usable,
-            grants: HashMap::default(),
+            grants: Grants::default(),
             shared: SharedIndex::default(),
             taken: CpuSet::new(),
             policies: Policies::default(),
@@ -157,23 +157,21 @@ impl Engine {
     }
 
     /// Adds (or replaces) a grant, keeping the shared index in step (a replaced grant's entry
-    /// goes: [`SharedIndex::add`] moves an id it holds).
+    /// goes: [`SharedIndex::add`] moves a slot it holds).
     fn put(&mut self, id: Arc<str>, g: Grant) {
         // Reserved grants are never refreshed: exclusive CPUs are never reserved ones.
-        if g.is_exclusive() || g.is_reserved() {
-            self.shared.remove(&id);
-        } else {
-            self.shared.add(&id, g.pool, &g.span);
+        let shared = (!g.is_exclusive() && !g.is_reserved()).then_some((g.pool, g.span));
+        let slot = self.grants.insert(Arc::clone(&id), g);
+        match shared {
+            Some((pool, span)) => self.shared.add(slot, &id, pool, &span),
+            None => self.shared.remove(slot),
         }
-        self.grants.insert(id, g);
     }
 
     /// Removes a grant, keeping the shared index in step.
     fn take(&mut self, id: &str) -> Option<Grant> {
-        let g = self.grants.remove(id)?;
-        if !g.is_exclusive() {
-            self.shared.remove(id);
-        }
+        let (slot, g) = self.grants.remove(id)?;
+        self.shared.remove(slot);
         Some(g)
     }
 
@@ -275,7 +273,7 @@ impl Engine {
                     Site::Reserved => Reason::Reserved,
                     Site::Pools => Reason::Fits(self.topo.pools[old.pool].level),
                 },
-                updates: Vec::new(),
+                updates: CpusetUpdates::new(),
                 unhonoured: None,
             });
         }
@@ -289,11 +287,8 @@ impl Engine {
         match outcome {
             Outcome::Placed(mut p) => {
                 // Updates from the release and from the new grant; the later one wins.
-                for u in p.updates.drain(..) {
-                    updates.retain(|x| x.container_id != u.container_id);
-                    updates.push(u);
-                }
-                updates.retain(|u| *u.container_id != *req.id);
+                updates.merge(std::mem::take(&mut p.updates));
+                updates.retain(|u| u.container_id != req.id);
                 p.updates = updates;
                 Outcome::Placed(p)
             }
@@ -303,13 +298,13 @@ impl Engine {
 
     /// Releases a container's grant (idempotent). Returns cpuset updates for shared containers
     /// that get returned exclusive CPUs back.
-    pub fn remove(&mut self, id: &str) -> Vec<CpusetUpdate> {
+    pub fn remove(&mut self, id: &str) -> CpusetUpdates {
         self.release(id)
     }
 
-    fn release(&mut self, id: &str) -> Vec<CpusetUpdate> {
+    fn release(&mut self, id: &str) -> CpusetUpdates {
         let Some(g) = self.take(id) else {
-            return Vec::new();
+            return CpusetUpdates::new();
         };
         self.hint_removed(id, &g);
         self.uncharge(&g);
@@ -317,7 +312,7 @@ impl Engine {
             self.set_taken(self.taken.difference(&g.exclusive));
             self.refresh_shared(&g.exclusive)
         } else {
-            Vec::new()
+            CpusetUpdates::new()
         }
     }
 
@@ -423,29 +418,32 @@ impl Engine {
     /// Recomputes the cpuset of every shared grant whose span meets `changed`, returning the
     /// updates for those whose cpuset changed: group by group (in the order the spans were
     /// first seen), in each group's member order.
-    fn refresh_shared(&mut self, changed: &CpuSet) -> Vec<CpusetUpdate> {
+    fn refresh_shared(&mut self, changed: &CpuSet) -> CpusetUpdates {
         let (usable, taken) = (self.usable, self.taken);
         // Room for every member of the groups hit: no regrowth (and copying) of a list that
         // can hold hundreds of updates.
-        let members: usize = self.shared.hit(changed).map(|g| g.ids.len()).sum();
-        let mut out = Vec::with_capacity(members);
+        let members: usize = self.shared.hit(changed).map(|g| g.members.len()).sum();
+        let mut out = CpusetUpdates::with_capacity(members);
         for group in self.shared.hit(changed) {
             let cpus = group.span.intersection(&usable).difference(&taken);
             if cpus.is_empty() {
                 continue;
             }
-            for id in &group.ids {
-                let Some(g) = self.grants.get_mut(&**id) else {
+            // One thread per core, worked out once for the group if a member hides them.
+            let mut hidden = None;
+            for m in &group.members {
+                let Some((_, g)) = self.grants.slot_mut(m.slot) else {
                     continue;
                 };
-                let mine = g.visible(&self.topo, &cpus);
-                if g.cpus != mine {
-                    g.cpus = mine;
-                    out.push(CpusetUpdate {
-                        container_id: Arc::clone(id),
-                        cpus: mine,
-                        mems: g.mems,
-                    });
+                let mine = match g.threads {
+                    Hyperthreads::Shown => &cpus,
+                    Hyperthreads::Hidden => {
+                        hidden.get_or_insert_with(|| self.topo.one_thread_per_core(&cpus))
+                    }
+                };
+                if g.cpus != *mine {
+                    g.cpus = *mine;
+                    out.push(Arc::clone(&m.id), mine, g.mems.as_ref());
                 }
             }
         }
@@ -492,7 +490,7 @@ impl Engine {
         } else {
             self.hint_placed(&id, &g);
             self.put(id, g);
-            Vec::new()
+            CpusetUpdates::new()
         };
         Placement {
             cpus,

@@ -25,6 +25,7 @@ pub mod cpuset;
 pub mod devices;
 pub mod engine;
 pub mod grant;
+pub(crate) mod grants;
 pub mod nodeset;
 pub mod policy;
 pub mod rebalance;
@@ -34,6 +35,7 @@ pub mod sysfs;
 pub mod testdata;
 pub mod topology;
 pub mod types;
+pub mod updates;
 
 pub use cpu_model::{ClusterAffinityRule, CpuModel};
 pub use cpuset::CpuSet;
@@ -52,3 +54,4 @@ pub use types::{
     ReservedAccess, ReservedAnnotation, ReservedRefusal, ResourcePriority, RestoreReport, Site,
     SkipReason, Unhonoured,
 };
+pub use updates::{CpusetUpdates, UpdateRef};

@@ -5,13 +5,11 @@
 
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
+use crate::grants::Grants;
 use crate::nodeset::NodeSet;
 use crate::rebalance::UsageHint;
 use crate::topology::{PoolId, Topology};
-use crate::types::IdHasher;
 use crate::types::{EngineConfig, NodeLoad, PoolLoad};
-use std::collections::HashMap;
-use std::sync::Arc;
 
 // The two CPU sets are copied in (small, fixed-size): the hot checks then read them one
 // pointer away, as they did from the engine itself.
@@ -24,7 +22,7 @@ pub struct StateView<'a> {
     node_capacity: &'a [u64],
     has_shared: &'a [bool],
     taken: CpuSet,
-    grants: &'a HashMap<Arc<str>, Grant, IdHasher>,
+    grants: &'a Grants,
     pool_load: &'a [PoolLoad],
     node_load: &'a [NodeLoad],
     usage_hint: Option<&'a UsageHint>,
@@ -42,7 +40,7 @@ pub(crate) struct Parts<'a> {
     /// Whether each pool has a CPU left for shared containers (index = pool id).
     pub has_shared: &'a [bool],
     pub taken: &'a CpuSet,
-    pub grants: &'a HashMap<Arc<str>, Grant, IdHasher>,
+    pub grants: &'a Grants,
     pub pool_load: &'a [PoolLoad],
     pub node_load: &'a [NodeLoad],
     /// Measured usage per NUMA node, when the caller handed one.

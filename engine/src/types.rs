@@ -7,6 +7,7 @@ use crate::cpuset::CpuSet;
 use crate::nodeset::NodeSet;
 use crate::request::{ContainerRequest, CoreGrain, PolicyKind};
 use crate::topology::{Level, MemoryKind, PoolId};
+use crate::updates::CpusetUpdates;
 use std::fmt;
 use std::sync::Arc;
 
@@ -346,7 +347,8 @@ pub struct Placement {
     pub pool: PoolId,
     pub exclusive: bool,
     pub reason: Reason,
-    pub updates: Vec<CpusetUpdate>,
+    /// Cpuset changes of other containers this decision causes.
+    pub updates: CpusetUpdates,
     /// A per-Pod control this placement could not honour.
     pub unhonoured: Option<Unhonoured>,
 }

@@ -145,15 +145,15 @@ fn hidden_hyperthreads_show_one_thread_per_core_and_follow_updates() {
     let up = p
         .updates
         .iter()
-        .find(|u| &*u.container_id == "b")
+        .find(|u| u.container_id == "b")
         .expect("the hidden container is updated");
     assert!(!up.cpus.intersects(&p.cpus));
     assert_eq!(
-        up.cpus,
+        *up.cpus,
         e.topology()
             .one_thread_per_core(&pool_cpus.difference(e.taken()))
     );
-    assert_eq!(e.grant("b").unwrap().cpus, up.cpus);
+    assert_eq!(e.grant("b").unwrap().cpus, *up.cpus);
 }
 
 /// A restarted agent reads a hidden-hyperthread grant back from its record: the live cpuset

@@ -58,7 +58,7 @@ fn a_whole_node_to_itself_and_no_one_else_on_it() {
     // The node is charged whole (24 CPUs), whatever the container asked.
     assert_eq!(e.pool_load(p.pool).request_milli, 24_000);
     // The BestEffort container loses the node's CPUs.
-    let up = p.updates.iter().find(|u| &*u.container_id == "be").unwrap();
+    let up = p.updates.iter().find(|u| u.container_id == "be").unwrap();
     assert!(
         !up.cpus.intersects(&p.cpus) && up.cpus.len() == 72,
         "{up:?}"
@@ -83,8 +83,8 @@ fn a_whole_node_to_itself_and_no_one_else_on_it() {
     assert_eq!(r.cpus, p.cpus);
     // Removed: the node's CPUs go back to the BestEffort container.
     let ups = e.remove("x");
-    let up = ups.iter().find(|u| &*u.container_id == "be").unwrap();
-    assert!(p.cpus.is_subset(&up.cpus), "{up:?}");
+    let up = ups.iter().find(|u| u.container_id == "be").unwrap();
+    assert!(p.cpus.is_subset(up.cpus), "{up:?}");
     assert_eq!(e.pool_load(p.pool).request_milli, 0);
 }
 

@@ -140,8 +140,9 @@ fn exclusive_cpus_for_guaranteed_integer_containers() {
     // The shared container in the same node loses those CPUs.
     if shared.cpus.is_superset_of(&p.cpus) {
         assert_eq!(p.updates.len(), 1);
-        assert_eq!(&*p.updates[0].container_id, "shared");
-        assert!(!p.updates[0].cpus.intersects(&p.cpus));
+        let up = p.updates.iter().next().expect("one update");
+        assert_eq!(up.container_id, "shared");
+        assert!(!up.cpus.intersects(&p.cpus));
     }
     // A second Guaranteed container never gets the same CPUs.
     let mut g2 = c("g2", 4.0, 4.0);

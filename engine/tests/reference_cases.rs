@@ -231,7 +231,7 @@ fn best_effort_runs_on_the_machines_shared_cpus() {
         let pg = placed(e.create(&g));
         if policy == PolicyKind::TopologyAware {
             assert!(pg.exclusive);
-            let up = pg.updates.iter().find(|u| &*u.container_id == "be");
+            let up = pg.updates.iter().find(|u| u.container_id == "be");
             let up = up.expect("BestEffort updated when exclusive CPUs are taken");
             assert_eq!(up.cpus.len(), 92);
             assert!(!up.cpus.intersects(&pg.cpus));
@@ -239,7 +239,7 @@ fn best_effort_runs_on_the_machines_shared_cpus() {
             let ups = e.remove("g");
             assert!(ups
                 .iter()
-                .any(|u| &*u.container_id == "be" && u.cpus.len() == 96));
+                .any(|u| u.container_id == "be" && u.cpus.len() == 96));
         }
     }
 }

@@ -226,11 +226,11 @@ fn check_invariants(e: &Engine, seen: &BTreeMap<String, Seen>) -> Result<(), Tes
     Ok(())
 }
 
-fn apply(seen: &mut BTreeMap<String, Seen>, ups: &[tap_engine::CpusetUpdate]) {
+fn apply(seen: &mut BTreeMap<String, Seen>, ups: &tap_engine::CpusetUpdates) {
     for u in ups {
-        if let Some(s) = seen.get_mut(&*u.container_id) {
-            s.cpus = u.cpus;
-            s.mems = u.mems;
+        if let Some(s) = seen.get_mut(u.container_id) {
+            s.cpus = *u.cpus;
+            s.mems = u.mems.copied();
         }
     }
 }
@@ -293,7 +293,7 @@ proptest! {
                             let want = if g.policy == PolicyKind::TopologyAware { to } else { g.pool };
                             prop_assert_eq!(g.pool, want);
                             prop_assert_eq!(g.nodes, topo.pools[to].numa_nodes);
-                            apply(&mut seen, &ups);
+                            apply(&mut seen, &ups.into_iter().collect());
                         }
                         Err(_) => prop_assert_eq!(&e, &before, "a refused move changed the state"),
                     }
@@ -324,7 +324,7 @@ proptest! {
         let report = inferred.restore(&bare);
         prop_assert_eq!(report.inferred, bare.len());
         let mut after = seen.clone();
-        apply(&mut after, &report.updates);
+        apply(&mut after, &report.updates.into_iter().collect());
         check_invariants(&inferred, &after)?;
     }
 }

@@ -415,7 +415,7 @@ impl Agent {
         }
     }
 
-    fn to_updates(&self, ups: Vec<CpusetUpdate>) -> Vec<Update> {
+    fn to_updates(&self, ups: impl IntoIterator<Item = CpusetUpdate>) -> Vec<Update> {
         ups.into_iter()
             .map(|u| Update {
                 container_id: u.container_id.to_string(),

@@ -15,7 +15,7 @@ impl Engine {
     pub fn reinstate(&mut self, id: &str, previous: Option<Grant>) -> Vec<CpusetUpdate> {
         let mut updates = self.release(id);
         let Some(mut g) = previous else {
-            return updates;
+            return updates.to_vec();
         };
         let before = g.cpus;
         if g.is_exclusive() && g.exclusive.intersects(&self.taken) {
@@ -34,12 +34,10 @@ impl Engine {
         self.charge(&g);
         self.put(Arc::from(id), g);
         if !exclusive.is_empty() {
-            for u in self.refresh_shared(&exclusive) {
-                updates.retain(|x| x.container_id != u.container_id);
-                updates.push(u);
-            }
+            updates.merge(self.refresh_shared(&exclusive));
         }
-        updates.retain(|u| &*u.container_id != id);
+        updates.retain(|u| u.container_id != id);
+        let mut updates = updates.to_vec();
         if cpus != before && !cpus.is_empty() {
             updates.push(CpusetUpdate {
                 container_id: Arc::from(id),

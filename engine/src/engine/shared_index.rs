@@ -4,9 +4,8 @@
 //! scanning every grant, and computes each group's new cpuset once.
 
 use crate::cpuset::CpuSet;
+use crate::grants::Slot;
 use crate::topology::PoolId;
-use crate::types::IdHasher;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 #[derive(Debug, Clone, Default)]
@@ -15,15 +14,22 @@ pub(super) struct SharedIndex {
     /// Groups of each pool (index = [`PoolId`]): a pool's shared grants almost always have one
     /// span (the pool's CPUs), so finding a grant's group is one or two set comparisons.
     by_pool: Vec<Vec<usize>>,
-    /// Where each member is, so adding and removing one is constant time (no ordered set of
-    /// ids to search and rebalance on the start path).
-    at: HashMap<Arc<str>, Slot, IdHasher>,
+    /// Where each member is (index = its grant's slot), so adding and removing one is constant
+    /// time (no ordered set of ids to search and rebalance on the start path).
+    at: Vec<Option<Place>>,
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Slot {
+struct Place {
     group: usize,
     index: usize,
+}
+
+/// A member of a group: its grant's slot (the refresh goes straight to the grant) and its id.
+#[derive(Debug, Clone)]
+pub(super) struct Member {
+    pub slot: Slot,
+    pub id: Arc<str>,
 }
 
 #[derive(Debug, Clone)]
@@ -32,44 +38,49 @@ pub(super) struct Group {
     /// Members in an order fixed by the sequence of adds and removes (a removed member's
     /// place goes to the group's last): the refresh hands out updates in a deterministic
     /// order.
-    pub ids: Vec<Arc<str>>,
+    pub members: Vec<Member>,
 }
 
 impl SharedIndex {
-    pub fn add(&mut self, id: &Arc<str>, pool: PoolId, span: &CpuSet) {
-        self.remove(id);
+    pub fn add(&mut self, slot: Slot, id: &Arc<str>, pool: PoolId, span: &CpuSet) {
+        self.remove(slot);
         let g = self.group_of(pool, span).unwrap_or_else(|| {
             if self.by_pool.len() <= pool {
                 self.by_pool.resize_with(pool.saturating_add(1), Vec::new);
             }
             self.groups.push(Group {
                 span: *span,
-                ids: Vec::new(),
+                members: Vec::new(),
             });
             let g = self.groups.len() - 1;
             self.by_pool[pool].push(g);
             g
         });
-        let ids = &mut self.groups[g].ids;
-        self.at.insert(
-            Arc::clone(id),
-            Slot {
-                group: g,
-                index: ids.len(),
-            },
-        );
-        ids.push(Arc::clone(id));
+        let members = &mut self.groups[g].members;
+        let at = slot as usize;
+        if self.at.len() <= at {
+            self.at.resize(at.saturating_add(1), None);
+        }
+        self.at[at] = Some(Place {
+            group: g,
+            index: members.len(),
+        });
+        members.push(Member {
+            slot,
+            id: Arc::clone(id),
+        });
     }
 
-    pub fn remove(&mut self, id: &str) {
-        let Some(slot) = self.at.remove(id) else {
+    /// Takes the grant in `slot` out of its group (nothing when it is in none).
+    pub fn remove(&mut self, slot: Slot) {
+        let Some(place) = self.at.get_mut(slot as usize).and_then(Option::take) else {
             return;
         };
-        let ids = &mut self.groups[slot.group].ids;
-        ids.swap_remove(slot.index);
-        if let Some(moved) = ids.get(slot.index) {
-            if let Some(m) = self.at.get_mut(&**moved) {
-                m.index = slot.index;
+        let members = &mut self.groups[place.group].members;
+        members.swap_remove(place.index);
+        if let Some(moved) = members.get(place.index) {
+            if let Some(Some(m)) = self.at.get_mut(moved.slot as usize) {
+                m.index = place.index;
             }
         }
     }
@@ -86,7 +97,7 @@ impl SharedIndex {
     pub fn hit<'a>(&'a self, changed: &'a CpuSet) -> impl Iterator<Item = &'a Group> + 'a {
         self.groups
             .iter()
-            .filter(move |g| !g.ids.is_empty() && g.span.intersects(changed))
+            .filter(move |g| !g.members.is_empty() && g.span.intersects(changed))
     }
 
     /// The members of every group as (span, id) pairs, sorted: for comparing two indexes
@@ -95,7 +106,7 @@ impl SharedIndex {
         let mut v: Vec<(CpuSet, &str)> = self
             .groups
             .iter()
-            .flat_map(|g| g.ids.iter().map(move |id| (g.span, &**id)))
+            .flat_map(|g| g.members.iter().map(move |m| (g.span, &*m.id)))
             .collect();
         v.sort_unstable_by(|a, b| a.1.cmp(b.1));
         v
@@ -117,41 +128,44 @@ mod tests {
 
     fn ids(ix: &SharedIndex, span: &CpuSet) -> Vec<String> {
         let g = ix.groups.iter().find(|g| g.span == *span).expect("group");
-        g.ids.iter().map(|i| i.to_string()).collect()
+        g.members.iter().map(|m| m.id.to_string()).collect()
     }
 
     #[test]
     fn members_move_and_leave_in_constant_time_keeping_positions_right() {
         let (a, b): (CpuSet, CpuSet) = ("0-3".parse().unwrap(), "4-7".parse().unwrap());
         let mut ix = SharedIndex::default();
-        for id in ["x", "y", "z", "w"] {
-            ix.add(&Arc::from(id), 1, &a);
+        // Slots 0-3 for x, y, z, w.
+        for (slot, id) in ["x", "y", "z", "w"].into_iter().enumerate() {
+            ix.add(slot as Slot, &Arc::from(id), 1, &a);
         }
-        ix.remove("x"); // the last member takes its place
+        ix.remove(0); // the last member takes x's place
         assert_eq!(ids(&ix, &a), ["w", "y", "z"]);
-        ix.remove("z");
-        ix.remove("z"); // twice: no effect
+        ix.remove(2);
+        ix.remove(2); // twice: no effect
         assert_eq!(ids(&ix, &a), ["w", "y"]);
-        ix.add(&Arc::from("w"), 2, &b); // a member re-added elsewhere leaves its old group
+        ix.add(3, &Arc::from("w"), 2, &b); // a member re-added elsewhere leaves its old group
         assert_eq!(ids(&ix, &a), ["y"]);
         assert_eq!(ids(&ix, &b), ["w"]);
-        ix.remove("y");
-        ix.remove("w");
-        assert!(ix.at.is_empty());
+        ix.remove(1);
+        ix.remove(3);
+        assert!(ix.at.iter().all(Option::is_none));
         assert_eq!(
             ix.hit(&"0-7".parse().unwrap()).count(),
             0,
             "empty groups are not hit"
         );
         // Positions stay right through the swaps: every member is where `at` says.
-        for i in 0..50 {
-            ix.add(&Arc::from(format!("c{i}").as_str()), 1, &a);
+        for i in 0..50u32 {
+            ix.add(i, &Arc::from(format!("c{i}").as_str()), 1, &a);
         }
-        for i in (0..50).step_by(3) {
-            ix.remove(&format!("c{i}"));
+        for i in (0..50u32).step_by(3) {
+            ix.remove(i);
         }
-        for (id, slot) in &ix.at {
-            assert_eq!(&ix.groups[slot.group].ids[slot.index], id);
+        for (slot, place) in ix.at.iter().enumerate() {
+            if let Some(p) = place {
+                assert_eq!(ix.groups[p.group].members[p.index].slot as usize, slot);
+            }
         }
     }
 }
