@@ -608,7 +608,7 @@ pub fn simulate_with(
                         let ups = e.remove(&id);
                         updates += ups.len();
                         for u in &ups {
-                            ledger.recharge(machine, &u.container_id, &u.cpus);
+                            ledger.recharge(machine, u.container_id, u.cpus);
                         }
                     }
                 }
@@ -675,7 +675,7 @@ pub fn simulate_with(
                             );
                             updates += p.updates.len();
                             for u in &p.updates {
-                                ledger.recharge(machine, &u.container_id, &u.cpus);
+                                ledger.recharge(machine, u.container_id, u.cpus);
                             }
                         }
                         // Fail open: the container runs unadjusted, on all CPUs.
