@@ -102,6 +102,15 @@ impl CpuSet {
         out
     }
 
+    /// The CPUs in exactly one of the two sets.
+    pub fn symmetric_difference(&self, other: &CpuSet) -> CpuSet {
+        let mut out = *self;
+        for (o, b) in out.bits.iter_mut().zip(other.bits.iter()) {
+            *o ^= *b;
+        }
+        out
+    }
+
     pub fn is_subset(&self, other: &CpuSet) -> bool {
         self.bits
             .iter()

@@ -403,13 +403,19 @@ impl Engine {
     }
 
     /// Sets the exclusive CPUs handed out, each pool's count of them and whether it keeps a
-    /// shared CPU.
+    /// shared CPU. Only the pools that hold a CPU whose state changed are counted again (the
+    /// few around an exclusive grant, not every pool of the machine): the others' figures do
+    /// not depend on it.
     fn set_taken(&mut self, taken: CpuSet) {
+        let changed = self.taken.symmetric_difference(&taken);
         self.taken = taken;
         let usable = self.usable;
         // One pass over the pools for both figures, in the vectors already there.
         let pools = self.topo.pools.iter().zip(self.pool_load.iter_mut());
         for ((p, l), shared) in pools.zip(self.has_shared.iter_mut()) {
+            if !p.cpus.intersects(&changed) {
+                continue;
+            }
             l.taken_cpus = u32::try_from(p.cpus.intersection(&taken).len()).unwrap_or(u32::MAX);
             *shared = !p.cpus.intersection(&usable).difference(&taken).is_empty();
         }
