@@ -48,7 +48,11 @@ fn recounted(e: &Engine) -> Vec<(u32, bool)> {
         .iter()
         .map(|p| {
             let taken = p.cpus.intersection(&e.taken).len() as u32;
-            let shared = !p.cpus.intersection(&e.usable).difference(&e.taken).is_empty();
+            let shared = !p
+                .cpus
+                .intersection(&e.usable)
+                .difference(&e.taken)
+                .is_empty();
             (taken, shared)
         })
         .collect()
