@@ -226,11 +226,11 @@ async fn next_frame<R: AsyncRead + Unpin>(
         }
         return Ok(Some((conn, buf.split_to(len).freeze())));
     }
-    // A large frame (a big Synchronize from an old runtime): a buffer of exactly its size.
+    // A large frame (a big Synchronize from an old runtime): a buffer of exactly its size,
+    // zeroed by the allocator (no element-by-element fill, slow in unoptimised builds).
     let have = buf.len().min(len);
-    let mut payload = Vec::with_capacity(len);
-    payload.extend_from_slice(&buf.split_to(have));
-    payload.resize(len, 0);
+    let mut payload = vec![0u8; len];
+    payload[..have].copy_from_slice(&buf.split_to(have));
     rd.read_exact(&mut payload[have..]).await?;
     Ok(Some((conn, Bytes::from(payload))))
 }
