@@ -34,10 +34,8 @@ impl CpuMeter {
     /// CPU time used so far (user + system).
     pub fn used(&self) -> Duration {
         match &self.source {
-            Source::V2(dir) => std::fs::read_to_string(dir.join("cpu.stat"))
-                .ok()
-                .and_then(|s| field(&s, "usage_usec"))
-                .map_or(Duration::ZERO, Duration::from_micros),
+            Source::V2(dir) => node_agent::usage::cpu_stat::read(dir)
+                .map_or(Duration::ZERO, |s| Duration::from_micros(s.usage_usec)),
             Source::V1(dir) => std::fs::read_to_string(dir.join("cpuacct.usage"))
                 .ok()
                 .and_then(|s| s.trim().parse().ok())
@@ -77,11 +75,6 @@ fn cgroup(pid: u32, name: &str) -> Option<Source> {
     Some(source(dir))
 }
 
-fn field(text: &str, key: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
-}
-
 /// User + system CPU time of a process's live threads (`/proc/<pid>/stat`, 10 ms ticks).
 pub fn proc_stat_cpu(pid: u32) -> Duration {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -105,13 +98,6 @@ const CLK_TCK: u64 = 100;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reads_usage_from_cpu_stat() {
-        let s = "usage_usec 1234\nuser_usec 1000\nsystem_usec 234\n";
-        assert_eq!(field(s, "usage_usec"), Some(1234));
-        assert_eq!(field(s, "nr_periods"), None);
-    }
 
     #[test]
     fn own_process_has_used_some_cpu() {
