@@ -78,6 +78,22 @@ impl CpuSet {
         self.bits.iter().all(|w| *w == 0)
     }
 
+    /// The id of a one-member set; `None` for an empty set or one of several members. Cheaper
+    /// than [`CpuSet::len`] (a population count of every word) where sets are mostly single.
+    pub fn single(&self) -> Option<usize> {
+        let mut found = None;
+        for (wi, &w) in self.bits.iter().enumerate() {
+            if w == 0 {
+                continue;
+            }
+            if found.is_some() || w & (w - 1) != 0 {
+                return None;
+            }
+            found = Some(wi * 64 + w.trailing_zeros() as usize);
+        }
+        found
+    }
+
     pub fn union(&self, other: &CpuSet) -> CpuSet {
         let mut out = *self;
         for (o, b) in out.bits.iter_mut().zip(other.bits.iter()) {
@@ -315,5 +331,21 @@ mod tests {
         assert!(!b.is_subset(&a));
         assert_eq!(a.len(), 8);
         assert_eq!(b.first(), Some(4));
+    }
+
+    #[test]
+    fn single_is_the_one_member_of_a_one_member_set() {
+        for (s, want) in [
+            ("", None),
+            ("0", Some(0)),
+            ("63", Some(63)),
+            ("64", Some(64)),
+            ("1023", Some(1023)),
+            ("0-1", None),
+            ("3,70", None),
+            ("70,1023", None),
+        ] {
+            assert_eq!(CpuSet::parse(s).unwrap().single(), want, "{s}");
+        }
     }
 }

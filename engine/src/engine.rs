@@ -19,6 +19,7 @@ pub use crate::types::{
     PoolStatus, Reason, ResourcePriority, RestoreReport, Site, SkipReason,
 };
 
+mod charge;
 mod hint;
 mod reinstate;
 mod relocate;
@@ -316,92 +317,6 @@ impl Engine {
         }
     }
 
-    /// Charges a grant to its pools and nodes (a grant on the reserved CPUs, in no pool, to
-    /// none).
-    fn charge(&mut self, g: &Grant) {
-        if g.is_reserved() {
-            return;
-        }
-        self.charge_pools(g, true);
-        self.charge_nodes(g, true);
-    }
-
-    fn uncharge(&mut self, g: &Grant) {
-        if g.is_reserved() {
-            return;
-        }
-        self.charge_pools(g, false);
-        self.charge_nodes(g, false);
-    }
-
-    /// Adds (or takes back) a grant's load on its pool and every ancestor. Figures come from
-    /// outside (requests, limits, memory): saturating, so a huge request never wraps or panics.
-    fn charge_pools(&mut self, g: &Grant, add: bool) {
-        let step = |v: u64, d: u64| {
-            if add {
-                v.saturating_add(d)
-            } else {
-                v.saturating_sub(d)
-            }
-        };
-        let step32 = |v: u32, d: u32| {
-            if add {
-                v.saturating_add(d)
-            } else {
-                v.saturating_sub(d)
-            }
-        };
-        let excl = u32::try_from(g.exclusive.len()).unwrap_or(u32::MAX);
-        let mut first = true;
-        for a in self
-            .topo
-            .ancestors(g.pool)
-            .collect::<smallvec_like::Ancestors>()
-        {
-            let l = &mut self.pool_load[a];
-            l.request_milli = step(l.request_milli, g.charged_request());
-            l.limit_milli = step(l.limit_milli, g.limit_milli.unwrap_or(0));
-            l.memory_bytes = step(l.memory_bytes, g.memory_bytes);
-            l.exclusive_cpus = step32(l.exclusive_cpus, excl);
-            if first {
-                l.containers = step32(l.containers, 1);
-                if !g.is_exclusive() {
-                    l.shared_containers = step32(l.shared_containers, 1);
-                }
-                first = false;
-            }
-        }
-    }
-
-    fn charge_nodes(&mut self, g: &Grant, add: bool) {
-        let n = g.nodes.len() as u64;
-        if n == 0 {
-            return;
-        }
-        let lim = g.limit_milli.unwrap_or(0);
-        let shared = u32::from(!g.is_exclusive() && g.policy == PolicyKind::NumaAware);
-        for (i, node) in g.nodes.iter().enumerate() {
-            let Some(pos) = self.topo.nodes.iter().position(|x| x.id as usize == node) else {
-                continue;
-            };
-            // Even split; the first node takes the remainder so the sum is exact.
-            let extra = |v: u64| if i == 0 { v % n } else { 0 };
-            let req = g.charged_request();
-            let r = (req / n).saturating_add(extra(req));
-            let l = (lim / n).saturating_add(extra(lim));
-            let load = &mut self.node_load[pos];
-            if add {
-                load.request_milli = load.request_milli.saturating_add(r);
-                load.limit_milli = load.limit_milli.saturating_add(l);
-                load.shared = load.shared.saturating_add(shared);
-            } else {
-                load.request_milli = load.request_milli.saturating_sub(r);
-                load.limit_milli = load.limit_milli.saturating_sub(l);
-                load.shared = load.shared.saturating_sub(shared);
-            }
-        }
-    }
-
     /// Sets the exclusive CPUs handed out, each pool's count of them and whether it keeps a
     /// shared CPU. Only the pools that hold a CPU whose state changed are counted again (the
     /// few around an exclusive grant, not every pool of the machine): the others' figures do
@@ -550,38 +465,4 @@ fn with_shared_cpus(topo: &Topology, usable: &CpuSet, taken: &CpuSet) -> Vec<boo
         .iter()
         .map(|p| !p.cpus.intersection(usable).difference(taken).is_empty())
         .collect()
-}
-
-/// A tiny fixed-capacity collection for a pool's ancestor chain, so charging does not allocate.
-mod smallvec_like {
-    use crate::topology::PoolId;
-
-    pub struct Ancestors {
-        items: [PoolId; 16],
-        len: usize,
-    }
-
-    impl FromIterator<PoolId> for Ancestors {
-        fn from_iter<I: IntoIterator<Item = PoolId>>(iter: I) -> Self {
-            let mut a = Ancestors {
-                items: [0; 16],
-                len: 0,
-            };
-            for p in iter {
-                if a.len < a.items.len() {
-                    a.items[a.len] = p;
-                    a.len += 1;
-                }
-            }
-            a
-        }
-    }
-
-    impl IntoIterator for Ancestors {
-        type Item = PoolId;
-        type IntoIter = std::iter::Take<std::array::IntoIter<PoolId, 16>>;
-        fn into_iter(self) -> Self::IntoIter {
-            self.items.into_iter().take(self.len)
-        }
-    }
 }

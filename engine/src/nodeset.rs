@@ -39,6 +39,12 @@ impl NodeSet {
         self.0.is_empty()
     }
 
+    /// The id of a one-node set (`None` for none or several).
+    #[inline]
+    pub fn single(&self) -> Option<usize> {
+        self.0.single()
+    }
+
     #[inline]
     pub fn union(&self, other: &NodeSet) -> NodeSet {
         NodeSet(self.0.union(&other.0))

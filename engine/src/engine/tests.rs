@@ -102,3 +102,94 @@ fn pool_figures_follow_exclusive_grants_pool_by_pool() {
     }
     assert!(e.pool_load.iter().any(|l| l.taken_cpus > 0));
 }
+
+/// Every pool's and node's load, charged again from the grants with the arithmetic the engine
+/// keeps incrementally: pools (request, limit, memory, exclusive CPUs, containers, shared
+/// containers) and nodes (request, limit, shared numa-aware grants).
+type Loads = (Vec<[u64; 6]>, Vec<[u64; 3]>);
+
+fn recharged(e: &Engine) -> Loads {
+    let mut pools = vec![[0u64; 6]; e.topo.pools.len()];
+    let mut nodes = vec![[0u64; 3]; e.topo.nodes.len()];
+    for (_, g) in e.grants().filter(|(_, g)| !g.is_reserved()) {
+        let shared = u64::from(!g.is_exclusive());
+        for (i, a) in e.topo.ancestors(g.pool).enumerate() {
+            let first = u64::from(i == 0);
+            let add = [
+                g.charged_request(),
+                g.limit_milli.unwrap_or(0),
+                g.memory_bytes,
+                g.exclusive.len() as u64,
+                first,
+                first * shared,
+            ];
+            pools[a].iter_mut().zip(add).for_each(|(v, d)| *v += d);
+        }
+        let n = g.nodes.len() as u64;
+        for (i, id) in g.nodes.iter().enumerate() {
+            let pos = e.topo.nodes.iter().position(|x| x.id as usize == id);
+            let share = |v: u64| v / n + if i == 0 { v % n } else { 0 };
+            let numa = u64::from(g.policy == crate::request::PolicyKind::NumaAware);
+            let add = [
+                share(g.charged_request()),
+                share(g.limit_milli.unwrap_or(0)),
+                shared * numa,
+            ];
+            nodes[pos.unwrap()]
+                .iter_mut()
+                .zip(add)
+                .for_each(|(v, d)| *v += d);
+        }
+    }
+    (pools, nodes)
+}
+
+fn charged(e: &Engine) -> Loads {
+    let pools = e.pool_load.iter().map(|l| {
+        let counts = [l.exclusive_cpus, l.containers, l.shared_containers];
+        let [x, c, s] = counts.map(u64::from);
+        [l.request_milli, l.limit_milli, l.memory_bytes, x, c, s]
+    });
+    let nodes = e.node_load.iter();
+    let nodes = nodes.map(|l| [l.request_milli, l.limit_milli, u64::from(l.shared)]);
+    (pools.collect(), nodes.collect())
+}
+
+#[test]
+fn loads_kept_per_charge_equal_a_recharge_from_the_grants() {
+    // 2 sockets x 2 NUMA nodes of 4 CPUs: numa-aware grants on one node, on two (an odd
+    // request: the first node takes the remainder), on all four, and a topology-aware
+    // exclusive one, created and removed in turn.
+    use crate::request::{PolicyKind, Qos};
+    let topo = Arc::new(Topology::build(&machine(2, 1, 2, 2, 2)).unwrap());
+    let cfg = EngineConfig {
+        policy: PolicyKind::NumaAware,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(topo, cfg);
+    let mut exclusive = req("x", 2000, 2000);
+    exclusive.qos = Some(Qos::Guaranteed);
+    exclusive.overrides.policy = Some(PolicyKind::TopologyAware);
+    let steps = [
+        ("a", Some(req("a", 1500, 2000))),
+        ("b", Some(req("b", 4333, 6001))),
+        ("x", Some(exclusive)),
+        ("d", Some(req("d", 7001, 13003))),
+        ("b", None),
+        ("e", Some(req("e", 999, 5001))),
+        ("x", None),
+        ("a", None),
+    ];
+    for (id, step) in steps {
+        match step {
+            Some(r) => match e.create(&r) {
+                Outcome::Placed(p) => assert_eq!(p.exclusive, id == "x", "{id}"),
+                other => panic!("{id}: {other:?}"),
+            },
+            None => drop(e.remove(id)),
+        }
+        assert_eq!(charged(&e), recharged(&e), "after {id}");
+    }
+    let nodes = |id: &str| e.grant(id).map(|g| g.nodes.len());
+    assert_eq!((nodes("d"), nodes("e")), (Some(4), Some(2)));
+}
