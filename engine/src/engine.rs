@@ -244,13 +244,16 @@ impl Engine {
         if policy == Some(NumaPolicy::Exclusive) && choice.reason != Reason::ExclusiveNuma {
             return Some(SkipReason::NoFreeNumaNode);
         }
-        let strict = policy == Some(NumaPolicy::Strict);
+        if policy != Some(NumaPolicy::Strict) {
+            return None;
+        }
+        // Counted only for a strict policy: a count of a 1,024-bit set on every create.
         let nodes = if choice.exclusive.is_empty() {
             choice.nodes.len()
         } else {
             self.topo.nodes_of(&choice.exclusive).len()
         };
-        (strict && nodes != 1).then_some(SkipReason::NoSingleNumaNode)
+        (nodes != 1).then_some(SkipReason::NoSingleNumaNode)
     }
 
     /// Re-places a container after a resize. A container still fitting its pool stays there.

@@ -96,7 +96,8 @@ fn place(
     let size = i128::from(req.size_milli());
     let req_milli = i128::from(req.cpu_request_milli);
 
-    let choice_for = |set: NodeSet| -> Choice {
+    // `count`: the set's size, known to the caller (a count of a 1,024-bit set otherwise).
+    let choice_for = |set: NodeSet, count: usize| -> Choice {
         let mut span = CpuSet::new();
         for id in set.iter() {
             if let Some(n) = topo.node(id as u32) {
@@ -114,7 +115,7 @@ fn place(
             exclusive: CpuSet::new(),
             mems,
             charge_memory: eff.memory && req.memory_limit_bytes.is_some(),
-            reason: Reason::NumaNodes(set.len()),
+            reason: Reason::NumaNodes(count),
             unhonoured,
             site: crate::types::Site::Pools,
         }
@@ -128,7 +129,7 @@ fn place(
                 (c + n.cap, f + n.free, m.saturating_add(n.mem))
             });
         if cap >= size && free >= req_milli && mem >= mem_need {
-            return Some(choice_for(old));
+            return Some(choice_for(old, old.len()));
         }
     }
 
@@ -163,8 +164,9 @@ fn place(
     };
     if let Some(n) = single {
         let mut set = NodeSet::new();
-        set.insert(n.id as usize);
-        return Some(choice_for(set));
+        // 1, or 0 for an id past the set's range (what counting the set would give).
+        let count = usize::from(set.insert(n.id as usize));
+        return Some(choice_for(set, count));
     }
     // Several nodes: for k = 2.., the k nearest nodes from each start node; the smallest k
     // whose capacity (and memory) holds the size, then the most free capacity.
@@ -197,7 +199,7 @@ fn place(
             }
         }
         if let Some((_, set)) = best {
-            return Some(choice_for(set));
+            return Some(choice_for(set, set.len()));
         }
     }
     // Larger than the machine: all nodes.
@@ -205,7 +207,7 @@ fn place(
     for n in &nodes {
         all.insert(n.id as usize);
     }
-    Some(choice_for(all))
+    Some(choice_for(all, all.len()))
 }
 
 /// The ranking term of measured usage of node `id`: the lower its usage per shared CPU the
