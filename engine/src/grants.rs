@@ -70,21 +70,22 @@ impl Grants {
                 return slot;
             }
         }
-        let entry = Some(Entry {
-            id: Arc::clone(&id),
-            grant,
-        });
         let slot = match self.free.pop() {
-            Some(s) => {
-                self.slots[s as usize] = entry;
-                s
-            }
+            Some(s) => s,
             None => {
-                self.slots.push(entry);
+                self.slots.push(None);
                 // More than 4 billion grants is no node's case: saturate rather than wrap.
                 Slot::try_from(self.slots.len() - 1).unwrap_or(Slot::MAX)
             }
         };
+        // The entry is written in its place (a grant is about 700 bytes: not built aside and
+        // copied).
+        if let Some(place) = self.slots.get_mut(slot as usize) {
+            *place = Some(Entry {
+                id: Arc::clone(&id),
+                grant,
+            });
+        }
         self.at.insert(id, slot);
         slot
     }
@@ -92,9 +93,13 @@ impl Grants {
     /// Removes the grant of `id`, returning its slot and the grant.
     pub(crate) fn remove(&mut self, id: &str) -> Option<(Slot, Grant)> {
         let slot = self.at.remove(id)?;
-        let e = self.slots.get_mut(slot as usize)?.take()?;
+        let place = self.slots.get_mut(slot as usize)?;
+        // Copied once, straight out of its place (taking the whole entry first copied it
+        // twice), then the place emptied.
+        let grant = place.as_ref()?.grant.clone();
+        *place = None;
         self.free.push(slot);
-        Some((slot, e.grant))
+        Some((slot, grant))
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &Grant)> {
