@@ -29,6 +29,7 @@
 //! rather than adding a variant. Shared helpers: [`pool_choice`] (a pool-shaped choice with
 //! the memory binding worked out) and [`crate::cpu_picker::pick_exclusive`].
 
+pub(crate) mod balance;
 pub mod numa_aware;
 pub mod numa_exclusive;
 pub mod reserved;

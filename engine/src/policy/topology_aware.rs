@@ -11,6 +11,7 @@
 //! the shared pool. Free capacity counts exclusive CPUs taken from a pool by a grant charged
 //! above it.
 
+use super::balance::balance_key;
 use super::{pool_choice, Choice, Policy, Settings};
 use crate::cpu_picker::pick_exclusive;
 use crate::cpuset::CpuSet;
@@ -88,17 +89,18 @@ fn fits(e: &StateView<'_>, pool: PoolId, req_milli: u64, mem: Option<u64>) -> bo
 }
 
 /// Ranking key of a fitting pool; larger is better.
-type Key = (bool, bool, i64, bool, u32, bool, i128, i128, i64, i128, i64);
+type Key = (bool, bool, i64, i128, bool, u32, bool, i128, i128, i64, i128, i64);
 
 fn rank(
     e: &StateView<'_>,
     p: &Pool,
-    limit: u64,
+    (request, limit): (u64, u64),
     device_nodes: &NodeSet,
     prio: ResourcePriority,
     by: Rank,
 ) -> Key {
     let free = free_milli(e, p.id);
+    let balance = balance_key(e, p, request, limit);
     let limit = i128::from(limit);
     let device = !device_nodes.is_empty() && p.numa_nodes.intersects(device_nodes);
     let (dev_first, dev_late) = match prio {
@@ -110,15 +112,27 @@ fn rank(
         p.id != 0,
         dev_first,
         by.usage_key(e, p),
+        single_node_first(p, balance),
         free >= limit,
         p.depth,
         dev_late,
-        free - limit,
+        balance,
         limit_room(e, p.id) - limit,
         -i64::from(e.pool_load(p.id).containers),
         -parent_free,
         -(p.id as i64),
     )
+}
+
+/// The balance term for a pool of one NUMA node; a pool over several nodes ranks after every
+/// such pool (locality first) and among its kind by the rest of the key.
+#[inline]
+fn single_node_first(p: &Pool, balance: i128) -> i128 {
+    if p.numa_nodes.len() == 1 {
+        balance
+    } else {
+        i128::MIN
+    }
 }
 
 /// What a ranking is for, as far as the measured usage of a pool's NUMA nodes goes (when the
@@ -235,7 +249,7 @@ fn place(
                 .filter(|p| possible && candidate(p))
                 .map(|p| {
                     (
-                        rank(e, p, limit, &device_nodes, prio, Rank::Exclusive(n)),
+                        rank(e, p, (req_milli, limit), &device_nodes, prio, Rank::Exclusive(n)),
                         p.id,
                     )
                 }),
@@ -263,7 +277,7 @@ fn place(
         if !candidate(p) {
             continue;
         }
-        let k = rank(e, p, limit, &device_nodes, prio, Rank::Shared);
+        let k = rank(e, p, (req_milli, limit), &device_nodes, prio, Rank::Shared);
         if best.as_ref().is_none_or(|(bk, _)| k > *bk) {
             best = Some((k, p.id));
         }
