@@ -61,8 +61,12 @@ fn effective(e: &StateView<'_>, p: &Pool) -> Load {
         let pool = &topo.pools[a];
         let own = own_shared(e, pool);
         let shared = shared_milli(e, a).max(1);
-        load.request = load.request.saturating_add(own.request.saturating_mul(mine) / shared);
-        load.limit = load.limit.saturating_add(own.limit.saturating_mul(mine) / shared);
+        load.request = load
+            .request
+            .saturating_add(own.request.saturating_mul(mine) / shared);
+        load.limit = load
+            .limit
+            .saturating_add(own.limit.saturating_mul(mine) / shared);
         up = pool.parent;
     }
     load
