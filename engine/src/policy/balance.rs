@@ -1,6 +1,7 @@
 //! The balance term of `topology-aware`'s ranking (issue 25): how loaded a pool's CPUs would
 //! be with the container, by requests and by limits, each relative to the machine's average,
-//! the worse of the two. Lower is better.
+//! the worse of the two. Lower is better. A pool of one NUMA node stands for its node (the
+//! widest pool over that node), so the term orders nodes, not the pools within a node.
 //!
 //! The load on a pool's CPUs is what runs there, not only what is charged to the pool: its own
 //! requests (and those below it), the exclusive CPUs inside it held by grants charged above it,
@@ -9,7 +10,7 @@
 //! cpusets put them. Loads are `u64` figures from outside: the arithmetic is `i128`, saturating.
 
 use crate::state::StateView;
-use crate::topology::{Pool, PoolId};
+use crate::topology::{Pool, PoolId, Topology};
 
 /// Requested and limit milli-CPUs on a set of CPUs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -72,12 +73,26 @@ fn effective(e: &StateView<'_>, p: &Pool) -> Load {
     load
 }
 
+/// The widest pool over the same NUMA nodes as `p` (`p`'s NUMA node for a cache or cluster
+/// pool): pools of one node compare by their node's load, and within it by the rest of the
+/// ranking.
+pub(crate) fn widest_alike<'t>(topo: &'t Topology, p: &'t Pool) -> &'t Pool {
+    let mut wide = p;
+    while let Some(up) = wide.parent.map(|a| &topo.pools[a]) {
+        if up.numa_nodes != p.numa_nodes {
+            break;
+        }
+        wide = up;
+    }
+    wide
+}
+
 /// `value` per CPU of `cap`, relative to `mean` per CPU of the machine (`SCALE` = average).
 fn relative(value: i128, cap: i128, mean: i128) -> i128 {
     value.saturating_mul(SCALE) / cap.max(1) * SCALE / mean.max(1)
 }
 
-/// The balance term of pool `p` for a container of `request` and `size` (limit, or request
+/// The balance term of pool `p` (the widest of its kind: [`widest_alike`]) for a container of `request` and `size` (limit, or request
 /// without one) milli-CPUs: the larger of its CPUs' request and limit load with the container,
 /// each per CPU and relative to the machine's average; negated, so that larger is better.
 pub(crate) fn balance_key(e: &StateView<'_>, p: &Pool, request: u64, size: u64) -> i128 {

@@ -11,7 +11,7 @@
 //! the shared pool. Free capacity counts exclusive CPUs taken from a pool by a grant charged
 //! above it.
 
-use super::balance::balance_key;
+use super::balance::{balance_key, widest_alike};
 use super::{pool_choice, Choice, Policy, Settings};
 use crate::cpu_picker::pick_exclusive;
 use crate::cpuset::CpuSet;
@@ -93,7 +93,7 @@ type Key = (
     bool,
     bool,
     i64,
-    i128,
+    (Locality, i128),
     bool,
     u32,
     bool,
@@ -113,9 +113,11 @@ fn rank(
     by: Rank,
 ) -> Key {
     let free = free_milli(e, p.id);
-    let balance = balance_key(e, p, request, limit);
-    let local = locality_first(e, p, (request, limit), balance);
+    let wide = widest_alike(e.topology(), p);
+    let balance = balance_key(e, wide, request, limit);
+    let lump = Lump::of(e.capacity_milli(wide.id), wide.numa_nodes.len(), limit);
     let limit = i128::from(limit);
+    let local = (Locality::of(p, lump, free >= limit), balance);
     let device = !device_nodes.is_empty() && p.numa_nodes.intersects(device_nodes);
     let (dev_first, dev_late) = match prio {
         ResourcePriority::GpuFirst => (device, false),
@@ -130,7 +132,7 @@ fn rank(
         free >= limit,
         p.depth,
         dev_late,
-        balance,
+        free - limit,
         limit_room(e, p.id) - limit,
         -i64::from(e.pool_load(p.id).containers),
         -parent_free,
@@ -138,25 +140,34 @@ fn rank(
     )
 }
 
-/// The balance term where the pool may compete on balance: a pool of one NUMA node, or a pool
-/// over several for a container that would be a lump on any one of its nodes (see
-/// [`Lump`]). Every other pool over several nodes ranks after all of those (locality first)
-/// and among its kind by the rest of the key.
-#[inline]
-fn locality_first(e: &StateView<'_>, p: &Pool, (request, size): (u64, u64), balance: i128) -> i128 {
-    let nodes = p.numa_nodes.len();
-    if nodes == 1 || Lump::of(e.capacity_milli(p.id), nodes, request, size) == Lump::Yes {
-        balance
-    } else {
-        i128::MIN
+/// Where a pool ranks for locality, before balance: pools of one NUMA node first, by their
+/// node's load; pools over several nodes last, except for a lump (see [`Lump`]) that no single
+/// node holds: that one goes where the load is lowest, one node or several.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Locality {
+    Last,
+    ByBalance,
+    First,
+}
+
+impl Locality {
+    #[inline]
+    fn of(p: &Pool, lump: Lump, holds_limit: bool) -> Locality {
+        match (p.numa_nodes.len() == 1, lump) {
+            (true, Lump::Yes) if !holds_limit => Locality::ByBalance,
+            (true, _) => Locality::First,
+            (false, Lump::Yes) => Locality::ByBalance,
+            (false, Lump::No) => Locality::Last,
+        }
     }
 }
 
-/// Whether a container is a lump on one NUMA node: its size (limit) at least two thirds of a
-/// node's CPUs, or its request at least a third. On one node such a container alone makes
-/// that node the fullest for its life; spread over a pool of several nodes it weighs on each
-/// by its share (measured on tap-sim's seeds 1-40: worst imbalance by limit 1.21-1.23 without,
-/// 1.17 with, at 99.1% or more of the containers within one NUMA node where one fits).
+/// Whether a container is a lump on one NUMA node: its size (limit, or request without one) at
+/// least two thirds of a node's CPUs. On one node such a container alone makes that node the
+/// fullest by limits for its life; spread over a pool of several nodes it weighs on each by its
+/// share. A node that holds its limit still comes first (a container the size of an empty node
+/// goes there). Measured on tap-sim's seeds 1-40 (docs/sim.md, issue 25): worst imbalance by
+/// limit 1.21-1.23 without, 1.17-1.18 with, 99.2% or more within one NUMA node where one fits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Lump {
     Yes,
@@ -164,11 +175,10 @@ enum Lump {
 }
 
 impl Lump {
-    /// `capacity` is the pool's, in milli-CPUs, over `nodes` NUMA nodes.
-    fn of(capacity: u64, nodes: usize, request: u64, size: u64) -> Lump {
+    /// `capacity` is the pool's in milli-CPUs, over `nodes` NUMA nodes; `size` in milli-CPUs.
+    fn of(capacity: u64, nodes: usize, size: u64) -> Lump {
         let node = u128::from(capacity) / u128::try_from(nodes.max(1)).unwrap_or(u128::MAX);
-        let lump = u128::from(size) * 3 >= node * 2 || u128::from(request) * 3 >= node;
-        if lump {
+        if u128::from(size) * 3 >= node * 2 {
             Lump::Yes
         } else {
             Lump::No
