@@ -7,53 +7,56 @@
 //! requests (and those below it), the exclusive CPUs inside it held by grants charged above it,
 //! and a share of the shared grants charged to each ancestor (a socket, the machine) in
 //! proportion to the pool's part of that ancestor's shared CPUs, which is where those grants'
-//! cpusets put them. Loads are `u64` figures from outside: the arithmetic is `i128`, saturating.
+//! cpusets put them. Loads are `u64` figures from outside; the ratios are computed in `f64`
+//! (no overflow, and a division costs what a multiplication does on the decision path) and
+//! the term is their saturating conversion to an integer.
 
 use crate::state::StateView;
 use crate::topology::{Pool, PoolId, Topology};
 
 /// Requested and limit milli-CPUs on a set of CPUs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Load {
-    request: i128,
-    limit: i128,
+    request: f64,
+    limit: f64,
 }
 
-/// Scale of the ratios (one million = the machine's average load per CPU).
-const SCALE: i128 = 1_000_000;
+/// Scale of the term (one million = the machine's average load per CPU).
+const SCALE: f64 = 1_000_000.0;
 
 /// CPUs of pool `id` left to shared grants, in milli-CPUs.
-fn shared_milli(e: &StateView<'_>, id: PoolId) -> i128 {
-    let taken = i128::from(e.pool_load(id).taken_cpus).saturating_mul(1000);
-    (i128::from(e.capacity_milli(id)) - taken).max(0)
+#[inline]
+fn shared_milli(e: &StateView<'_>, id: PoolId) -> f64 {
+    let taken = f64::from(e.pool_load(id).taken_cpus) * 1000.0;
+    (e.capacity_milli(id) as f64 - taken).max(0.0)
 }
 
 /// Requests and limits of the shared grants charged to pool `a` itself (not below it): its
 /// load minus its children's, minus the exclusive grants charged to it (a whole CPU each).
 fn own_shared(e: &StateView<'_>, a: &Pool) -> Load {
     let l = e.pool_load(a.id);
-    let (mut request, mut limit) = (i128::from(l.request_milli), i128::from(l.limit_milli));
-    let mut exclusive = i128::from(l.exclusive_cpus);
+    let (mut request, mut limit) = (l.request_milli as f64, l.limit_milli as f64);
+    let mut exclusive = f64::from(l.exclusive_cpus);
     for c in &a.children {
         let cl = e.pool_load(*c);
-        request -= i128::from(cl.request_milli);
-        limit -= i128::from(cl.limit_milli);
-        exclusive -= i128::from(cl.exclusive_cpus);
+        request -= cl.request_milli as f64;
+        limit -= cl.limit_milli as f64;
+        exclusive -= f64::from(cl.exclusive_cpus);
     }
-    let exclusive = exclusive.max(0).saturating_mul(1000);
+    let exclusive = exclusive.max(0.0) * 1000.0;
     Load {
-        request: (request - exclusive).max(0),
-        limit: (limit - exclusive).max(0),
+        request: (request - exclusive).max(0.0),
+        limit: (limit - exclusive).max(0.0),
     }
 }
 
 /// The load on the CPUs of pool `p` (see the module docs).
 fn effective(e: &StateView<'_>, p: &Pool) -> Load {
     let l = e.pool_load(p.id);
-    let hidden = (i128::from(l.taken_cpus) - i128::from(l.exclusive_cpus)).max(0) * 1000;
+    let hidden = (f64::from(l.taken_cpus) - f64::from(l.exclusive_cpus)).max(0.0) * 1000.0;
     let mut load = Load {
-        request: i128::from(l.request_milli).saturating_add(hidden),
-        limit: i128::from(l.limit_milli).saturating_add(hidden),
+        request: l.request_milli as f64 + hidden,
+        limit: l.limit_milli as f64 + hidden,
     };
     let mine = shared_milli(e, p.id);
     let topo = e.topology();
@@ -61,13 +64,9 @@ fn effective(e: &StateView<'_>, p: &Pool) -> Load {
     while let Some(a) = up {
         let pool = &topo.pools[a];
         let own = own_shared(e, pool);
-        let shared = shared_milli(e, a).max(1);
-        load.request = load
-            .request
-            .saturating_add(own.request.saturating_mul(mine) / shared);
-        load.limit = load
-            .limit
-            .saturating_add(own.limit.saturating_mul(mine) / shared);
+        let share = mine / shared_milli(e, a).max(1.0);
+        load.request += own.request * share;
+        load.limit += own.limit * share;
         up = pool.parent;
     }
     load
@@ -87,29 +86,19 @@ pub(crate) fn widest_alike<'t>(topo: &'t Topology, p: &'t Pool) -> &'t Pool {
     wide
 }
 
-/// `value` per CPU of `cap`, relative to `mean` per CPU of the machine (`SCALE` = average).
-fn relative(value: i128, cap: i128, mean: i128) -> i128 {
-    value.saturating_mul(SCALE) / cap.max(1) * SCALE / mean.max(1)
-}
-
-/// The balance term of pool `p` (the widest of its kind: [`widest_alike`]) for a container of `request` and `size` (limit, or request
-/// without one) milli-CPUs: the larger of its CPUs' request and limit load with the container,
-/// each per CPU and relative to the machine's average; negated, so that larger is better.
-pub(crate) fn balance_key(e: &StateView<'_>, p: &Pool, request: u64, size: u64) -> i128 {
-    let cap = i128::from(e.capacity_milli(p.id));
+/// The balance term of pool `p` (the widest of its kind: [`widest_alike`]) for a container of
+/// `request` and `size` (limit, or request without one) milli-CPUs: the larger of its CPUs'
+/// request and limit load with the container, each per CPU and relative to the machine's
+/// average; negated, so that larger is better.
+pub(crate) fn balance_key(e: &StateView<'_>, p: &Pool, request: u64, size: u64) -> i64 {
+    let cap = (e.capacity_milli(p.id) as f64).max(1.0);
     let load = effective(e, p);
     let machine = e.pool_load(0);
-    let machine_cap = i128::from(e.capacity_milli(0)).max(1);
-    let mean = |total: u64| i128::from(total).saturating_mul(SCALE) / machine_cap;
-    let by_request = relative(
-        load.request.saturating_add(i128::from(request)),
-        cap,
-        mean(machine.request_milli),
-    );
-    let by_limit = relative(
-        load.limit.saturating_add(i128::from(size)),
-        cap,
-        mean(machine.limit_milli),
-    );
-    -by_request.max(by_limit)
+    let machine_cap = (e.capacity_milli(0) as f64).max(1.0);
+    // Per CPU of the pool over per CPU of the machine (an empty machine counts as 1 milli-CPU).
+    let relative = |load: f64, total: u64| load * machine_cap / (cap * (total as f64).max(1.0));
+    let by_request = relative(load.request + request as f64, machine.request_milli);
+    let by_limit = relative(load.limit + size as f64, machine.limit_milli);
+    // `as` saturates (and maps NaN to 0): no input makes this wrap.
+    -((by_request.max(by_limit) * SCALE) as i64)
 }

@@ -93,7 +93,7 @@ type Key = (
     bool,
     bool,
     i64,
-    (Locality, i128),
+    (Locality, i64),
     bool,
     u32,
     bool,
@@ -113,11 +113,8 @@ fn rank(
     by: Rank,
 ) -> Key {
     let free = free_milli(e, p.id);
-    let wide = widest_alike(e.topology(), p);
-    let balance = balance_key(e, wide, request, limit);
-    let lump = Lump::of(e.capacity_milli(wide.id), wide.numa_nodes.len(), limit);
+    let local = locality(e, p, (request, limit), free >= i128::from(limit));
     let limit = i128::from(limit);
-    let local = (Locality::of(p, lump, free >= limit), balance);
     let device = !device_nodes.is_empty() && p.numa_nodes.intersects(device_nodes);
     let (dev_first, dev_late) = match prio {
         ResourcePriority::GpuFirst => (device, false),
@@ -140,6 +137,57 @@ fn rank(
     )
 }
 
+/// The locality and balance terms of pool `p` for a container of `request` and `size`
+/// milli-CPUs (balance 0 where it does not count: a pool ranked last).
+fn locality(
+    e: &StateView<'_>,
+    p: &Pool,
+    (request, size): (u64, u64),
+    holds_limit: bool,
+) -> (Locality, i64) {
+    if p.id == 0 {
+        return (Locality::Last, 0); // the root ranks last anyway
+    }
+    let lump = Lump::of(node_capacity_milli(e, &p.numa_nodes), size);
+    match Locality::of(Span::of(&p.numa_nodes), lump, holds_limit) {
+        Locality::Last => (Locality::Last, 0),
+        at => {
+            let wide = widest_alike(e.topology(), p);
+            (at, balance_key(e, wide, request, size))
+        }
+    }
+}
+
+/// Request capacity of the first NUMA node of `nodes` (its usable CPUs), in milli-CPUs.
+#[inline]
+fn node_capacity_milli(e: &StateView<'_>, nodes: &NodeSet) -> u64 {
+    let topo = e.topology();
+    nodes
+        .iter()
+        .next()
+        .and_then(|id| topo.nodes.iter().position(|n| n.id as usize == id))
+        .map_or(0, |pos| e.node_capacity_milli(pos))
+}
+
+/// Whether a pool is over one NUMA node or several.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Span {
+    OneNode,
+    Several,
+}
+
+impl Span {
+    /// Without counting the set's bits (a 1,024-bit popcount on every pool of every decision).
+    #[inline]
+    fn of(nodes: &NodeSet) -> Span {
+        let mut ids = nodes.iter();
+        match (ids.next(), ids.next()) {
+            (Some(_), None) => Span::OneNode,
+            _ => Span::Several,
+        }
+    }
+}
+
 /// Where a pool ranks for locality, before balance: pools of one NUMA node first, by their
 /// node's load; pools over several nodes last, except for a lump (see [`Lump`]) that no single
 /// node holds: that one goes where the load is lowest, one node or several.
@@ -152,12 +200,12 @@ enum Locality {
 
 impl Locality {
     #[inline]
-    fn of(p: &Pool, lump: Lump, holds_limit: bool) -> Locality {
-        match (p.numa_nodes.len() == 1, lump) {
-            (true, Lump::Yes) if !holds_limit => Locality::ByBalance,
-            (true, _) => Locality::First,
-            (false, Lump::Yes) => Locality::ByBalance,
-            (false, Lump::No) => Locality::Last,
+    fn of(span: Span, lump: Lump, holds_limit: bool) -> Locality {
+        match (span, lump) {
+            (Span::OneNode, Lump::Yes) if !holds_limit => Locality::ByBalance,
+            (Span::OneNode, _) => Locality::First,
+            (Span::Several, Lump::Yes) => Locality::ByBalance,
+            (Span::Several, Lump::No) => Locality::Last,
         }
     }
 }
@@ -175,10 +223,9 @@ enum Lump {
 }
 
 impl Lump {
-    /// `capacity` is the pool's in milli-CPUs, over `nodes` NUMA nodes; `size` in milli-CPUs.
-    fn of(capacity: u64, nodes: usize, size: u64) -> Lump {
-        let node = u128::from(capacity) / u128::try_from(nodes.max(1)).unwrap_or(u128::MAX);
-        if u128::from(size) * 3 >= node * 2 {
+    /// `node` is the request capacity of a NUMA node, `size` the container's, in milli-CPUs.
+    fn of(node: u64, size: u64) -> Lump {
+        if u128::from(size) * 3 >= u128::from(node) * 2 {
             Lump::Yes
         } else {
             Lump::No
