@@ -3,6 +3,7 @@
 //! See `docs/sim.md` for the trace format, the metrics and the measured results.
 
 pub mod gen;
+pub mod goals;
 pub mod kubelet;
 pub mod plot;
 pub mod rebalance;

@@ -1,8 +1,10 @@
 //! `--plot out.svg`: what differs between the policies against overcommit, one line per
-//! policy, in three panels: all containers within one NUMA node; within one NUMA node where one
-//! fit, on an axis zoomed to the policies that place (the others are named "off scale"); and
-//! the NUMA imbalance of requested CPUs (max/mean).
+//! policy, in four panels: all containers within one NUMA node; within one NUMA node where one
+//! fit, on an axis zoomed to the policies that place (the others are named "off scale"); the
+//! NUMA imbalance of requested CPUs and of CPU limits (max/mean). A panel whose figure has a
+//! goal ([`crate::goals::GOALS`]) draws its threshold as a dashed line.
 
+use crate::goals::{Goal, Metric, GOALS};
 use plotters::prelude::*;
 
 /// One trace's figures for one policy; shares in 0..=1.
@@ -14,6 +16,8 @@ pub struct Point {
     pub one_numa_where_fits: f64,
     /// max/mean of requested CPUs per NUMA node.
     pub imbalance: f64,
+    /// max/mean of CPU limits (requests where none) per NUMA node.
+    pub limit_imbalance: f64,
 }
 
 /// One policy's curve.
@@ -28,6 +32,16 @@ struct Panel {
     y_desc: &'static str,
     value: fn(&Point) -> f64,
     range: (f64, f64),
+    /// The figure's goal, if it has one; its threshold in the panel's unit.
+    goal: Option<(Goal, f64)>,
+}
+
+/// The goal of `metric`, with its threshold scaled to a panel's unit.
+fn goal_of(metric: Metric, scale: f64) -> Option<(Goal, f64)> {
+    GOALS
+        .iter()
+        .find(|g| g.metric == metric)
+        .map(|g| (*g, g.threshold * scale))
 }
 
 /// The lower end of the zoomed locality axis: just below the lowest value of the policies
@@ -46,10 +60,10 @@ fn zoom_floor(series: &[Series]) -> f64 {
 }
 
 pub fn plot(path: &std::path::Path, title: &str, series: &[Series]) -> anyhow::Result<()> {
-    let root = SVGBackend::new(path, (1800, 560)).into_drawing_area();
+    let root = SVGBackend::new(path, (2200, 560)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 20))?;
-    let areas = root.split_evenly((1, 3));
+    let areas = root.split_evenly((1, 4));
     let (x0, x1) = series
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.overcommit))
@@ -59,74 +73,111 @@ pub fn plot(path: &std::path::Path, title: &str, series: &[Series]) -> anyhow::R
     } else {
         (0.0, 3.5)
     };
-    let imb_max = series
-        .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.imbalance))
-        .fold(1.0_f64, f64::max);
-    let panels = [
+    for (panel, area) in panels(series).iter().zip(areas.iter()) {
+        draw_panel(panel, area, series, (x0, x1))?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// The four panels, their ranges fitted to `series`.
+fn panels(series: &[Series]) -> [Panel; 4] {
+    let top = |f: fn(&Point) -> f64| {
+        series
+            .iter()
+            .flat_map(|s| s.points.iter().map(f))
+            .fold(1.0_f64, f64::max)
+    };
+    let (imb_max, lim_max) = (top(|p| p.imbalance), top(|p| p.limit_imbalance));
+    [
         Panel {
             caption: "containers within one NUMA node (%)",
             y_desc: "%",
             value: |p| p.one_numa * 100.0,
             range: (0.0, 105.0),
+            goal: None,
         },
         Panel {
             caption: "within one NUMA node where one fit (%, zoomed)",
             y_desc: "%",
             value: |p| p.one_numa_where_fits * 100.0,
             range: (zoom_floor(series), 100.5),
+            goal: goal_of(Metric::OneNumaWhereFits, 100.0),
         },
         Panel {
             caption: "NUMA imbalance of requested CPUs (max/mean)",
             y_desc: "max/mean",
             value: |p| p.imbalance,
             range: (1.0, (imb_max + 0.02).max(1.1)),
+            goal: goal_of(Metric::ImbalanceByRequest, 1.0),
         },
-    ];
-    for (panel, area) in panels.iter().zip(areas.iter()) {
-        let (y0, y1) = panel.range;
-        let mut chart = ChartBuilder::on(area)
-            .caption(panel.caption, ("sans-serif", 16))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(55)
-            .build_cartesian_2d(x0..x1, y0..y1)?;
+        Panel {
+            caption: "NUMA imbalance of CPU limits (max/mean)",
+            y_desc: "max/mean",
+            value: |p| p.limit_imbalance,
+            range: (1.0, (lim_max + 0.02).max(1.25)),
+            goal: goal_of(Metric::ImbalanceByLimit, 1.0),
+        },
+    ]
+}
+
+fn draw_panel<DB: DrawingBackend>(
+    panel: &Panel,
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    series: &[Series],
+    (x0, x1): (f64, f64),
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let (y0, y1) = panel.range;
+    let mut chart = ChartBuilder::on(area)
+        .caption(panel.caption, ("sans-serif", 16))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(x0..x1, y0..y1)?;
+    chart
+        .configure_mesh()
+        .x_desc("overcommit (sum of limits / CPUs, measured)")
+        .y_desc(panel.y_desc)
+        .draw()?;
+    for (i, s) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let pts: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .map(|p| (p.overcommit, (panel.value)(p)))
+            .collect();
+        let visible = pts.iter().all(|p| p.1 >= y0 && p.1 <= y1);
+        let label = if visible {
+            s.label.clone()
+        } else {
+            format!("{} (off scale)", s.label)
+        };
+        let kept: Vec<(f64, f64)> = pts.into_iter().filter(|p| p.1 >= y0 && p.1 <= y1).collect();
         chart
-            .configure_mesh()
-            .x_desc("overcommit (sum of limits / CPUs, measured)")
-            .y_desc(panel.y_desc)
-            .draw()?;
-        for (i, s) in series.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            let pts: Vec<(f64, f64)> = s
-                .points
-                .iter()
-                .map(|p| (p.overcommit, (panel.value)(p)))
-                .collect();
-            let visible = pts.iter().all(|p| p.1 >= y0 && p.1 <= y1);
-            let label = if visible {
-                s.label.clone()
-            } else {
-                format!("{} (off scale)", s.label)
-            };
-            let kept: Vec<(f64, f64)> =
-                pts.into_iter().filter(|p| p.1 >= y0 && p.1 <= y1).collect();
-            chart
-                .draw_series(LineSeries::new(kept.clone(), color.stroke_width(2)))?
-                .label(label)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-                });
-            chart.draw_series(kept.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()?;
+            .draw_series(LineSeries::new(kept.clone(), color.stroke_width(2)))?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+        chart.draw_series(kept.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
     }
-    root.present()?;
+    if let Some((g, y)) = panel.goal {
+        let label = format!("goal ({}): {}", g.policy, g.threshold_text());
+        let dash = DashedLineSeries::new(vec![(x0, y), (x1, y)], 8, 5, BLACK.stroke_width(1));
+        chart
+            .draw_series(dash)?
+            .label(label)
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.stroke_width(1)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
     Ok(())
 }
 
@@ -194,6 +245,7 @@ mod tests {
                     one_numa: *f,
                     one_numa_where_fits: *f,
                     imbalance: 1.1,
+                    limit_imbalance: 1.2,
                 })
                 .collect(),
         }
@@ -228,6 +280,9 @@ mod tests {
             "the zoomed panel names what it leaves out"
         );
         assert!(svg.contains("NUMA imbalance of requested CPUs"));
+        assert!(svg.contains("NUMA imbalance of CPU limits"));
+        let goals = svg.matches("goal (topology-aware)").count();
+        assert_eq!(goals, 3, "a dashed line per goal, in its panel's legend");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Placement quality over many generated traces: one row per seed, for the policies whose
 //! balance and locality are tracked (kubelet static for reference, numa-aware, topology-aware),
-//! and a last row with the worst figure of each column. `tap-sim --seeds 1-10`.
+//! a row with the worst figure of each column, and a row per goal of [`crate::goals`] (its
+//! threshold, and whether the worst seed met it). `tap-sim --seeds 1-10`.
 
+use crate::goals::{Metric, GOALS};
 use crate::sim::{simulate_with, Machine, Outcomes, PolicyRun, Summary};
 use crate::trace::Trace;
 use std::fmt::Write as _;
@@ -115,27 +117,87 @@ pub fn table(
         }
         out.push('\n');
     }
-    // Worst of each column: lowest locality, highest imbalance and p99.
-    let _ = write!(out, "| worst | |");
-    for (i, p) in policies.iter().enumerate() {
+    let worst: Vec<Worst> = (0..policies.len()).map(|i| Worst::of(&rows, i)).collect();
+    worst_row(&mut out, policies, &worst);
+    goal_rows(&mut out, policies, &worst);
+    Ok(out)
+}
+
+/// The worst of each column over the seeds of one policy: lowest locality, highest imbalance
+/// and p99.
+struct Worst {
+    fits: f64,
+    imbalance: f64,
+    limit_imbalance: f64,
+    p99_us: Option<f64>,
+}
+
+impl Worst {
+    fn of(rows: &[Row], i: usize) -> Worst {
         let col = || rows.iter().map(move |r| &r.cells[i].0);
-        let fits = col().map(|c| c.fits).fold(f64::INFINITY, f64::min);
-        let imb = col().map(|c| c.imbalance).fold(0.0, f64::max);
-        let lim = col().map(|c| c.limit_imbalance).fold(0.0, f64::max);
+        Worst {
+            fits: col().map(|c| c.fits).fold(f64::INFINITY, f64::min),
+            imbalance: col().map(|c| c.imbalance).fold(0.0, f64::max),
+            limit_imbalance: col().map(|c| c.limit_imbalance).fold(0.0, f64::max),
+            p99_us: col()
+                .filter_map(|c| c.p99_us)
+                .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x)))),
+        }
+    }
+
+    fn value(&self, m: Metric) -> f64 {
+        match m {
+            Metric::OneNumaWhereFits => self.fits,
+            Metric::ImbalanceByRequest => self.imbalance,
+            Metric::ImbalanceByLimit => self.limit_imbalance,
+        }
+    }
+}
+
+fn worst_row(out: &mut String, policies: &[PolicyRun], worst: &[Worst]) {
+    let _ = write!(out, "| worst | |");
+    for (p, w) in policies.iter().zip(worst) {
         let _ = write!(
             out,
-            " **{:.1}%** | **{imb:.3}** | **{lim:.3}** |",
-            fits * 100.0
+            " **{:.1}%** | **{:.3}** | **{:.3}** |",
+            w.fits * 100.0,
+            w.imbalance,
+            w.limit_imbalance
         );
         if matches!(p.policy, crate::sim::Policy::Engine(_)) {
-            let p99 = col()
-                .filter_map(|c| c.p99_us)
-                .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
-            let _ = write!(out, " **{}** |", us(p99));
+            let _ = write!(out, " **{}** |", us(w.p99_us));
         }
     }
     out.push('\n');
-    Ok(out)
+}
+
+/// A row per goal ([`GOALS`]) whose policy is in the table: the threshold in the second
+/// column, and in the goal's own cell whether the worst seed met it.
+fn goal_rows(out: &mut String, policies: &[PolicyRun], worst: &[Worst]) {
+    for g in &GOALS {
+        let Some(at) = policies.iter().position(|p| p.label == g.policy) else {
+            continue;
+        };
+        let _ = write!(out, "| goal | {} |", g.threshold_text());
+        for (i, p) in policies.iter().enumerate() {
+            for m in [
+                Metric::OneNumaWhereFits,
+                Metric::ImbalanceByRequest,
+                Metric::ImbalanceByLimit,
+            ] {
+                let cell = match (i == at && m == g.metric, g.met(worst[i].value(m))) {
+                    (true, true) => "**met**",
+                    (true, false) => "**missed**",
+                    (false, _) => "",
+                };
+                let _ = write!(out, " {cell} |");
+            }
+            if matches!(p.policy, crate::sim::Policy::Engine(_)) {
+                out.push_str(" |");
+            }
+        }
+        out.push('\n');
+    }
 }
 
 fn us(v: Option<f64>) -> String {
@@ -171,7 +233,7 @@ mod tests {
             .skip(2)
             .map(|l| l.split('|').map(|c| c.trim().to_string()).collect())
             .collect();
-        assert_eq!(rows.len(), 3, "two seeds and the worst row:\n{out}");
+        assert_eq!(rows.len(), 6, "two seeds, the worst row, 3 goals:\n{out}");
         // Columns: "", seed, containers, then per policy fits, imbalance, by limit, p99.
         let imb_col = 4 + 4; // topology-aware's imbalance by request
         for (row, seed) in rows.iter().zip([3u64, 5]) {
@@ -195,6 +257,21 @@ mod tests {
         assert_eq!(num(&worst[imb_col]), max_imb);
         let min_fits = num(&rows[0][imb_col - 1]).min(num(&rows[1][imb_col - 1]));
         assert_eq!(num(&worst[imb_col - 1]), min_fits);
+        // The request goal's row: its threshold, and its verdict in topology-aware's column.
+        let goal = &rows[4];
+        assert_eq!((goal[1].as_str(), goal[2].as_str()), ("goal", "< 1.10"));
+        let verdict = if max_imb < 1.10 {
+            "**met**"
+        } else {
+            "**missed**"
+        };
+        assert_eq!(goal[imb_col], verdict, "{out}");
+        assert_eq!(
+            goal[3..].iter().filter(|c| !c.is_empty()).count(),
+            1,
+            "{out}"
+        );
+        assert_eq!(goal.len(), worst.len(), "as many cells as the worst row");
     }
 
     #[test]

@@ -268,6 +268,7 @@ fn main() -> Result<()> {
                     one_numa: s.one_numa,
                     one_numa_where_fits: s.one_numa_where_fits,
                     imbalance: s.imbalance,
+                    limit_imbalance: s.limit_imbalance,
                 });
                 rows[i].push_str(&format!(" {:.1}% |", s.one_numa_where_fits * 100.0));
                 imb_rows[i].push_str(&format!(" {:.3} |", s.imbalance));
