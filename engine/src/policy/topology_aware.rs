@@ -21,6 +21,7 @@ use crate::request::{ContainerRequest, CoreGrain, PolicyKind};
 use crate::state::StateView;
 use crate::topology::{Level, Pool, PoolId};
 use crate::types::{Reason, ResourcePriority, Unhonoured};
+use std::cell::Cell;
 
 /// The built-in `topology-aware` policy (no state of its own).
 #[derive(Debug, Clone, Copy, Default)]
@@ -93,7 +94,7 @@ type Key = (
     bool,
     bool,
     i64,
-    (Locality, i64),
+    (Locality, bool, i64),
     bool,
     u32,
     bool,
@@ -106,6 +107,7 @@ type Key = (
 
 fn rank(
     e: &StateView<'_>,
+    memo: &Memo,
     p: &Pool,
     (request, limit): (u64, u64),
     device_nodes: &NodeSet,
@@ -113,13 +115,15 @@ fn rank(
     by: Rank,
 ) -> Key {
     let free = free_milli(e, p.id);
-    let local = locality(e, p, (request, limit), free >= i128::from(limit));
+    let (at, balance) = locality(e, memo, p, (request, limit), free >= i128::from(limit));
     let limit = i128::from(limit);
     let device = !device_nodes.is_empty() && p.numa_nodes.intersects(device_nodes);
     let (dev_first, dev_late) = match prio {
         ResourcePriority::GpuFirst => (device, false),
         ResourcePriority::CpuFirst => (false, device),
     };
+    // Device affinity (`cpu-first`) before balance: among the nodes, the device's.
+    let local = (at, dev_late, balance);
     let parent_free = p.parent.map(|q| free_milli(e, q)).unwrap_or(0);
     (
         p.id != 0,
@@ -141,6 +145,7 @@ fn rank(
 /// milli-CPUs (balance 0 where it does not count: a pool ranked last).
 fn locality(
     e: &StateView<'_>,
+    memo: &Memo,
     p: &Pool,
     (request, size): (u64, u64),
     holds_limit: bool,
@@ -153,7 +158,10 @@ fn locality(
         Locality::Last => (Locality::Last, 0),
         at => {
             let wide = widest_alike(e.topology(), p);
-            (at, balance_key(e, wide, request, size))
+            (
+                at,
+                memo.get(wide.id, || balance_key(e, wide, request, size)),
+            )
         }
     }
 }
@@ -167,6 +175,27 @@ fn node_capacity_milli(e: &StateView<'_>, nodes: &NodeSet) -> u64 {
         .next()
         .and_then(|id| topo.nodes.iter().position(|n| n.id as usize == id))
         .map_or(0, |pos| e.node_capacity_milli(pos))
+}
+
+/// The balance term of the last pool worked out in one decision, by the widest pool over the
+/// same nodes ([`widest_alike`]): the cache and cluster pools of a node follow each other in
+/// the pool list and share their node's term, worked out once per node. One memo serves one
+/// container (its request and size do not change between calls).
+#[derive(Debug, Default)]
+struct Memo(Cell<Option<(PoolId, i64)>>);
+
+impl Memo {
+    #[inline]
+    fn get(&self, wide: PoolId, work: impl FnOnce() -> i64) -> i64 {
+        match self.0.get() {
+            Some((id, v)) if id == wide => v,
+            _ => {
+                let v = work();
+                self.0.set(Some((wide, v)));
+                v
+            }
+        }
+    }
 }
 
 /// Whether a pool is over one NUMA node or several.
@@ -335,6 +364,7 @@ fn place(
         }
     }
 
+    let memo = Memo::default();
     if let Some(n) = excl_n {
         // Whole cores add up only to multiples of the cores' common size (2 where every core
         // has two threads): another count fits no pool, so none is tried (each try would walk
@@ -349,6 +379,7 @@ fn place(
                     (
                         rank(
                             e,
+                            &memo,
                             p,
                             (req_milli, limit),
                             &device_nodes,
@@ -382,7 +413,15 @@ fn place(
         if !candidate(p) {
             continue;
         }
-        let k = rank(e, p, (req_milli, limit), &device_nodes, prio, Rank::Shared);
+        let k = rank(
+            e,
+            &memo,
+            p,
+            (req_milli, limit),
+            &device_nodes,
+            prio,
+            Rank::Shared,
+        );
         if best.as_ref().is_none_or(|(bk, _)| k > *bk) {
             best = Some((k, p.id));
         }
