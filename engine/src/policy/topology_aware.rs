@@ -5,10 +5,11 @@
 //! of one NUMA node whose measured usage per shared CPU is lower (after taking the exclusive
 //! CPUs asked for), pools over several nodes last (without a hint this term is the same for
 //! every pool); locality and balance (issue 25): pools of one NUMA node first, pools over
-//! several last, except for a lump that no node holds (see [`Locality`]), then device affinity
+//! several last, except for a lump that no node holds (its size two thirds of a node or more:
+//! spread over several nodes where the load is lowest), then device affinity
 //! with `cpu-first`, then the load on the node's CPUs with the container, by requests and by
 //! limits relative to the machine's average, the worse of the two, lower first
-//! ([`super::balance`]); holds the limit too; deeper; device affinity with `cpu-first`; more
+//! (`policy/balance.rs`); holds the limit too; deeper; device affinity with `cpu-first`; more
 //! free capacity after the limit; more room after the limits already granted; fewer
 //! containers; pack siblings (the fuller parent first); lower id. Guaranteed integer-CPU containers get
 //! exclusive CPUs from the best pool that can give them (see [`pick_exclusive`]) taken out of
