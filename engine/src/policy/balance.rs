@@ -13,6 +13,7 @@
 
 use crate::state::StateView;
 use crate::topology::{Pool, PoolId, Topology};
+use std::cell::Cell;
 
 /// Requested and limit milli-CPUs on a set of CPUs.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -50,26 +51,92 @@ fn own_shared(e: &StateView<'_>, a: &Pool) -> Load {
     }
 }
 
-/// The load on the CPUs of pool `p` (see the module docs).
-fn effective(e: &StateView<'_>, p: &Pool) -> Load {
-    let l = e.pool_load(p.id);
-    let hidden = (f64::from(l.taken_cpus) - f64::from(l.exclusive_cpus)).max(0.0) * 1000.0;
-    let mut load = Load {
-        request: l.request_milli as f64 + hidden,
-        limit: l.limit_milli as f64 + hidden,
-    };
-    let mine = shared_milli(e, p.id);
-    let topo = e.topology();
-    let mut up = p.parent;
-    while let Some(a) = up {
-        let pool = &topo.pools[a];
-        let own = own_shared(e, pool);
-        let share = mine / shared_milli(e, a).max(1.0);
-        load.request += own.request * share;
-        load.limit += own.limit * share;
-        up = pool.parent;
+/// Works out balance terms for one container in one decision, keeping what the pools share:
+/// the machine's averages, and the load per shared CPU of the shared grants charged to an
+/// ancestor (the machine, and the last other ancestor met: the NUMA pools of a socket follow
+/// each other in the pool list). A division costs tens of cycles of latency: one per pool.
+#[derive(Debug)]
+pub(crate) struct Balancer {
+    request: f64,
+    size: f64,
+    /// Machine CPUs over its requests, and over its limits (an empty machine counts as 1).
+    per_request: f64,
+    per_limit: f64,
+    root: Cell<Option<Load>>,
+    last: Cell<Option<(PoolId, Load)>>,
+}
+
+impl Balancer {
+    pub(crate) fn new(e: &StateView<'_>, request: u64, size: u64) -> Balancer {
+        let machine = e.pool_load(0);
+        let cap = (e.capacity_milli(0) as f64).max(1.0);
+        Balancer {
+            request: request as f64,
+            size: size as f64,
+            per_request: cap / (machine.request_milli as f64).max(1.0),
+            per_limit: cap / (machine.limit_milli as f64).max(1.0),
+            root: Cell::new(None),
+            last: Cell::new(None),
+        }
     }
-    load
+
+    /// The shared grants charged to ancestor `a` itself, per shared CPU of `a`.
+    fn density(&self, e: &StateView<'_>, a: &Pool) -> Load {
+        let work = || {
+            let own = own_shared(e, a);
+            let shared = shared_milli(e, a.id).max(1.0);
+            Load {
+                request: own.request / shared,
+                limit: own.limit / shared,
+            }
+        };
+        if a.id == 0 {
+            let d = self.root.get().unwrap_or_else(work);
+            self.root.set(Some(d));
+            return d;
+        }
+        match self.last.get() {
+            Some((id, d)) if id == a.id => d,
+            _ => {
+                let d = work();
+                self.last.set(Some((a.id, d)));
+                d
+            }
+        }
+    }
+
+    /// The load on the CPUs of pool `p` (see the module docs).
+    fn effective(&self, e: &StateView<'_>, p: &Pool) -> Load {
+        let l = e.pool_load(p.id);
+        let hidden = (f64::from(l.taken_cpus) - f64::from(l.exclusive_cpus)).max(0.0) * 1000.0;
+        let mut load = Load {
+            request: l.request_milli as f64 + hidden,
+            limit: l.limit_milli as f64 + hidden,
+        };
+        let mine = shared_milli(e, p.id);
+        let topo = e.topology();
+        let mut up = p.parent;
+        while let Some(a) = up {
+            let pool = &topo.pools[a];
+            let d = self.density(e, pool);
+            load.request += d.request * mine;
+            load.limit += d.limit * mine;
+            up = pool.parent;
+        }
+        load
+    }
+
+    /// The balance term of pool `p` (the widest of its kind: [`widest_alike`]): the larger of
+    /// its CPUs' request and limit load with the container, each per CPU and relative to the
+    /// machine's average; negated, so that larger is better.
+    pub(crate) fn key(&self, e: &StateView<'_>, p: &Pool) -> i64 {
+        let load = self.effective(e, p);
+        let by_request = (load.request + self.request) * self.per_request;
+        let by_limit = (load.limit + self.size) * self.per_limit;
+        let cap = (e.capacity_milli(p.id) as f64).max(1.0);
+        // `as` saturates (and maps NaN to 0): no input makes this wrap.
+        -(by_request.max(by_limit) * SCALE / cap) as i64
+    }
 }
 
 /// The widest pool over the same NUMA nodes as `p` (`p`'s NUMA node for a cache or cluster
@@ -84,21 +151,4 @@ pub(crate) fn widest_alike<'t>(topo: &'t Topology, p: &'t Pool) -> &'t Pool {
         wide = up;
     }
     wide
-}
-
-/// The balance term of pool `p` (the widest of its kind: [`widest_alike`]) for a container of
-/// `request` and `size` (limit, or request without one) milli-CPUs: the larger of its CPUs'
-/// request and limit load with the container, each per CPU and relative to the machine's
-/// average; negated, so that larger is better.
-pub(crate) fn balance_key(e: &StateView<'_>, p: &Pool, request: u64, size: u64) -> i64 {
-    let cap = (e.capacity_milli(p.id) as f64).max(1.0);
-    let load = effective(e, p);
-    let machine = e.pool_load(0);
-    let machine_cap = (e.capacity_milli(0) as f64).max(1.0);
-    // Per CPU of the pool over per CPU of the machine (an empty machine counts as 1 milli-CPU).
-    let relative = |load: f64, total: u64| load * machine_cap / (cap * (total as f64).max(1.0));
-    let by_request = relative(load.request + request as f64, machine.request_milli);
-    let by_limit = relative(load.limit + size as f64, machine.limit_milli);
-    // `as` saturates (and maps NaN to 0): no input makes this wrap.
-    -((by_request.max(by_limit) * SCALE) as i64)
 }

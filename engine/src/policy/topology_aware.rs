@@ -16,7 +16,7 @@
 //! the shared pool. Free capacity counts exclusive CPUs taken from a pool by a grant charged
 //! above it.
 
-use super::balance::{balance_key, widest_alike};
+use super::balance::{widest_alike, Balancer};
 use super::{pool_choice, Choice, Policy, Settings};
 use crate::cpu_picker::pick_exclusive;
 use crate::cpuset::CpuSet;
@@ -114,13 +114,13 @@ fn rank(
     e: &StateView<'_>,
     memo: &Memo,
     p: &Pool,
-    (request, limit): (u64, u64),
+    limit: u64,
     device_nodes: &NodeSet,
     prio: ResourcePriority,
     by: Rank,
 ) -> Key {
     let free = free_milli(e, p.id);
-    let (at, balance) = locality(e, memo, p, (request, limit), free >= i128::from(limit));
+    let (at, balance) = locality(e, memo, p, free >= i128::from(limit));
     let limit = i128::from(limit);
     let device = !device_nodes.is_empty() && p.numa_nodes.intersects(device_nodes);
     let (dev_first, dev_late) = match prio {
@@ -146,57 +146,41 @@ fn rank(
     )
 }
 
-/// The locality and balance terms of pool `p` for a container of `request` and `size`
-/// milli-CPUs (balance 0 where it does not count: a pool ranked last).
-fn locality(
-    e: &StateView<'_>,
-    memo: &Memo,
-    p: &Pool,
-    (request, size): (u64, u64),
-    holds_limit: bool,
-) -> (Locality, i64) {
+/// The locality and balance terms of pool `p` (balance 0 where it does not count: a pool
+/// ranked last).
+fn locality(e: &StateView<'_>, memo: &Memo, p: &Pool, holds_limit: bool) -> (Locality, i64) {
     if p.id == 0 {
         return (Locality::Last, 0); // the root ranks last anyway
     }
-    let lump = Lump::of(node_capacity_milli(e, &p.numa_nodes), size);
-    match Locality::of(Span::of(&p.numa_nodes), lump, holds_limit) {
+    match Locality::of(Span::of(&p.numa_nodes), memo.lump, holds_limit) {
         Locality::Last => (Locality::Last, 0),
         at => {
             let wide = widest_alike(e.topology(), p);
-            (
-                at,
-                memo.get(wide.id, || balance_key(e, wide, request, size)),
-            )
+            (at, memo.get(wide.id, |b| b.key(e, wide)))
         }
     }
-}
-
-/// Request capacity of the first NUMA node of `nodes` (its usable CPUs), in milli-CPUs.
-#[inline]
-fn node_capacity_milli(e: &StateView<'_>, nodes: &NodeSet) -> u64 {
-    let topo = e.topology();
-    nodes
-        .iter()
-        .next()
-        .and_then(|id| topo.nodes.iter().position(|n| n.id as usize == id))
-        .map_or(0, |pos| e.node_capacity_milli(pos))
 }
 
 /// The balance term of the last pool worked out in one decision, by the widest pool over the
 /// same nodes ([`widest_alike`]): the cache and cluster pools of a node follow each other in
 /// the pool list and share their node's term, worked out once per node. One memo serves one
 /// container (its request and size do not change between calls).
-#[derive(Debug, Default)]
-struct Memo(Cell<Option<(PoolId, i64)>>);
+#[derive(Debug)]
+struct Memo {
+    last: Cell<Option<(PoolId, i64)>>,
+    balancer: Balancer,
+    /// Whether the container is a lump on every NUMA node.
+    lump: Lump,
+}
 
 impl Memo {
     #[inline]
-    fn get(&self, wide: PoolId, work: impl FnOnce() -> i64) -> i64 {
-        match self.0.get() {
+    fn get(&self, wide: PoolId, work: impl FnOnce(&Balancer) -> i64) -> i64 {
+        match self.last.get() {
             Some((id, v)) if id == wide => v,
             _ => {
-                let v = work();
-                self.0.set(Some((wide, v)));
+                let v = work(&self.balancer);
+                self.last.set(Some((wide, v)));
                 v
             }
         }
@@ -245,7 +229,7 @@ impl Locality {
 }
 
 /// Whether a container is a lump on one NUMA node: its size (limit, or request without one) at
-/// least two thirds of a node's CPUs. On one node such a container alone makes that node the
+/// least two thirds of the largest node's CPUs (usable). On one node such a container alone makes that node the
 /// fullest by limits for its life; spread over a pool of several nodes it weighs on each by its
 /// share. A node that holds its limit still comes first (a container the size of an empty node
 /// goes there). Measured on tap-sim's seeds 1-40 (docs/sim.md, issue 25): worst imbalance by
@@ -257,12 +241,13 @@ enum Lump {
 }
 
 impl Lump {
-    /// `node` is the request capacity of a NUMA node, `size` the container's, in milli-CPUs.
-    fn of(node: u64, size: u64) -> Lump {
-        if u128::from(size) * 3 >= u128::from(node) * 2 {
-            Lump::Yes
-        } else {
-            Lump::No
+    /// Whether `size` milli-CPUs is a lump on the largest NUMA node (then on every one).
+    fn of(e: &StateView<'_>, size: u64) -> Lump {
+        let nodes = e.topology().nodes.len();
+        let largest = (0..nodes).map(|i| e.node_capacity_milli(i)).max();
+        match largest {
+            Some(node) if u128::from(size) * 3 >= u128::from(node) * 2 => Lump::Yes,
+            _ => Lump::No,
         }
     }
 }
@@ -369,7 +354,11 @@ fn place(
         }
     }
 
-    let memo = Memo::default();
+    let memo = Memo {
+        last: Cell::new(None),
+        balancer: Balancer::new(e, req_milli, limit),
+        lump: Lump::of(e, limit),
+    };
     if let Some(n) = excl_n {
         // Whole cores add up only to multiples of the cores' common size (2 where every core
         // has two threads): another count fits no pool, so none is tried (each try would walk
@@ -382,15 +371,7 @@ fn place(
                 .filter(|p| possible && candidate(p))
                 .map(|p| {
                     (
-                        rank(
-                            e,
-                            &memo,
-                            p,
-                            (req_milli, limit),
-                            &device_nodes,
-                            prio,
-                            Rank::Exclusive(n),
-                        ),
+                        rank(e, &memo, p, limit, &device_nodes, prio, Rank::Exclusive(n)),
                         p.id,
                     )
                 }),
@@ -418,15 +399,7 @@ fn place(
         if !candidate(p) {
             continue;
         }
-        let k = rank(
-            e,
-            &memo,
-            p,
-            (req_milli, limit),
-            &device_nodes,
-            prio,
-            Rank::Shared,
-        );
+        let k = rank(e, &memo, p, limit, &device_nodes, prio, Rank::Shared);
         if best.as_ref().is_none_or(|(bk, _)| k > *bk) {
             best = Some((k, p.id));
         }
