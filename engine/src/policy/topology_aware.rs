@@ -376,14 +376,12 @@ fn place(
                     )
                 }),
         );
-        ranked.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
-        for (_, id) in ranked {
-            if let Some(ex) = pick_exclusive(e, id, n, grain) {
-                let level = topo.pools[id].level;
-                let mut c = pool_choice(e, req, eff, id, ex, Reason::Exclusive(level));
-                c.unhonoured = unhonoured.or(c.unhonoured);
-                return Some(c);
-            }
+        let give = |id: PoolId| pick_exclusive(e, id, n, grain).map(|ex| (id, ex));
+        if let Some((id, ex)) = best_first(&mut ranked, give) {
+            let level = topo.pools[id].level;
+            let mut c = pool_choice(e, req, eff, id, ex, Reason::Exclusive(level));
+            c.unhonoured = unhonoured.or(c.unhonoured);
+            return Some(c);
         }
         // No pool can give the CPUs: fall through to a shared placement, and say why where a
         // core grain stood in the way.
@@ -420,6 +418,22 @@ fn place(
     let mut c = pool_choice(e, req, eff, pool, CpuSet::new(), reason);
     c.unhonoured = unhonoured.or(c.unhonoured);
     Some(c)
+}
+
+/// The first pool in ranking order that `give` answers for. The best pool nearly always
+/// does: it is found in one pass, and the others are sorted only when it does not.
+fn best_first<T>(
+    ranked: &mut [(Key, PoolId)],
+    mut give: impl FnMut(PoolId) -> Option<T>,
+) -> Option<T> {
+    let best = (0..ranked.len()).max_by_key(|&i| ranked[i].0)?;
+    ranked.swap(0, best);
+    if let Some(t) = give(ranked[0].1) {
+        return Some(t);
+    }
+    let rest = &mut ranked[1..];
+    rest.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
+    rest.iter().find_map(|r| give(r.1))
 }
 
 /// The core grain exclusive CPUs are taken with: `sibling-pair` only for exactly 2 CPUs (else
