@@ -498,3 +498,29 @@ fn kunpeng_950_only_uses_clusters_on_part_0xd06_alone() {
     e.set_config(EngineConfig::default());
     assert!(e.clusters_off().is_none());
 }
+
+#[test]
+fn exclusive_grants_leave_shared_requests_their_cpus() {
+    // 4 NUMA nodes of 24 CPUs. A shared container requests 20 CPUs of node 0; a Guaranteed
+    // container of 50 fits only the machine pool. Packing alone would take 23 of node 0's
+    // CPUs (the first ones, all clusters equally free) and leave the shared container one
+    // CPU for its 20 requested; the grant takes 4 there at most.
+    let mut e = engine(KP920, EngineConfig::default());
+    let s = placed(e.create(&c("s", 20.0, 22.0)));
+    assert_eq!(level_of(&e, &s), Level::Numa);
+    assert_eq!(s.cpus.len(), 24);
+    let mut g = c("g", 50.0, 50.0);
+    g.qos = Some(Qos::Guaranteed);
+    let p = placed(e.create(&g));
+    assert!(p.exclusive);
+    assert_eq!(level_of(&e, &p), Level::Machine);
+    assert_eq!(p.cpus.len(), 50);
+    let up = p.updates.iter().find(|u| u.container_id == "s");
+    let left = up.map_or(s.cpus, |u| *u.cpus);
+    assert!(
+        left.len() >= 20,
+        "the shared container keeps the CPUs it requested: {left} ({} CPUs)",
+        left.len()
+    );
+    assert!(!left.intersects(&p.cpus));
+}
