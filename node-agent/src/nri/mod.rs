@@ -112,7 +112,28 @@ impl Default for ConfirmTimeouts {
 /// Calls answered and not yet confirmed by the runtime, by container id, each with the ledger
 /// clock when it was answered (a newer call for the same container replaces an older one).
 #[derive(Default)]
-pub struct Pending(Mutex<HashMap<String, (u64, Ticket)>>);
+pub struct Pending(Mutex<HashMap<String, Held>>);
+
+/// A call waiting for its confirmation, and the timer that gives it up. The timer is stopped
+/// when the call is confirmed or replaced: a confirmed create's timer would otherwise sleep on
+/// for [`CREATE_CONFIRM_TIMEOUT`], a task and a timer entry per container created in the last
+/// two minutes.
+struct Held {
+    generation: u64,
+    ticket: Ticket,
+    /// `None` only while the timer is being started.
+    timer: Option<tokio::task::AbortHandle>,
+}
+
+impl Held {
+    /// The call's ticket, its timer stopped.
+    fn into_ticket(self) -> Ticket {
+        if let Some(t) = &self.timer {
+            t.abort();
+        }
+        self.ticket
+    }
+}
 
 /// What a pending call is, for its timeout and log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +146,7 @@ enum Unconfirmed {
 
 impl Pending {
     fn take(&self, id: &str) -> Option<Ticket> {
-        lock(&self.0).remove(id).map(|(_, t)| t)
+        lock(&self.0).remove(id).map(Held::into_ticket)
     }
 
     /// Commits the pending create of `id`, if there is one.
@@ -140,7 +161,10 @@ impl Pending {
     }
 
     fn clear(&self) {
-        lock(&self.0).clear();
+        for (_, h) in lock(&self.0).drain() {
+            // The tickets are dropped as the old code did: only the timers are new here.
+            drop(h.into_ticket());
+        }
     }
 
     /// Keeps `t` until confirmed; unconfirmed after its timeout, it is aborted (the grant of a
@@ -154,30 +178,53 @@ impl Pending {
         (what, timeout): (Unconfirmed, Duration),
     ) {
         let generation = ledger.now();
-        let older = lock(&self.0).insert(id.clone(), (generation, t));
-        if let Some((_, older)) = older {
-            ledger.abort(older);
+        let held = Held {
+            generation,
+            ticket: t,
+            timer: None,
+        };
+        let older = lock(&self.0).insert(id.clone(), held);
+        if let Some(older) = older {
+            ledger.abort(older.into_ticket());
         }
+        let timer = self.start_timer(ledger, id.clone(), generation, (what, timeout));
+        // Kept with the call unless the timer already gave it up.
+        match lock(&self.0).get_mut(&id) {
+            Some(h) if h.generation == generation => h.timer = Some(timer),
+            _ => timer.abort(),
+        }
+    }
+
+    /// Gives up the call held for `id` at `generation` once `timeout` has passed (unless it was
+    /// confirmed or replaced meanwhile).
+    fn start_timer(
+        self: &Arc<Self>,
+        ledger: &Arc<Ledger>,
+        id: String,
+        generation: u64,
+        (what, timeout): (Unconfirmed, Duration),
+    ) -> tokio::task::AbortHandle {
         let (me, ledger) = (Arc::downgrade(self), ledger.clone());
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
             let Some(me) = me.upgrade() else { return };
             let expired = {
                 let mut m = lock(&me.0);
                 match m.get(&id) {
-                    Some((g, _)) if *g == generation => m.remove(&id),
+                    Some(h) if h.generation == generation => m.remove(&id),
                     _ => None,
                 }
             };
-            if let Some((_, t)) = expired {
+            if let Some(h) = expired {
                 tracing::warn!(container = %id, ?what, "containerd did not confirm it; undone");
                 ledger
                     .agent()
                     .metrics()
                     .count_error("update", crate::metrics::ErrorKind::Unconfirmed);
-                ledger.abort(t);
+                ledger.abort(h.ticket);
             }
         });
+        task.abort_handle()
     }
 }
 
@@ -944,6 +991,35 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let retried = agent.snapshot().grant("c").cloned().expect("granted");
         assert_eq!(retried.request_milli, 30_000);
+    }
+
+    /// A confirmed create stops its timer at once (it slept out the whole confirm timeout: a
+    /// task and a timer entry per container created in the last two minutes, issue 25).
+    #[tokio::test]
+    async fn a_confirmed_create_stops_its_timer() {
+        let agent = test_agent();
+        let plugin = NriPlugin::new(agent.clone());
+        let alive = || {
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks()
+        };
+        let idle = alive();
+        let mut req = CreateContainerRequest::new();
+        req.pod = Some(pod()).into();
+        req.container = Some(burstable("c1", 0)).into();
+        let resp = plugin.on_create_container(req).await.unwrap();
+        assert!(!resp.adjust.linux.resources.cpu.cpus.is_empty(), "placed");
+        assert_eq!(alive(), idle + 1, "the create's timer");
+        plugin.confirm_create("c1");
+        for _ in 0..100 {
+            if alive() == idle {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(alive(), idle, "the timer is gone");
+        assert!(agent.snapshot().grant("c1").is_some(), "the grant is kept");
     }
 
     /// A start containerd confirms after the create was given up (its grant released after the
