@@ -268,7 +268,7 @@ impl Ledger {
     /// grant and the runtime (as far as known) holds something else.
     fn difference(&self, b: &Book, key: &str) -> Option<(u64, Update)> {
         let key = b.resolve(key)?;
-        let e = b.entries.get(&key)?;
+        let e = b.entries.get(key.as_str())?;
         if !matches!(e.state, State::Committed) {
             return None;
         }
@@ -276,7 +276,10 @@ impl Ledger {
         if e.applied.as_ref() == Some(&Applied::new(cpus, mems)) {
             return None;
         }
-        let container_id = e.runtime_id.clone().unwrap_or(key);
+        let container_id = match &e.runtime_id {
+            Some(id) => id.to_string(),
+            None => key,
+        };
         Some((
             e.seq,
             Update {
@@ -304,7 +307,7 @@ impl Ledger {
                 self.dirty.clear(&mark);
                 self.dirty.mark([key.clone()]);
             }
-            let Some(e) = b.entries.get(&key) else {
+            let Some(e) = b.entries.get(key.as_str()) else {
                 continue;
             };
             match e.state {
@@ -327,7 +330,7 @@ impl Ledger {
                 self.dirty.clear(&key);
                 continue;
             };
-            if let Some(e) = b.entries.get_mut(&key) {
+            if let Some(e) = b.entries.get_mut(key.as_str()) {
                 e.flight.writing = true;
                 e.flight.overlap = false;
             }
@@ -340,7 +343,7 @@ impl Ledger {
     /// clears it when the runtime holds what the engine wants).
     pub(super) fn settle(&self, d: Dispatch, result: Result<(), WriteError>) {
         let mut b = self.book();
-        let Some(e) = b.entries.get_mut(&d.key) else {
+        let Some(e) = b.entries.get_mut(d.key.as_str()) else {
             return;
         };
         e.flight.writing = false;
@@ -399,14 +402,14 @@ impl Ledger {
             let Some((_, update)) = self.difference(&b, &key) else {
                 // Settled, as the loop would find it (pending ones are marked at their end).
                 if b.entries
-                    .get(&key)
+                    .get(key.as_str())
                     .is_some_and(|e| matches!(e.state, State::Committed))
                 {
                     self.dirty.clear(&mark);
                 }
                 continue;
             };
-            let Some(e) = b.entries.get_mut(&key) else {
+            let Some(e) = b.entries.get_mut(key.as_str()) else {
                 continue;
             };
             if e.flight.busy() || e.flight.not_before.is_some() {
@@ -426,7 +429,7 @@ impl Ledger {
             b.entries
                 .iter()
                 .filter(|(_, e)| matches!(e.state, State::Committed))
-                .map(|(k, _)| k.clone())
+                .map(|(k, _)| k.to_string())
                 .collect()
         };
         self.dirty.mark(keys);

@@ -111,7 +111,8 @@ enum State {
 #[derive(Debug, Clone)]
 struct Entry {
     info: ContainerInfo,
-    runtime_id: Option<String>,
+    /// The runtime's id; the same allocation as the key when they are equal (NRI).
+    runtime_id: Option<Arc<str>>,
     state: State,
     /// What the runtime holds, as far as the ledger knows (`None`: unknown).
     applied: Option<Applied>,
@@ -122,10 +123,10 @@ struct Entry {
 }
 
 impl Entry {
-    fn new(info: ContainerInfo, runtime_id: Option<String>, state: State, seq: u64) -> Entry {
+    fn new(info: ContainerInfo, state: State, seq: u64) -> Entry {
         Entry {
             info,
-            runtime_id,
+            runtime_id: None,
             state,
             applied: None,
             seq,
@@ -143,11 +144,16 @@ pub enum Release {
     Removed,
 }
 
+/// The book's maps share one allocation per id: an entry's key, its runtime id when the runtime
+/// names it the same (NRI) and both sides of `ids` are the same `Arc<str>`. Entries are boxed:
+/// an entry is about 1.2 KB and a map's table keeps up to twice as many slots as entries
+/// (it doubles when 7/8 full), so a table of entries in place cost 2.1 MB at 1,000
+/// containers against 1.2 MB boxed (docs/scale.md, issue 25).
 #[derive(Default)]
 struct Book {
-    entries: HashMap<String, Entry>,
+    entries: HashMap<Arc<str>, Box<Entry>>,
     /// Runtime id -> key.
-    ids: HashMap<String, String>,
+    ids: HashMap<Arc<str>, Arc<str>>,
     /// Grant records changed after create (mirrors the state file).
     records: Records,
 }
@@ -158,7 +164,7 @@ impl Book {
     /// leading `/` too).
     fn resolve(&self, id: &str) -> Option<String> {
         if let Some(k) = self.ids.get(id) {
-            return Some(k.clone());
+            return Some(k.to_string());
         }
         let name = id.trim_start_matches('/');
         if self.entries.contains_key(name) {
@@ -167,7 +173,7 @@ impl Book {
         if !id.is_empty() && id.chars().all(|c| c.is_ascii_hexdigit()) {
             let mut hits = self.ids.iter().filter(|(full, _)| full.starts_with(id));
             if let (Some((_, k)), None) = (hits.next(), hits.next()) {
-                return Some(k.clone());
+                return Some(k.to_string());
             }
         }
         None
@@ -179,6 +185,38 @@ impl Book {
                 self.ids.remove(&id);
             }
         }
+    }
+
+    /// Adds (or replaces) the entry of `key`.
+    fn add(&mut self, key: &str, entry: Entry) {
+        match self.entries.get_mut(key) {
+            Some(e) => **e = entry,
+            None => {
+                self.entries.insert(Arc::from(key), Box::new(entry));
+            }
+        }
+    }
+
+    /// Names the runtime id of the entry of `key`, forgetting the one it had (returned).
+    /// Nothing happens when the book has no such entry.
+    fn set_runtime_id(&mut self, key: &str, id: &str) -> Option<Arc<str>> {
+        let key = Arc::clone(self.entries.get_key_value(key)?.0);
+        // The key's own allocation when the runtime names the container by its key.
+        let id: Arc<str> = if *id == *key {
+            Arc::clone(&key)
+        } else {
+            Arc::from(id)
+        };
+        let old = self
+            .entries
+            .get_mut(&key)?
+            .runtime_id
+            .replace(Arc::clone(&id));
+        if let Some(old) = &old {
+            self.ids.remove(old);
+        }
+        self.ids.insert(id, key);
+        old
     }
 }
 
@@ -311,7 +349,7 @@ impl Ledger {
     pub fn info(&self, id: &str) -> Option<ContainerInfo> {
         let b = self.book();
         let key = b.resolve(id)?;
-        b.entries.get(&key).map(|e| e.info.clone())
+        b.entries.get(key.as_str()).map(|e| e.info.clone())
     }
 
     /// Every container in the book with what the usage sampler needs: its key, the runtime's
@@ -321,15 +359,15 @@ impl Ledger {
         b.entries
             .iter()
             .map(|(k, e)| {
-                let rid = e.runtime_id.clone().unwrap_or_else(|| k.clone());
-                (k.clone(), rid, e.info.clone())
+                let rid = e.runtime_id.as_deref().unwrap_or(k).to_string();
+                (k.to_string(), rid, e.info.clone())
             })
             .collect()
     }
 
     /// Every container in the book, by key (for tests and status).
     pub fn keys(&self) -> Vec<String> {
-        let mut k: Vec<String> = self.book().entries.keys().cloned().collect();
+        let mut k: Vec<String> = self.book().entries.keys().map(|k| k.to_string()).collect();
         k.sort();
         k
     }
@@ -351,7 +389,7 @@ impl Ledger {
         let key = info.id.clone();
         {
             let mut b = self.book();
-            if b.entries.contains_key(&key) {
+            if b.entries.contains_key(key.as_str()) {
                 // A kubelet retrying after its timeout: harmless, not an error.
                 tracing::info!(container = %key, "a create repeats one in flight or done; its grant is left as it is");
                 return Ticket {
@@ -361,8 +399,8 @@ impl Ledger {
                 };
             }
             let seq = self.now();
-            let entry = Entry::new(info.placement_inputs(), None, State::PendingCreate, seq);
-            b.entries.insert(key.clone(), entry);
+            let entry = Entry::new(info.placement_inputs(), State::PendingCreate, seq);
+            b.add(&key, entry);
         }
         let late_key = key.clone();
         let dirty = self.dirty.clone();
@@ -450,38 +488,28 @@ impl Ledger {
     pub fn commit_create(&self, t: Ticket, runtime_id: Option<String>) {
         let mut b = self.book();
         let seq = self.now();
-        let Some(e) = b.entries.get_mut(&t.key) else {
+        let Some(e) = b.entries.get_mut(t.key.as_str()) else {
             return;
         };
-        let old_id = match t.phase {
+        match t.phase {
             Phase::Create => {
                 e.state = State::Committed;
                 e.applied = t
                     .adjustment
                     .cpus
                     .map(|c| Applied::new(c, t.adjustment.mems));
-                if let Some(r) = &t.adjustment.record {
-                    e.info.annotations.insert(GRANT_KEY.into(), r.clone());
+                if let Some(r) = t.adjustment.record {
+                    e.info.annotations.insert(GRANT_KEY.into(), r);
                 }
                 e.seq = seq;
-                match &runtime_id {
-                    Some(id) => e.runtime_id.replace(id.clone()),
-                    None => None,
-                }
             }
             // The runtime accepted a repeated create: the container under this key is the new
             // one (the first must be gone), with the same cpuset.
-            Phase::Duplicate if runtime_id.is_some() => {
-                e.seq = seq;
-                std::mem::replace(&mut e.runtime_id, runtime_id.clone())
-            }
+            Phase::Duplicate if runtime_id.is_some() => e.seq = seq,
             _ => return,
-        };
-        if let Some(old) = old_id {
-            b.ids.remove(&old);
         }
         if let Some(id) = runtime_id {
-            b.ids.insert(id, t.key.clone());
+            b.set_runtime_id(&t.key, &id);
         }
         let neighbours = t.adjustment.updates.into_iter().map(|u| u.container_id);
         self.dirty.mark(neighbours.chain(std::iter::once(t.key)));
@@ -493,7 +521,7 @@ impl Ledger {
         match t.phase {
             Phase::Create => {
                 if matches!(
-                    b.entries.get(&t.key).map(|e| &e.state),
+                    b.entries.get(t.key.as_str()).map(|e| &e.state),
                     Some(State::PendingCreate)
                 ) {
                     b.forget(&t.key);
@@ -503,7 +531,7 @@ impl Ledger {
             }
             Phase::Update => {
                 let seq = self.now();
-                let Some(e) = b.entries.get_mut(&t.key) else {
+                let Some(e) = b.entries.get_mut(t.key.as_str()) else {
                     return;
                 };
                 // Only a change still pending is undone (a stop may have come in between).
@@ -549,7 +577,7 @@ impl Ledger {
             };
             let before = self.agent.grant_of(&key);
             let seq = self.now();
-            let Some(e) = b.entries.get_mut(&key) else {
+            let Some(e) = b.entries.get_mut(key.as_str()) else {
                 return pass(key);
             };
             if !matches!(e.state, State::Committed) {
@@ -601,7 +629,7 @@ impl Ledger {
             return;
         }
         let seq = self.now();
-        let Some(e) = b.entries.get_mut(&t.key) else {
+        let Some(e) = b.entries.get_mut(t.key.as_str()) else {
             return;
         };
         // Only a change still pending is committed (a stop may have come in between: the
@@ -641,7 +669,7 @@ impl Ledger {
         let Some(key) = b.resolve(id) else {
             return;
         };
-        if let Some(e) = b.entries.get(&key) {
+        if let Some(e) = b.entries.get(key.as_str()) {
             record_on_span(&e.info);
         }
         let ups = self.agent.remove(&key);
@@ -652,7 +680,7 @@ impl Ledger {
             Release::Removed => b.forget(&key),
             Release::Stopped => {
                 let seq = self.now();
-                if let Some(e) = b.entries.get_mut(&key) {
+                if let Some(e) = b.entries.get_mut(key.as_str()) {
                     e.seq = seq;
                     e.state = State::Stopped;
                 }

@@ -133,12 +133,12 @@ impl Ledger {
                 // At a session start none is left pending (`end_calls_in_flight`).
                 State::PendingCreate | State::PendingUpdate { .. } => false,
             })
-            .map(|(k, _)| k.clone());
+            .map(|(k, _)| k.to_string());
         let orphans = if session {
             self.agent
                 .granted()
                 .into_iter()
-                .filter(|k| !b.entries.contains_key(k))
+                .filter(|k| !b.entries.contains_key(k.as_str()))
                 .collect()
         } else {
             Vec::new()
@@ -179,7 +179,7 @@ impl Ledger {
             .iter()
             .filter(|l| {
                 b.entries
-                    .get(&l.info.id)
+                    .get(l.info.id.as_str())
                     .is_none_or(|e| matches!(e.state, State::Stopped) && e.seq < since)
             })
             .collect();
@@ -208,13 +208,12 @@ impl Ledger {
             report.adopted += 1;
             touched.push(info.id.clone());
             b.forget(&info.id);
-            let runtime_id = Some(l.runtime_id.clone()).filter(|s| !s.is_empty());
-            if let Some(id) = &runtime_id {
-                b.ids.insert(id.clone(), info.id.clone());
-            }
-            let mut e = Entry::new(info.placement_inputs(), runtime_id, State::Committed, seq);
+            let mut e = Entry::new(info.placement_inputs(), State::Committed, seq);
             e.applied = info.cpus.map(|c| Applied::new(c, info.mems));
-            b.entries.insert(info.id.clone(), e);
+            b.add(&info.id, e);
+            if !l.runtime_id.is_empty() {
+                b.set_runtime_id(&info.id, &l.runtime_id);
+            }
         }
         touched
     }
@@ -222,11 +221,12 @@ impl Ledger {
     /// Step 3: runtime ids the book did not learn at create (an answer without a readable id).
     fn learn_runtime_ids(&self, b: &mut Book, listed: &[Listed]) {
         for l in listed.iter().filter(|l| !l.runtime_id.is_empty()) {
-            if let Some(e) = b.entries.get_mut(&l.info.id) {
-                if e.runtime_id.is_none() {
-                    e.runtime_id = Some(l.runtime_id.clone());
-                    b.ids.insert(l.runtime_id.clone(), l.info.id.clone());
-                }
+            let unnamed = b
+                .entries
+                .get(l.info.id.as_str())
+                .is_some_and(|e| e.runtime_id.is_none());
+            if unnamed {
+                b.set_runtime_id(&l.info.id, &l.runtime_id);
             }
         }
     }
@@ -236,7 +236,7 @@ impl Ledger {
     fn read_back(&self, b: &mut Book, listed: &[Listed], since: u64) -> Vec<String> {
         let mut touched = Vec::new();
         for l in listed {
-            let Some(e) = b.entries.get_mut(&l.info.id) else {
+            let Some(e) = b.entries.get_mut(l.info.id.as_str()) else {
                 continue;
             };
             let settled = matches!(e.state, State::Committed) && e.seq < since;
@@ -254,7 +254,7 @@ impl Ledger {
         let Book {
             entries, records, ..
         } = b;
-        records.retain(|k, _| entries.contains_key(k));
+        records.retain(|k, _| entries.contains_key(k.as_str()));
         if b.records.len() != before {
             self.save(&b.records);
         }

@@ -167,17 +167,12 @@ async fn an_exclusive_create_shrinks_shared_containers_after_the_runtime_said_ye
 #[test]
 fn ids_resolve_by_key_full_id_and_unique_prefix() {
     let mut b = Book::default();
-    b.ids.insert("abcdef0123".into(), "k8s_a".into());
-    b.ids.insert("abcfff0000".into(), "k8s_b".into());
-    b.entries.insert(
-        "k8s_a".into(),
-        Entry::new(
-            ContainerInfo::default(),
-            Some("abcdef0123".into()),
-            State::Committed,
-            0,
-        ),
+    b.add(
+        "k8s_a",
+        Entry::new(ContainerInfo::default(), State::Committed, 0),
     );
+    b.set_runtime_id("k8s_a", "abcdef0123");
+    b.ids.insert("abcfff0000".into(), "k8s_b".into());
     assert_eq!(b.resolve("k8s_a").as_deref(), Some("k8s_a"));
     assert_eq!(b.resolve("/k8s_a").as_deref(), Some("k8s_a"));
     assert_eq!(b.resolve("abcdef0123").as_deref(), Some("k8s_a"));
@@ -189,6 +184,31 @@ fn ids_resolve_by_key_full_id_and_unique_prefix() {
     assert_eq!(b.resolve("abcf").as_deref(), Some("k8s_b"));
     assert_eq!(b.resolve("ab00"), None);
     assert_eq!(b.resolve("other"), None);
+}
+
+#[test]
+fn a_runtime_id_equal_to_the_key_shares_its_allocation() {
+    let mut b = Book::default();
+    b.add(
+        "0123abcd",
+        Entry::new(ContainerInfo::default(), State::Committed, 0),
+    );
+    assert_eq!(b.set_runtime_id("0123abcd", "0123abcd"), None);
+    let (key, e) = b.entries.get_key_value("0123abcd").unwrap();
+    let id = e.runtime_id.as_ref().unwrap();
+    assert!(Arc::ptr_eq(key, id));
+    let (id_key, id_val) = b.ids.get_key_value("0123abcd").unwrap();
+    assert!(Arc::ptr_eq(key, id_key) && Arc::ptr_eq(key, id_val));
+    // A new runtime id replaces the old one in both maps.
+    let old = b.set_runtime_id("0123abcd", "ffff").unwrap();
+    assert_eq!(&*old, "0123abcd");
+    assert_eq!(b.resolve("ffff").as_deref(), Some("0123abcd"));
+    assert!(!b.ids.contains_key("0123abcd"));
+    // An unknown key is not named.
+    assert_eq!(b.set_runtime_id("nope", "eeee"), None);
+    assert!(!b.ids.contains_key("eeee"));
+    b.forget("0123abcd");
+    assert!(b.ids.is_empty() && b.entries.is_empty());
 }
 
 #[tokio::test]
