@@ -21,6 +21,7 @@
 
 pub mod converge;
 pub mod deadline;
+mod kept;
 mod reconcile;
 pub mod runtime;
 mod saver;
@@ -32,13 +33,13 @@ pub use reconcile::Listing;
 use crate::agent::{Adjustment, Agent, ContainerInfo};
 use crate::pod_resources::{ContainerRef, PodResourcesError};
 use deadline::Deadline;
+use kept::Kept;
 use state_file::{Records, StateFile};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tap_engine::grant::Grant;
-use tap_engine::request::GRANT_KEY;
 use tap_engine::{CpuSet, NodeSet};
 
 /// The longest a create waits for the kubelet's device allocation (pod-resources API).
@@ -110,7 +111,8 @@ enum State {
 
 #[derive(Debug, Clone)]
 struct Entry {
-    info: ContainerInfo,
+    /// The container's placement inputs.
+    info: Kept,
     /// The runtime's id; the same allocation as the key when they are equal (NRI).
     runtime_id: Option<Arc<str>>,
     state: State,
@@ -125,7 +127,7 @@ struct Entry {
 impl Entry {
     fn new(info: ContainerInfo, state: State, seq: u64) -> Entry {
         Entry {
-            info,
+            info: Kept::new(info),
             runtime_id: None,
             state,
             applied: None,
@@ -309,8 +311,9 @@ impl Ledger {
         let mut pods: Vec<(String, String)> = b
             .entries
             .values()
-            .filter(|e| !e.info.pod.namespace.is_empty() && !e.info.pod.name.is_empty())
-            .map(|e| (e.info.pod.namespace.clone(), e.info.pod.name.clone()))
+            .map(|e| &e.info.names().pod)
+            .filter(|pod| !pod.namespace.is_empty() && !pod.name.is_empty())
+            .map(|pod| (pod.namespace.clone(), pod.name.clone()))
             .collect();
         drop(b);
         pods.sort_unstable();
@@ -349,7 +352,7 @@ impl Ledger {
     pub fn info(&self, id: &str) -> Option<ContainerInfo> {
         let b = self.book();
         let key = b.resolve(id)?;
-        b.entries.get(key.as_str()).map(|e| e.info.clone())
+        b.entries.get(key.as_str()).map(|e| e.info.info())
     }
 
     /// Every container in the book with what the usage sampler needs: its key, the runtime's
@@ -360,7 +363,7 @@ impl Ledger {
             .iter()
             .map(|(k, e)| {
                 let rid = e.runtime_id.as_deref().unwrap_or(k).to_string();
-                (k.to_string(), rid, e.info.clone())
+                (k.to_string(), rid, e.info.info())
             })
             .collect()
     }
@@ -499,7 +502,7 @@ impl Ledger {
                     .cpus
                     .map(|c| Applied::new(c, t.adjustment.mems));
                 if let Some(r) = t.adjustment.record {
-                    e.info.annotations.insert(GRANT_KEY.into(), r);
+                    e.info.set_record(r);
                 }
                 e.seq = seq;
             }
@@ -547,7 +550,7 @@ impl Ledger {
                 else {
                     return;
                 };
-                e.info = *before_info;
+                e.info = Kept::new(*before_info);
                 e.seq = seq;
                 e.flight.settle_hook_write(None);
                 let ups = self.agent.reinstate(&t.key, before.map(|g| *g));
@@ -587,12 +590,12 @@ impl Ledger {
                     .count_error("update", crate::metrics::ErrorKind::Busy);
                 return pass(key);
             }
-            record_on_span(&e.info);
-            let mut info = e.info.clone();
+            let mut info = e.info.info();
+            record_on_span(&info);
             change(&mut info);
             e.state = State::PendingUpdate {
                 before: before.map(Box::new),
-                before_info: Box::new(e.info.clone()),
+                before_info: Box::new(e.info.info()),
                 after_info: Box::new(info.clone()),
             };
             // The call carries this container's cpuset: a loop write still in flight may land
@@ -643,7 +646,7 @@ impl Ledger {
         else {
             return;
         };
-        e.info = *after_info;
+        e.info = Kept::new(*after_info);
         e.seq = seq;
         let adj = &t.adjustment;
         let sent = adj.cpus.map(|c| {
@@ -652,7 +655,7 @@ impl Ledger {
         });
         e.applied = e.flight.settle_hook_write(sent.or(e.applied.take()));
         if let Some(r) = &adj.record {
-            e.info.annotations.insert(GRANT_KEY.into(), r.clone());
+            e.info.set_record(r.clone());
             if b.records.get(&t.key) != Some(r) {
                 b.records.insert(t.key.clone(), r.clone());
                 self.save(&b.records);
@@ -670,7 +673,7 @@ impl Ledger {
             return;
         };
         if let Some(e) = b.entries.get(key.as_str()) {
-            record_on_span(&e.info);
+            record_on_span(e.info.names());
         }
         let ups = self.agent.remove(&key);
         if b.records.remove(&key).is_some() {

@@ -104,7 +104,7 @@ impl Ledger {
         for e in b.entries.values_mut() {
             match std::mem::replace(&mut e.state, State::Committed) {
                 State::PendingUpdate { after_info, .. } => {
-                    e.info = *after_info;
+                    e.info = super::Kept::new(*after_info);
                     e.flight.settle_hook_write(None);
                 }
                 State::Stopped => e.state = State::Stopped,

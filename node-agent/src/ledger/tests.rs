@@ -4,7 +4,7 @@ use super::*;
 use crate::agent::test_sets::*;
 use crate::agent::{PodInfo, Update};
 use crate::metrics::Metrics;
-use tap_engine::request::SKIP_KEY;
+use tap_engine::request::{GRANT_KEY, SKIP_KEY};
 use tap_engine::sysfs::discover_dir;
 use tap_engine::{Engine, EngineConfig, Topology};
 
