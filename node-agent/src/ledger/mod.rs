@@ -30,11 +30,12 @@ pub mod state_file;
 pub use converge::{Channel, DirtyQueue, WriteError, Writer};
 pub use reconcile::Listing;
 
-use crate::agent::{Adjustment, Agent, ContainerInfo};
+use crate::agent::{Adjustment, Agent, ContainerInfo, PodInfo};
 use crate::pod_resources::{ContainerRef, PodResourcesError};
 use deadline::Deadline;
 use kept::Kept;
 use state_file::{Records, StateFile};
+use std::collections::hash_map::Entry as MapEntry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -61,10 +62,14 @@ pub fn hook_span(hook: &'static str, mode: &'static str) -> tracing::Span {
 
 /// Records what the ledger knows of a container on the current hook span.
 fn record_on_span(info: &ContainerInfo) {
+    record_names_on_span(&info.pod, &info.name);
+}
+
+fn record_names_on_span(pod: &PodInfo, container: &str) {
     let span = tracing::Span::current();
-    span.record("pod", info.pod.name.as_str());
-    span.record("namespace", info.pod.namespace.as_str());
-    span.record("container", info.name.as_str());
+    span.record("pod", pod.name.as_str());
+    span.record("namespace", pod.namespace.as_str());
+    span.record("container", container);
 }
 
 /// A container as the runtime lists it: the ledger key, the runtime's id, and what the runtime
@@ -125,9 +130,9 @@ struct Entry {
 }
 
 impl Entry {
-    fn new(info: ContainerInfo, state: State, seq: u64) -> Entry {
+    fn new(info: Kept, state: State, seq: u64) -> Entry {
         Entry {
-            info: Kept::new(info),
+            info,
             runtime_id: None,
             state,
             applied: None,
@@ -189,13 +194,19 @@ impl Book {
         }
     }
 
-    /// Adds (or replaces) the entry of `key`.
-    fn add(&mut self, key: &str, entry: Entry) {
-        match self.entries.get_mut(key) {
-            Some(e) => **e = entry,
-            None => {
-                self.entries.insert(Arc::from(key), Box::new(entry));
+    /// Adds (or replaces) the entry of a container, keyed by `info.id`.
+    fn add(&mut self, info: ContainerInfo, state: State, seq: u64) -> &mut Entry {
+        let key: Arc<str> = match self.entries.get_key_value(info.id.as_str()) {
+            Some((k, _)) => Arc::clone(k),
+            None => Arc::from(info.id.as_str()),
+        };
+        let entry = Box::new(Entry::new(Kept::new(info, &key), state, seq));
+        match self.entries.entry(key) {
+            MapEntry::Occupied(mut o) => {
+                *o.get_mut() = entry;
+                o.into_mut()
             }
+            MapEntry::Vacant(v) => v.insert(entry),
         }
     }
 
@@ -311,7 +322,7 @@ impl Ledger {
         let mut pods: Vec<(String, String)> = b
             .entries
             .values()
-            .map(|e| &e.info.names().pod)
+            .map(|e| e.info.pod())
             .filter(|pod| !pod.namespace.is_empty() && !pod.name.is_empty())
             .map(|pod| (pod.namespace.clone(), pod.name.clone()))
             .collect();
@@ -402,8 +413,7 @@ impl Ledger {
                 };
             }
             let seq = self.now();
-            let entry = Entry::new(info.placement_inputs(), State::PendingCreate, seq);
-            b.add(&key, entry);
+            b.add(info.placement_inputs(), State::PendingCreate, seq);
         }
         let late_key = key.clone();
         let dirty = self.dirty.clone();
@@ -550,7 +560,7 @@ impl Ledger {
                 else {
                     return;
                 };
-                e.info = Kept::new(*before_info);
+                e.info.replace(*before_info);
                 e.seq = seq;
                 e.flight.settle_hook_write(None);
                 let ups = self.agent.reinstate(&t.key, before.map(|g| *g));
@@ -646,7 +656,7 @@ impl Ledger {
         else {
             return;
         };
-        e.info = Kept::new(*after_info);
+        e.info.replace(*after_info);
         e.seq = seq;
         let adj = &t.adjustment;
         let sent = adj.cpus.map(|c| {
@@ -673,7 +683,7 @@ impl Ledger {
             return;
         };
         if let Some(e) = b.entries.get(key.as_str()) {
-            record_on_span(e.info.names());
+            record_names_on_span(e.info.pod(), e.info.name());
         }
         let ups = self.agent.remove(&key);
         if b.records.remove(&key).is_some() {

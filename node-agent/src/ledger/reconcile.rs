@@ -2,7 +2,7 @@
 //! NRI Synchronize, and periodically in the proxy modes ([`Ledger::reconcile`]).
 
 use super::state_file::Records;
-use super::{Applied, Book, Entry, Ledger, Listed, ReconcileReport, State};
+use super::{Applied, Book, Ledger, Listed, ReconcileReport, State};
 use crate::agent::ContainerInfo;
 use std::collections::HashMap;
 use tap_engine::request::GRANT_KEY;
@@ -104,7 +104,7 @@ impl Ledger {
         for e in b.entries.values_mut() {
             match std::mem::replace(&mut e.state, State::Committed) {
                 State::PendingUpdate { after_info, .. } => {
-                    e.info = super::Kept::new(*after_info);
+                    e.info.replace(*after_info);
                     e.flight.settle_hook_write(None);
                 }
                 State::Stopped => e.state = State::Stopped,
@@ -208,9 +208,9 @@ impl Ledger {
             report.adopted += 1;
             touched.push(info.id.clone());
             b.forget(&info.id);
-            let mut e = Entry::new(info.placement_inputs(), State::Committed, seq);
-            e.applied = info.cpus.map(|c| Applied::new(c, info.mems));
-            b.add(&info.id, e);
+            let applied = info.cpus.map(|c| Applied::new(c, info.mems));
+            b.add(info.placement_inputs(), State::Committed, seq)
+                .applied = applied;
             if !l.runtime_id.is_empty() {
                 b.set_runtime_id(&info.id, &l.runtime_id);
             }

@@ -164,13 +164,17 @@ async fn an_exclusive_create_shrinks_shared_containers_after_the_runtime_said_ye
     assert_eq!(back[0].cpus, shared[i]);
 }
 
+fn container_keyed(id: &str) -> ContainerInfo {
+    ContainerInfo {
+        id: id.into(),
+        ..Default::default()
+    }
+}
+
 #[test]
 fn ids_resolve_by_key_full_id_and_unique_prefix() {
     let mut b = Book::default();
-    b.add(
-        "k8s_a",
-        Entry::new(ContainerInfo::default(), State::Committed, 0),
-    );
+    b.add(container_keyed("k8s_a"), State::Committed, 0);
     b.set_runtime_id("k8s_a", "abcdef0123");
     b.ids.insert("abcfff0000".into(), "k8s_b".into());
     assert_eq!(b.resolve("k8s_a").as_deref(), Some("k8s_a"));
@@ -189,10 +193,7 @@ fn ids_resolve_by_key_full_id_and_unique_prefix() {
 #[test]
 fn a_runtime_id_equal_to_the_key_shares_its_allocation() {
     let mut b = Book::default();
-    b.add(
-        "0123abcd",
-        Entry::new(ContainerInfo::default(), State::Committed, 0),
-    );
+    b.add(container_keyed("0123abcd"), State::Committed, 0);
     assert_eq!(b.set_runtime_id("0123abcd", "0123abcd"), None);
     let (key, e) = b.entries.get_key_value("0123abcd").unwrap();
     let id = e.runtime_id.as_ref().unwrap();
