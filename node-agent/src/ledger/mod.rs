@@ -153,9 +153,9 @@ pub enum Release {
 
 /// The book's maps share one allocation per id: an entry's key, its runtime id when the runtime
 /// names it the same (NRI) and both sides of `ids` are the same `Arc<str>`. Entries are boxed:
-/// an entry is about 1.2 KB and a map's table keeps up to twice as many slots as entries
-/// (it doubles when 7/8 full), so a table of entries in place cost 2.1 MB at 1,000
-/// containers against 1.2 MB boxed (docs/scale.md, issue 25).
+/// a map's table keeps up to twice as many slots as entries (it doubles when 7/8 full), and
+/// a table of entries in place (1.2 KB each then) took 2.1 MB at 1,000 containers; boxed
+/// entries of 768 bytes and their table take 0.8 MB (docs/scale.md, issue 25).
 #[derive(Default)]
 struct Book {
     entries: HashMap<Arc<str>, Box<Entry>>,
