@@ -1,7 +1,10 @@
 //! A fixed-size bit set of CPU ids with the kernel's list syntax (`0-3,8,10-11`).
 //!
 //! Fixed size so that it is `Copy` and set operations never allocate: a placement decision does
-//! many unions and differences and must stay in the microsecond range.
+//! many unions and differences and must stay in the microsecond range. The set is generic over
+//! its number of 64-bit words: [`CpuSet`] has [`MAX_IDS`] bits, a node set
+//! ([`NodeSet`](crate::NodeSet)) fewer, so that a grant's node sets do not carry 1,024 bits
+//! each (issue 25: the agent's memory per container).
 
 use std::fmt;
 use std::str::FromStr;
@@ -11,17 +14,27 @@ use std::str::FromStr;
 pub const MAX_IDS: usize = 1024;
 const WORDS: usize = MAX_IDS / 64;
 
-#[derive(Clone, Copy, Eq, Default)]
-pub struct CpuSet {
-    bits: [u64; WORDS],
+/// A set of ids below `64 * W`.
+#[derive(Clone, Copy, Eq)]
+pub struct IdSet<const W: usize> {
+    bits: [u64; W],
+}
+
+/// A set of CPU ids below [`MAX_IDS`].
+pub type CpuSet = IdSet<WORDS>;
+
+impl<const W: usize> Default for IdSet<W> {
+    fn default() -> Self {
+        IdSet::new()
+    }
 }
 
 /// Word by word, without a branch: inlined as a few vector instructions where the derived
 /// comparison calls `memcmp` (a call per compare, and the refresh of shared cpusets compares
 /// one per container).
-impl PartialEq for CpuSet {
+impl<const W: usize> PartialEq for IdSet<W> {
     #[inline]
-    fn eq(&self, other: &CpuSet) -> bool {
+    fn eq(&self, other: &IdSet<W>) -> bool {
         let diff = self
             .bits
             .iter()
@@ -32,7 +45,7 @@ impl PartialEq for CpuSet {
 }
 
 /// As derived (the words in order), next to the hand-written equality it must agree with.
-impl std::hash::Hash for CpuSet {
+impl<const W: usize> std::hash::Hash for IdSet<W> {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.bits.hash(state);
     }
@@ -42,18 +55,21 @@ impl std::hash::Hash for CpuSet {
 pub enum ParseError {
     #[error("invalid cpu list {input:?}: {what}")]
     Invalid { input: String, what: &'static str },
-    #[error("invalid cpu list {input:?}: id {id} is not below the supported maximum {MAX_IDS}")]
-    TooLarge { input: String, id: usize },
+    #[error("invalid cpu list {input:?}: id {id} is not below the supported maximum {max}")]
+    TooLarge { input: String, id: usize, max: usize },
 }
 
-impl CpuSet {
+impl<const W: usize> IdSet<W> {
+    /// Largest id + 1 the set can hold.
+    pub const MAX: usize = 64 * W;
+
     pub const fn new() -> Self {
-        CpuSet { bits: [0; WORDS] }
+        IdSet { bits: [0; W] }
     }
 
-    /// Inserts `id`. Returns false (and leaves the set unchanged) when `id >= MAX_IDS`.
+    /// Inserts `id`. Returns false (and leaves the set unchanged) when `id >= Self::MAX`.
     pub fn insert(&mut self, id: usize) -> bool {
-        if id >= MAX_IDS {
+        if id >= Self::MAX {
             return false;
         }
         self.bits[id / 64] |= 1u64 << (id % 64);
@@ -61,13 +77,13 @@ impl CpuSet {
     }
 
     pub fn remove(&mut self, id: usize) {
-        if id < MAX_IDS {
+        if id < Self::MAX {
             self.bits[id / 64] &= !(1u64 << (id % 64));
         }
     }
 
     pub fn contains(&self, id: usize) -> bool {
-        id < MAX_IDS && self.bits[id / 64] & (1u64 << (id % 64)) != 0
+        id < Self::MAX && self.bits[id / 64] & (1u64 << (id % 64)) != 0
     }
 
     pub fn len(&self) -> usize {
@@ -79,7 +95,7 @@ impl CpuSet {
     }
 
     /// The id of a one-member set; `None` for an empty set or one of several members. Cheaper
-    /// than [`CpuSet::len`] (a population count of every word) where sets are mostly single.
+    /// than [`IdSet::len`] (a population count of every word) where sets are mostly single.
     pub fn single(&self) -> Option<usize> {
         let mut found = None;
         for (wi, &w) in self.bits.iter().enumerate() {
@@ -94,7 +110,7 @@ impl CpuSet {
         found
     }
 
-    pub fn union(&self, other: &CpuSet) -> CpuSet {
+    pub fn union(&self, other: &Self) -> Self {
         let mut out = *self;
         for (o, b) in out.bits.iter_mut().zip(other.bits.iter()) {
             *o |= *b;
@@ -102,7 +118,7 @@ impl CpuSet {
         out
     }
 
-    pub fn intersection(&self, other: &CpuSet) -> CpuSet {
+    pub fn intersection(&self, other: &Self) -> Self {
         let mut out = *self;
         for (o, b) in out.bits.iter_mut().zip(other.bits.iter()) {
             *o &= *b;
@@ -110,7 +126,7 @@ impl CpuSet {
         out
     }
 
-    pub fn difference(&self, other: &CpuSet) -> CpuSet {
+    pub fn difference(&self, other: &Self) -> Self {
         let mut out = *self;
         for (o, b) in out.bits.iter_mut().zip(other.bits.iter()) {
             *o &= !*b;
@@ -119,7 +135,7 @@ impl CpuSet {
     }
 
     /// The CPUs in exactly one of the two sets.
-    pub fn symmetric_difference(&self, other: &CpuSet) -> CpuSet {
+    pub fn symmetric_difference(&self, other: &Self) -> Self {
         let mut out = *self;
         for (o, b) in out.bits.iter_mut().zip(other.bits.iter()) {
             *o ^= *b;
@@ -127,14 +143,14 @@ impl CpuSet {
         out
     }
 
-    pub fn is_subset(&self, other: &CpuSet) -> bool {
+    pub fn is_subset(&self, other: &Self) -> bool {
         self.bits
             .iter()
             .zip(other.bits.iter())
             .all(|(a, b)| a & !b == 0)
     }
 
-    pub fn intersects(&self, other: &CpuSet) -> bool {
+    pub fn intersects(&self, other: &Self) -> bool {
         self.bits
             .iter()
             .zip(other.bits.iter())
@@ -162,9 +178,9 @@ impl CpuSet {
 
     /// Parses the kernel list syntax. Whitespace around the list (a trailing newline from sysfs)
     /// is ignored; the empty string is the empty set.
-    pub fn parse(input: &str) -> Result<CpuSet, ParseError> {
+    pub fn parse(input: &str) -> Result<Self, ParseError> {
         let s = input.trim();
-        let mut set = CpuSet::new();
+        let mut set = Self::new();
         if s.is_empty() {
             return Ok(set);
         }
@@ -194,10 +210,11 @@ impl CpuSet {
             if lo > hi {
                 return Err(invalid("range end before its start"));
             }
-            if hi >= MAX_IDS {
+            if hi >= Self::MAX {
                 return Err(ParseError::TooLarge {
                     input: input.to_string(),
                     id: hi,
+                    max: Self::MAX,
                 });
             }
             for id in lo..=hi {
@@ -208,9 +225,9 @@ impl CpuSet {
     }
 
     /// Parses the kernel's hexadecimal mask syntax (`cpumap`: `00000000,0000ffff`).
-    pub fn parse_mask(input: &str) -> Result<CpuSet, ParseError> {
+    pub fn parse_mask(input: &str) -> Result<Self, ParseError> {
         let s: String = input.trim().chars().filter(|c| *c != ',').collect();
-        let mut set = CpuSet::new();
+        let mut set = Self::new();
         for (pos, ch) in s.chars().rev().enumerate() {
             let nib = ch.to_digit(16).ok_or_else(|| ParseError::Invalid {
                 input: input.to_string(),
@@ -223,6 +240,7 @@ impl CpuSet {
                         return Err(ParseError::TooLarge {
                             input: input.to_string(),
                             id,
+                            max: Self::MAX,
                         });
                     }
                 }
@@ -231,8 +249,8 @@ impl CpuSet {
         Ok(set)
     }
 
-    pub fn from_ids<I: IntoIterator<Item = usize>>(ids: I) -> CpuSet {
-        let mut s = CpuSet::new();
+    pub fn from_ids<I: IntoIterator<Item = usize>>(ids: I) -> Self {
+        let mut s = Self::new();
         for id in ids {
             s.insert(id);
         }
@@ -240,14 +258,14 @@ impl CpuSet {
     }
 }
 
-impl FromStr for CpuSet {
+impl<const W: usize> FromStr for IdSet<W> {
     type Err = ParseError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        CpuSet::parse(s)
+        IdSet::parse(s)
     }
 }
 
-impl fmt::Display for CpuSet {
+impl<const W: usize> fmt::Display for IdSet<W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut first = true;
         let mut it = self.iter().peekable();
@@ -271,22 +289,23 @@ impl fmt::Display for CpuSet {
     }
 }
 
-impl fmt::Debug for CpuSet {
+/// `CpuSet(0-3)`: [`NodeSet`](crate::NodeSet) has its own.
+impl<const W: usize> fmt::Debug for IdSet<W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "CpuSet({self})")
     }
 }
 
-impl serde::Serialize for CpuSet {
+impl<const W: usize> serde::Serialize for IdSet<W> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
     }
 }
 
-impl<'de> serde::Deserialize<'de> for CpuSet {
+impl<'de, const W: usize> serde::Deserialize<'de> for IdSet<W> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        CpuSet::parse(&s).map_err(serde::de::Error::custom)
+        IdSet::parse(&s).map_err(serde::de::Error::custom)
     }
 }
 

@@ -1,21 +1,26 @@
 //! A set of NUMA node ids: its own type so that node ids and CPU ids cannot be mixed up.
 //!
-//! Same representation, limit ([`MAX_IDS`](crate::cpuset::MAX_IDS)) and kernel list syntax
-//! (`0-3,5`) as [`CpuSet`]; every operation is the bit set's own, inlined, so it costs what a
-//! `CpuSet` costs on the decision path.
+//! The bit set of [`CpuSet`](crate::CpuSet) with the same kernel list syntax (`0-3,5`), but
+//! [`MAX_NODES`] bits instead of 1,024: a grant holds two node sets and the agent keeps one per
+//! container, and no server has a NUMA node id near 128 (the kernel numbers nodes densely from
+//! 0). Every operation is the bit set's own, inlined.
 
-use crate::cpuset::{CpuSet, ParseError};
+use crate::cpuset::{IdSet, ParseError};
 use std::fmt;
 use std::str::FromStr;
 
+/// Largest NUMA node id + 1 that a [`NodeSet`] holds; a sysfs node id at or above it is
+/// reported as an error, never truncated.
+pub const MAX_NODES: usize = 128;
+
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(transparent)]
-pub struct NodeSet(CpuSet);
+pub struct NodeSet(IdSet<{ MAX_NODES / 64 }>);
 
 impl NodeSet {
     #[inline]
     pub const fn new() -> Self {
-        NodeSet(CpuSet::new())
+        NodeSet(IdSet::new())
     }
 
     /// Inserts `id`. Returns false (and leaves the set unchanged) when `id` is too large.
@@ -68,11 +73,11 @@ impl NodeSet {
 
     /// Parses the kernel list syntax (`0-1,3`); the empty string is the empty set.
     pub fn parse(input: &str) -> Result<NodeSet, ParseError> {
-        CpuSet::parse(input).map(NodeSet)
+        IdSet::parse(input).map(NodeSet)
     }
 
     pub fn from_ids<I: IntoIterator<Item = usize>>(ids: I) -> NodeSet {
-        NodeSet(CpuSet::from_ids(ids))
+        NodeSet(IdSet::from_ids(ids))
     }
 }
 
@@ -103,7 +108,7 @@ impl serde::Serialize for NodeSet {
 
 impl<'de> serde::Deserialize<'de> for NodeSet {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        CpuSet::deserialize(d).map(NodeSet)
+        IdSet::deserialize(d).map(NodeSet)
     }
 }
 
@@ -113,11 +118,12 @@ mod tests {
 
     #[test]
     fn list_syntax_round_trips() {
-        for s in ["", "0", "0-3", "0-3,5", "1,3,1023"] {
+        for s in ["", "0", "0-3", "0-3,5", "1,3,127"] {
             assert_eq!(NodeSet::parse(s).unwrap().to_string(), s);
         }
         assert!(NodeSet::parse("1-x").is_err());
-        assert!(NodeSet::parse("1024").is_err());
+        assert!(NodeSet::parse("128").is_err());
+        assert!(NodeSet::parse("0-1023").is_err());
         assert_eq!(
             format!("{:?}", NodeSet::parse("0-1").unwrap()),
             "NodeSet(0-1)"
@@ -136,8 +142,9 @@ mod tests {
         assert_eq!(b.iter().collect::<Vec<_>>(), vec![1, 3]);
         assert_eq!((b.len(), NodeSet::new().is_empty()), (2, true));
         let mut c = NodeSet::new();
-        assert!(c.insert(7) && !c.insert(5000));
-        assert_eq!(c, NodeSet::from_ids([7]));
+        assert!(c.insert(7) && c.insert(127) && !c.insert(128) && !c.insert(5000));
+        assert_eq!(c, NodeSet::from_ids([7, 127]));
+        assert_eq!(std::mem::size_of::<NodeSet>(), MAX_NODES / 8);
     }
 
     #[test]

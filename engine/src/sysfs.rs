@@ -16,6 +16,7 @@ mod parse;
 mod source;
 
 use crate::cpuset::{CpuSet, MAX_IDS};
+use crate::nodeset::MAX_NODES;
 use crate::devices::is_accelerator_class;
 use crate::topology::{PciDevice, RawCpu, RawNode, RawTopology};
 use checks::NodeFiles;
@@ -144,7 +145,7 @@ pub fn discover_with_warnings(
     // list is missing), each of which must have its directory.
     let mut cpu_dirs = CpuSet::new();
     for name in r.list_opt(CPU_DIR)?.unwrap_or_default() {
-        match dir_id(&name, "cpu") {
+        match dir_id(&name, "cpu", MAX_IDS) {
             None => {}
             Some(Ok(id)) => {
                 cpu_dirs.insert(id);
@@ -207,9 +208,9 @@ fn read_nodes<S: FileSource + ?Sized>(r: &Reader<S>) -> Result<Vec<NodeFiles>, D
     let mut dirs: BTreeMap<u32, String> = BTreeMap::new();
     for name in r.list_opt(NODE_DIR)?.unwrap_or_default() {
         let path = format!("{NODE_DIR}/{name}");
-        let id = match dir_id(&name, "node") {
+        let id = match dir_id(&name, "node", MAX_NODES) {
             None => continue,
-            // Below MAX_IDS, so it fits a u32.
+            // Below MAX_NODES, so it fits a u32.
             Some(Ok(id)) => id as u32,
             Some(Err(value)) => return Err(DiscoveryError::NodeIdOutOfRange { path, value }),
         };

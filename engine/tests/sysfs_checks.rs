@@ -278,6 +278,16 @@ fn cpu_and_node_directories_beyond_the_set_capacity_are_errors() {
     );
     says(&err, &["devices/system/node/node4096"]);
 
+    // Node sets hold ids below 128 (tap_engine::nodeset::MAX_NODES), not 1,024 as CPU sets.
+    let mut t = Tree::of(GPU96);
+    t.write("devices/system/node/node128/cpulist", "\n");
+    let err = t.error();
+    assert!(
+        matches!(&err, DiscoveryError::NodeIdOutOfRange { value, .. } if value == "128"),
+        "{err:?}"
+    );
+    says(&err, &["devices/system/node/node128", "128"]);
+
     // In a CPU list or a node's cpumap.
     let mut t = Tree::of(GPU96);
     t.write("devices/system/node/node0/cpulist", "0-23,1500\n");

@@ -4,6 +4,7 @@
 //! involved, so that an operator can look at the same file on the machine.
 
 use crate::cpuset::{CpuSet, MAX_IDS};
+use crate::nodeset::MAX_NODES;
 use crate::nodeset::NodeSet;
 use std::io;
 
@@ -56,7 +57,7 @@ pub enum DiscoveryError {
     #[error("{path}: CPU id {value} is not below the supported maximum {MAX_IDS}")]
     CpuIdOutOfRange { path: String, value: String },
     /// A `nodeN` directory whose N does not fit a node set.
-    #[error("{path}: NUMA node id {value} is not below the supported maximum {MAX_IDS}")]
+    #[error("{path}: NUMA node id {value} is not below the supported maximum {MAX_NODES}")]
     NodeIdOutOfRange { path: String, value: String },
     /// Two directories that parse to the same node id (`node1` and `node01`).
     #[error("{first} and {second} are both NUMA node {id}")]

@@ -2,7 +2,7 @@
 //! node's `meminfo`. None of them panics on any input (see the proptests below).
 
 use super::error::DiscoveryError;
-use crate::cpuset::{ParseError, MAX_IDS};
+use crate::cpuset::ParseError;
 
 pub(super) fn malformed(path: &str, what: String, content: &str) -> DiscoveryError {
     DiscoveryError::Malformed {
@@ -50,14 +50,14 @@ pub(super) fn parse_id(text: &str) -> Id {
 }
 
 /// The `N` of a `<prefix>N` directory name: `None` for other entries (`cpufreq`, `online`),
-/// `Some(Err)` with the digits when N is not below [`MAX_IDS`].
-pub(super) fn dir_id(name: &str, prefix: &str) -> Option<Result<usize, String>> {
+/// `Some(Err)` with the digits when N is not below `limit`.
+pub(super) fn dir_id(name: &str, prefix: &str, limit: usize) -> Option<Result<usize, String>> {
     let digits = name.strip_prefix(prefix)?;
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     Some(match digits.parse::<usize>() {
-        Ok(id) if id < MAX_IDS => Ok(id),
+        Ok(id) if id < limit => Ok(id),
         _ => Err(digits.chars().take(40).collect()),
     })
 }
@@ -91,6 +91,8 @@ pub(super) fn parse_memtotal(path: &str, text: &str) -> Result<u64, DiscoveryErr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpuset::MAX_IDS;
+    use crate::nodeset::MAX_NODES;
     use proptest::prelude::*;
 
     #[test]
@@ -102,10 +104,12 @@ mod tests {
         assert_eq!(parse_id("0x1"), Id::Malformed);
         assert_eq!(parse_id(""), Id::Malformed);
         assert_eq!(parse_id("-"), Id::Malformed);
-        assert_eq!(dir_id("cpu12", "cpu"), Some(Ok(12)));
-        assert_eq!(dir_id("cpufreq", "cpu"), None);
-        assert_eq!(dir_id("cpu", "cpu"), None);
-        assert_eq!(dir_id("node1024", "node"), Some(Err("1024".into())));
+        assert_eq!(dir_id("cpu12", "cpu", MAX_IDS), Some(Ok(12)));
+        assert_eq!(dir_id("cpufreq", "cpu", MAX_IDS), None);
+        assert_eq!(dir_id("cpu", "cpu", MAX_IDS), None);
+        assert_eq!(dir_id("cpu1023", "cpu", MAX_IDS), Some(Ok(1023)));
+        assert_eq!(dir_id("node127", "node", MAX_NODES), Some(Ok(127)));
+        assert_eq!(dir_id("node128", "node", MAX_NODES), Some(Err("128".into())));
     }
 
     #[test]
@@ -139,9 +143,9 @@ mod tests {
 
         #[test]
         fn dir_name_parser_never_panics(text in "\\PC*", n in any::<u128>()) {
-            let _ = dir_id(&text, "cpu");
-            let got = dir_id(&format!("node{n}"), "node");
-            prop_assert_eq!(got.clone().map(|r| r.is_ok()), Some(n < MAX_IDS as u128), "{:?}", got);
+            let _ = dir_id(&text, "cpu", MAX_IDS);
+            let got = dir_id(&format!("node{n}"), "node", MAX_NODES);
+            prop_assert_eq!(got.clone().map(|r| r.is_ok()), Some(n < MAX_NODES as u128), "{:?}", got);
         }
 
         #[test]
