@@ -56,7 +56,11 @@ pub enum ParseError {
     #[error("invalid cpu list {input:?}: {what}")]
     Invalid { input: String, what: &'static str },
     #[error("invalid cpu list {input:?}: id {id} is not below the supported maximum {max}")]
-    TooLarge { input: String, id: usize, max: usize },
+    TooLarge {
+        input: String,
+        id: usize,
+        max: usize,
+    },
 }
 
 impl<const W: usize> IdSet<W> {

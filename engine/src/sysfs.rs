@@ -16,8 +16,8 @@ mod parse;
 mod source;
 
 use crate::cpuset::{CpuSet, MAX_IDS};
-use crate::nodeset::MAX_NODES;
 use crate::devices::is_accelerator_class;
+use crate::nodeset::MAX_NODES;
 use crate::topology::{PciDevice, RawCpu, RawNode, RawTopology};
 use checks::NodeFiles;
 pub use error::{DiscoveryError, DiscoveryWarning};

@@ -4,8 +4,8 @@
 //! involved, so that an operator can look at the same file on the machine.
 
 use crate::cpuset::{CpuSet, MAX_IDS};
-use crate::nodeset::MAX_NODES;
 use crate::nodeset::NodeSet;
+use crate::nodeset::MAX_NODES;
 use std::io;
 
 // CPU and node sets are boxed: a set is 128 bytes, which would make every `Result` carrying

@@ -109,7 +109,10 @@ mod tests {
         assert_eq!(dir_id("cpu", "cpu", MAX_IDS), None);
         assert_eq!(dir_id("cpu1023", "cpu", MAX_IDS), Some(Ok(1023)));
         assert_eq!(dir_id("node127", "node", MAX_NODES), Some(Ok(127)));
-        assert_eq!(dir_id("node128", "node", MAX_NODES), Some(Err("128".into())));
+        assert_eq!(
+            dir_id("node128", "node", MAX_NODES),
+            Some(Err("128".into()))
+        );
     }
 
     #[test]
