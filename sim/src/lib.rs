@@ -2,6 +2,7 @@
 //! quality of no pinning, the kubelet's static CPU manager, and the kunpeng-tap policies.
 //! See `docs/sim.md` for the trace format, the metrics and the measured results.
 
+pub mod floor;
 pub mod gen;
 pub mod goals;
 pub mod kubelet;

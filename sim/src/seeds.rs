@@ -204,6 +204,48 @@ fn us(v: Option<f64>) -> String {
     v.map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into())
 }
 
+/// `tap-sim --seeds ... --imbalance-profile`: a Markdown table of the profile per seed for the
+/// engine's policies of `policies`.
+pub fn profile_table(
+    m: &Machine,
+    seeds: &[u64],
+    trace_of: impl Fn(u64) -> anyhow::Result<Trace>,
+    policies: &[PolicyRun],
+) -> anyhow::Result<String> {
+    let mut out = String::from(
+        "| seed | policy | imbalance by request | mean node | time over | excess from moments over / other | \
+         most loaded node over: one-node shared | exclusive | 2-node shares | 3+-node shares | CPUs | mean node then |\n\
+         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for &seed in seeds {
+        let t = trace_of(seed)?;
+        for p in policies
+            .iter()
+            .filter(|p| matches!(p.policy, crate::sim::Policy::Engine(_)))
+        {
+            let o: Outcomes = simulate_with(m, &t, p, 1);
+            profile_row(&mut out, seed, &p.label, &o.imbalance_profile);
+        }
+    }
+    Ok(out)
+}
+
+fn profile_row(out: &mut String, seed: u64, label: &str, f: &crate::floor::ImbalanceProfile) {
+    let (over, other) = f.excess_split();
+    let (parts, cpus) = f.composition_over();
+    let (mean, mean_over) = f.mean_node();
+    let _ = writeln!(
+        out,
+        "| {seed} | {label} | {:.3} | {mean:.1} | {:.1}% | {over:.3} / {other:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {cpus:.0} | {mean_over:.1} |",
+        f.imbalance(),
+        f.over_share() * 100.0,
+        parts[0],
+        parts[1],
+        parts[2],
+        parts[3],
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::{parse_seeds, table};

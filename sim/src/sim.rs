@@ -12,6 +12,7 @@
 //! uncommitted request capacity holds its request. BestEffort containers (no request, no
 //! limit, and by design no NUMA affinity) are left out of that question.
 
+use crate::floor::{Composition, ImbalanceProfile};
 use crate::kubelet::KubeletStatic;
 use crate::trace::Trace;
 use std::collections::{BTreeSet, HashMap};
@@ -238,6 +239,8 @@ pub struct Outcomes {
     pub exclusive_peak: usize,
     /// Cpuset changes of other, running containers caused by decisions.
     pub updates: usize,
+    /// What the most loaded node held over the window (`--imbalance-profile`).
+    pub imbalance_profile: ImbalanceProfile,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -444,6 +447,27 @@ impl Ledger {
         }
     }
 
+    /// The node with the most requests, what they are made of, and the mean per node.
+    fn most_loaded(&self) -> Option<(Composition, f64)> {
+        let (idx, _) = self
+            .req
+            .iter()
+            .enumerate()
+            .max_by_key(|(i, r)| (**r, usize::MAX - i))?;
+        let mut c = Composition {
+            capacity: self.cap[idx].saturating_mul(1000),
+            ..Default::default()
+        };
+        for v in self.charges.values() {
+            for &(i, r, _, ex) in v.iter().filter(|e| e.0 == idx) {
+                debug_assert_eq!(i, idx);
+                c.add(r, ex, v.len());
+            }
+        }
+        let total: u64 = self.req.iter().sum();
+        Some((c, total as f64 / self.req.len() as f64))
+    }
+
     /// Max/mean over NUMA nodes of `load` (requests or sizes).
     fn imbalance(load: &[u64]) -> Option<f64> {
         let total: u64 = load.iter().sum();
@@ -549,6 +573,7 @@ pub fn simulate_with(
     let (w0, w1) = (trace.warmup_s, trace.last_arrival());
     let (mut imb_area, mut oc_area, mut span) = (0.0f64, 0.0f64, 0.0f64);
     let mut lim_imb_area = 0.0f64;
+    let mut profile = ImbalanceProfile::default();
     let (mut util_area, mut max_util_area) = (0.0f64, 0.0f64);
     let mut last_t = 0.0f64;
     let mut size_live: u64 = 0;
@@ -568,6 +593,9 @@ pub fn simulate_with(
             }
             if let Some(i) = Ledger::imbalance(&ledger.lim) {
                 lim_imb_area += i * dt;
+            }
+            if let Some((c, mean)) = ledger.most_loaded() {
+                profile.observe(&c, mean, dt);
             }
             oc_area += size_live as f64 / (machine.cpus() as f64 * 1000.0) * dt;
             let total: u64 = ledger.req.iter().sum();
@@ -737,6 +765,7 @@ pub fn simulate_with(
         },
         exclusive_peak: excl_peak,
         updates,
+        imbalance_profile: profile,
     }
 }
 
@@ -931,6 +960,40 @@ mod tests {
             o.imbalance
         );
         assert_eq!(o.updates, 1);
+        // The profile accounts for the same imbalance; node 0 (2,333 of its 4,000) is never over.
+        let f = &o.imbalance_profile;
+        assert!((f.imbalance() - o.imbalance).abs() < 1e-9, "{f:?}");
+        assert_eq!(f.over_share(), 0.0);
+    }
+
+    #[test]
+    fn the_imbalance_profile_tells_what_the_most_loaded_node_holds() {
+        // No pinning: three containers of 3 CPUs of request each spread over both 4-CPU nodes,
+        // 4.5 CPUs of request on each: both over their CPUs all the time, all of it shares of
+        // two-node cpusets; balanced (1.0).
+        let m = tiny_machine();
+        let t = Trace::parse(
+            r#"{"name": "p", "warmup_s": 1, "pods": [
+          {"name": "a", "qos": "Burstable", "arrival_s": 0, "containers": [{"name": "c", "cpu_request": "3"}]},
+          {"name": "b", "qos": "Burstable", "arrival_s": 0.5, "containers": [{"name": "c", "cpu_request": "3"}]},
+          {"name": "c", "qos": "Burstable", "arrival_s": 1, "containers": [{"name": "c", "cpu_request": "3"}]},
+          {"name": "d", "qos": "BestEffort", "arrival_s": 3, "containers": [{"name": "c"}]}
+        ]}"#,
+        )
+        .unwrap();
+        let o = simulate(
+            &m,
+            &t,
+            &PolicyRun {
+                label: "none".into(),
+                policy: Policy::NoPinning,
+            },
+        );
+        let f = &o.imbalance_profile;
+        assert!((f.imbalance() - 1.0).abs() < 1e-9 && (o.imbalance - 1.0).abs() < 1e-9);
+        assert_eq!(f.over_share(), 1.0);
+        assert_eq!(f.composition_over(), ([0.0, 0.0, 4.5, 0.0], 4.0));
+        assert_eq!(f.mean_node(), (4.5, 4.5));
     }
 
     #[test]

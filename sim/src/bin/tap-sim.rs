@@ -53,6 +53,11 @@ struct Args {
     /// `1,4,6`) for kubelet static, numa-aware and topology-aware: locality, imbalance, p99.
     #[arg(long, conflicts_with_all = ["trace", "plot"])]
     seeds: Option<String>,
+    /// --seeds: after the table, what keeps the imbalance by request up, per seed and engine
+    /// policy: how long the most loaded node held more requests than CPUs, the share of the
+    /// excess from those moments, and what that node held then (docs/sim.md, issue 25).
+    #[arg(long, requires = "seeds")]
+    imbalance_profile: bool,
     /// Usage-aware rebalancing (issue 22): instead of the comparison table, topology-aware and
     /// numa-aware without and with the rebalancer, on usage traces, per seed (--seeds, or
     /// --seed): usage imbalance across NUMA nodes, moves, locality.
@@ -179,6 +184,13 @@ fn main() -> Result<()> {
             "{}",
             tap_sim::seeds::table(&m, &seeds, trace_of, &policies, args.latency_repeats)?
         );
+        if args.imbalance_profile {
+            println!("\nWhat keeps the imbalance by request up (requested CPUs, time-weighted):\n");
+            print!(
+                "{}",
+                tap_sim::seeds::profile_table(&m, &seeds, trace_of, &policies)?
+            );
+        }
         return Ok(());
     }
     let trace = match &args.trace {
