@@ -223,7 +223,7 @@ pub fn profile_table(
             .iter()
             .filter(|p| matches!(p.policy, crate::sim::Policy::Engine(_)))
         {
-            let o: Outcomes = simulate_with(m, &t, p, 1);
+            let o: Outcomes = crate::sim::simulate_profiled(m, &t, p);
             profile_row(&mut out, seed, &p.label, &o.imbalance_profile);
         }
     }

@@ -239,7 +239,8 @@ pub struct Outcomes {
     pub exclusive_peak: usize,
     /// Cpuset changes of other, running containers caused by decisions.
     pub updates: usize,
-    /// What the most loaded node held over the window (`--imbalance-profile`).
+    /// What the most loaded node held over the window ([`simulate_profiled`]; empty
+    /// otherwise).
     pub imbalance_profile: ImbalanceProfile,
 }
 
@@ -521,9 +522,22 @@ struct Event {
     pod: usize,
 }
 
+/// Whether a run works out its [`ImbalanceProfile`]: a walk of every live container per event,
+/// between decisions, so off where decisions are timed for their latency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Profiling {
+    Off,
+    On,
+}
+
 /// Replays `trace` on `machine` under `run`'s policy, timing each decision once.
 pub fn simulate(machine: &Machine, trace: &Trace, run: &PolicyRun) -> Outcomes {
-    simulate_with(machine, trace, run, 1)
+    replay(machine, trace, run, 1, Profiling::Off)
+}
+
+/// Like [`simulate`], with [`Outcomes::imbalance_profile`] worked out.
+pub fn simulate_profiled(machine: &Machine, trace: &Trace, run: &PolicyRun) -> Outcomes {
+    replay(machine, trace, run, 1, Profiling::On)
 }
 
 /// Like [`simulate`]; each engine decision is timed `latency_repeats` times (the extra times
@@ -534,6 +548,16 @@ pub fn simulate_with(
     trace: &Trace,
     run: &PolicyRun,
     latency_repeats: usize,
+) -> Outcomes {
+    replay(machine, trace, run, latency_repeats, Profiling::Off)
+}
+
+fn replay(
+    machine: &Machine,
+    trace: &Trace,
+    run: &PolicyRun,
+    latency_repeats: usize,
+    profiling: Profiling,
 ) -> Outcomes {
     let topo = &machine.topo;
     let all = topo.online;
@@ -594,8 +618,10 @@ pub fn simulate_with(
             if let Some(i) = Ledger::imbalance(&ledger.lim) {
                 lim_imb_area += i * dt;
             }
-            if let Some((c, mean)) = ledger.most_loaded() {
-                profile.observe(&c, mean, dt);
+            if profiling == Profiling::On {
+                if let Some((c, mean)) = ledger.most_loaded() {
+                    profile.observe(&c, mean, dt);
+                }
             }
             oc_area += size_live as f64 / (machine.cpus() as f64 * 1000.0) * dt;
             let total: u64 = ledger.req.iter().sum();
@@ -960,8 +986,13 @@ mod tests {
             o.imbalance
         );
         assert_eq!(o.updates, 1);
+        assert_eq!(o.imbalance_profile, ImbalanceProfile::default());
         // The profile accounts for the same imbalance; node 0 (2,333 of its 4,000) is never over.
-        let f = &o.imbalance_profile;
+        let run = PolicyRun {
+            label: "k".into(),
+            policy: Policy::KubeletStatic,
+        };
+        let f = &simulate_profiled(&m, &t, &run).imbalance_profile;
         assert!((f.imbalance() - o.imbalance).abs() < 1e-9, "{f:?}");
         assert_eq!(f.over_share(), 0.0);
     }
@@ -981,7 +1012,7 @@ mod tests {
         ]}"#,
         )
         .unwrap();
-        let o = simulate(
+        let o = simulate_profiled(
             &m,
             &t,
             &PolicyRun {
