@@ -7,7 +7,7 @@
 #   SHA256SUMS                                   their SHA-256 sums (`sha256sum -c SHA256SUMS`)
 #
 # The images are built from static binaries (hack/build-images.sh, buildah): amd64 with the
-# host's cargo (glibc, `+crt-static`), arm64 with hack/build-arm64.sh (musl, in its Debian
+# host's cargo (glibc, `+crt-static`, hack/static-rustflags), arm64 with hack/build-arm64.sh (musl, in its Debian
 # trixie chroot: about 35 min the first time, seconds when nothing changed). Run as root on an
 # amd64 host (the arm64 build needs a chroot). RELEASE_ARCHES="amd64" builds one architecture
 # only; TAP_IMAGE_PROFILE=dev builds unoptimised amd64 binaries (a quick try of this script, not
@@ -69,12 +69,13 @@ step "helm lint and package"
 # --- binaries -------------------------------------------------------------------------------
 if [[ " $ARCHES " == *" amd64 "* ]]; then
   target_dir="${CARGO_TARGET_DIR:-$ROOT/target}/image-build"
+  static_rustflags=$(grep -v '^#' hack/static-rustflags | tail -n 1)
   for spec in "node-agent kunpeng-tap" "tap-operator kunpeng-tap-operator"; do
     read -r package bin <<< "$spec"
     step "static $bin for amd64 ($profile)"
     s=$(date +%s)
     env CARGO_TARGET_DIR="$target_dir" \
-      "CARGO_TARGET_$(echo "$triple" | tr 'a-z-' 'A-Z_')_RUSTFLAGS=-C target-feature=+crt-static" \
+      "CARGO_TARGET_$(echo "$triple" | tr 'a-z-' 'A-Z_')_RUSTFLAGS=$static_rustflags" \
       CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
       CARGO_PROFILE_DEV_DEBUG=0 CARGO_PROFILE_DEV_STRIP=symbols \
       cargo build --profile "$profile" --locked -p "$package" --bin "$bin" --target "$triple"

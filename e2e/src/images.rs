@@ -43,6 +43,17 @@ pub fn is_static_elf(path: &Path) -> bool {
     })
 }
 
+/// RUSTFLAGS of the static binaries (`hack/static-rustflags`, which hack/release.sh reads too):
+/// its last line that is not a comment.
+pub fn static_rustflags() -> &'static str {
+    include_str!("../../hack/static-rustflags")
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .next_back()
+        .unwrap_or("-C target-feature=+crt-static")
+        .trim()
+}
+
 /// Cargo profile of the image binaries: `release` (what the Dockerfiles ship) unless
 /// `TAP_IMAGE_PROFILE=dev` trades image size for build time (CI budget).
 pub fn image_profile() -> (String, &'static str) {
@@ -72,7 +83,7 @@ pub fn build_static(package: &str, bin: &str) -> PathBuf {
                 "CARGO_TARGET_{}_RUSTFLAGS",
                 triple().to_uppercase().replace('-', "_")
             ),
-            "-C target-feature=+crt-static",
+            static_rustflags(),
         )
         .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
         .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
@@ -200,4 +211,16 @@ pub fn scratch_image_archive(
     ensure!(st.success(), "tar of the archive");
     let _ = fs::remove_dir_all(&work);
     Ok(out.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_static_rustflags_are_the_files_last_line() {
+        let flags = super::static_rustflags();
+        assert_eq!(
+            flags,
+            "-C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs"
+        );
+    }
 }
