@@ -282,10 +282,10 @@ CARGO_ENV=(
   "CARGO_TARGET_${T}_LINKER=aarch64-linux-musl-gcc"
   "CC_${TARGET//-/_}=aarch64-linux-musl-gcc"
   "AR_${TARGET//-/_}=aarch64-linux-gnu-ar"
-  # musl's own crt objects and libc come with the gcc wrapper; the unwinder from /opt/musl-unwind;
-  # relative relocations packed as DT_RELR, as hack/static-rustflags does for amd64 (musl 1.2.5
-  # applies them at start-up; the tests under qemu run such binaries)
-  "CARGO_TARGET_${T}_RUSTFLAGS=-C link-self-contained=no -L native=/opt/musl-unwind -C link-arg=-Wl,-z,pack-relative-relocs"
+  # musl's own crt objects and libc come with the gcc wrapper; the unwinder from /opt/musl-unwind.
+  # (The binary is a non-PIE static executable: no relocations at start-up, so nothing to pack
+  # as hack/static-rustflags does for amd64's static-pie.)
+  "CARGO_TARGET_${T}_RUSTFLAGS=-C link-self-contained=no -L native=/opt/musl-unwind"
   "CARGO_TARGET_${T}_RUNNER=qemu-aarch64"
 )
 cargo_t() { # cargo SUBCOMMAND ARGS... for the musl target, std built from source
