@@ -29,8 +29,11 @@ use tap_e2e::containerd::{
 };
 use tap_e2e::cpumeter::{proc_stat_cpu, CpuMeter};
 use tap_e2e::docker::{terminate, TapAgent};
-use tap_e2e::stats::{ms, ms_delta, Summary};
+use tap_e2e::stats::{ms, Summary};
 use tap_e2e::util::{self, fixture_dir, RmDir};
+
+mod report;
+use report::{print_report, setup_name, Samples};
 
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
 /// Where hack/e2e/setup-nri-plugins.sh puts the Go plugin.
@@ -69,47 +72,6 @@ struct Args {
     /// phase: its background CPU, to tell apart from what each start costs.
     #[arg(long, default_value_t = 10)]
     idle: u64,
-}
-
-fn setup_name(s: char) -> &'static str {
-    match s {
-        'a' => "(a) containerd + NRI, no plugin",
-        'b' => "(b) kunpeng-tap, NRI plugin",
-        'c' => "(c) kunpeng-tap, CRI proxy",
-        'd' => "(d) nri-plugins topology-aware v0.12.1",
-        'e' => "(e) no-op NRI plugin (Go, containerd's NRI stub)",
-        _ => "?",
-    }
-}
-
-/// One run's samples and what the plugin reported about itself.
-#[derive(Default)]
-struct Samples {
-    create: Vec<Duration>,
-    start: Vec<Duration>,
-    both: Vec<Duration>,
-    /// create+start of the Burstable (shared-pool) containers only.
-    both_shared: Vec<Duration>,
-    /// create+start of the Guaranteed (exclusive-CPU) containers only.
-    both_exclusive: Vec<Duration>,
-    /// (p50, p99) of create+start in each run, to show the run-to-run spread.
-    per_run: Vec<(Duration, Duration)>,
-    stop_remove: Vec<Duration>,
-    /// CPU time (user + system, all threads) spent during the create+start phase, and the
-    /// containers of that phase: the agent's and containerd's.
-    agent_cpu: Duration,
-    containerd_cpu: Duration,
-    cpu_containers: u32,
-    /// Wall time of the create+start phase (to take the background share out of agent_cpu).
-    phase_wall: Duration,
-    /// The agent's CPU time over `idle_wall` with no container starting.
-    agent_idle_cpu: Duration,
-    idle_wall: Duration,
-    /// The agent's CPU figures are from a cgroup (nanoseconds, ended threads counted).
-    precise_cpu: bool,
-    /// Mean time per call the agent's own metrics show (engine per hook; proxied calls).
-    agent_means: BTreeMap<String, (f64, u64)>,
-    loads: Vec<String>,
 }
 
 fn cpu_time(pid: Option<u32>) -> Duration {
@@ -435,175 +397,6 @@ fn agent_binary(args: &Args) -> Result<PathBuf> {
     match &args.agent {
         Some(p) => Ok(p.clone()),
         None => util::cargo_bin_profile("node-agent", "kunpeng-tap", true),
-    }
-}
-
-fn print_report(args: &Args, all: &BTreeMap<char, Samples>, skipped: &[(char, String)]) {
-    let base = all.get(&'a').and_then(|s| Summary::of(&s.both));
-    println!(
-        "\n## Start path: CreateContainer + StartContainer, {} containers x {} round(s) per setup\n",
-        args.containers, args.rounds
-    );
-    println!(
-        "| setup | n | create p50 | create p99 | start p50 | start p99 | create+start p50 | \
-         create+start p99 | p99 - (a) | stop+remove p50 |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    for (setup, s) in all {
-        let (Some(c), Some(st), Some(b), Some(sr)) = (
-            Summary::of(&s.create),
-            Summary::of(&s.start),
-            Summary::of(&s.both),
-            Summary::of(&s.stop_remove),
-        ) else {
-            continue;
-        };
-        let delta = match (setup, base) {
-            ('a', _) | (_, None) => "".to_string(),
-            (_, Some(a)) => ms_delta(a.p99, b.p99),
-        };
-        println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            setup_name(*setup),
-            b.n,
-            ms(c.p50),
-            ms(c.p99),
-            ms(st.p50),
-            ms(st.p99),
-            ms(b.p50),
-            ms(b.p99),
-            delta,
-            ms(sr.p50),
-        );
-    }
-    println!(
-        "\nBy kind of container (create+start, ms; Guaranteed containers take exclusive CPUs, \
-         which shrinks the shared pool: the plugin then also updates the cpusets of running \
-         containers):\n"
-    );
-    println!("| setup | Burstable n | p50 | p99 | Guaranteed n | p50 | p99 |");
-    println!("|---|---|---|---|---|---|---|");
-    for (setup, s) in all {
-        if let (Some(sh), Some(ex)) = (Summary::of(&s.both_shared), Summary::of(&s.both_exclusive))
-        {
-            println!(
-                "| {} | {} | {} | {} | {} | {} | {} |",
-                setup_name(*setup),
-                sh.n,
-                ms(sh.p50),
-                ms(sh.p99),
-                ex.n,
-                ms(ex.p50),
-                ms(ex.p99)
-            );
-        }
-    }
-    println!("\nEach run's create+start p50 / p99 (ms), the spread between runs of one setup:");
-    for (setup, s) in all {
-        let runs: Vec<String> = s
-            .per_run
-            .iter()
-            .map(|(a, b)| format!("{} / {}", ms(*a), ms(*b)))
-            .collect();
-        println!("  {}: {}", setup_name(*setup), runs.join(", "));
-    }
-    println!(
-        "\nCPU time per measured container during create+start (user + system, all threads; \
-         containerd in 10 ms ticks summed over the run, the plugin from a cgroup of its own \
-         where one could be made):"
-    );
-    for (setup, s) in all {
-        let n = s.cpu_containers.max(1);
-        let plugin = match (setup, s.precise_cpu) {
-            ('a', _) => "-".into(),
-            (_, true) => format!("{:.3} ms (cgroup)", (s.agent_cpu / n).as_secs_f64() * 1e3),
-            (_, false) => format!("{} ms (ticks)", ms(s.agent_cpu / n)),
-        };
-        println!(
-            "  {}: containerd {} ms, the plugin {plugin}",
-            setup_name(*setup),
-            ms(s.containerd_cpu / n),
-        );
-    }
-    print_idle_share(all);
-    println!("\n(milliseconds; p50 - (a) of create+start:");
-    if let Some(a) = base {
-        for (setup, s) in all.iter().filter(|(k, _)| **k != 'a') {
-            if let Some(b) = Summary::of(&s.both) {
-                println!("  {}: {}", setup_name(*setup), ms_delta(a.p50, b.p50));
-            }
-        }
-    }
-    println!(")");
-    for (setup, why) in skipped {
-        println!("\n{} skipped: {why}", setup_name(*setup));
-    }
-    for (setup, s) in all {
-        if !s.agent_means.is_empty() {
-            println!(
-                "\n{} — the agent's own mean time per call:",
-                setup_name(*setup)
-            );
-            for (k, (mean, n)) in &s.agent_means {
-                println!("  {k}: {:.1} µs x {n}", mean * 1e6);
-            }
-        }
-        println!(
-            "{} load averages (1/5/15 min) at the start and end of each run: {}",
-            setup_name(*setup),
-            s.loads.join(" -> ")
-        );
-    }
-}
-
-/// The agent's background CPU (measured idle) and what is left per start once the background
-/// share of the phase's wall time is taken out.
-fn print_idle_share(all: &BTreeMap<char, Samples>) {
-    for (setup, s) in all.iter().filter(|(k, _)| **k != 'a') {
-        if s.idle_wall.is_zero() {
-            continue;
-        }
-        let rate = s.agent_idle_cpu.as_secs_f64() / s.idle_wall.as_secs_f64();
-        let background = s.phase_wall.as_secs_f64() * rate;
-        let n = f64::from(s.cpu_containers.max(1));
-        let per_start = (s.agent_cpu.as_secs_f64() - background).max(0.0) / n;
-        println!(
-            "  {}: idle {:.2} ms CPU per second ({} ms over {:.0} s); per start without the \
-             background share {:.3} ms",
-            setup_name(*setup),
-            rate * 1e3,
-            ms(s.agent_idle_cpu),
-            s.idle_wall.as_secs_f64(),
-            per_start * 1e3
-        );
-    }
-}
-
-impl Samples {
-    fn extend(&mut self, o: Samples) {
-        self.create.extend(o.create);
-        self.start.extend(o.start);
-        self.both.extend(o.both);
-        self.both_shared.extend(o.both_shared);
-        self.both_exclusive.extend(o.both_exclusive);
-        self.per_run.extend(o.per_run);
-        self.agent_cpu += o.agent_cpu;
-        self.containerd_cpu += o.containerd_cpu;
-        self.precise_cpu = o.precise_cpu && (self.cpu_containers == 0 || self.precise_cpu);
-        self.cpu_containers = self.cpu_containers.saturating_add(o.cpu_containers);
-        self.phase_wall += o.phase_wall;
-        self.agent_idle_cpu += o.agent_idle_cpu;
-        self.idle_wall += o.idle_wall;
-        self.stop_remove.extend(o.stop_remove);
-        for (k, (mean, n)) in o.agent_means {
-            let e = self.agent_means.entry(k).or_insert((0.0, 0));
-            let total = e.1 + n;
-            if total > 0 {
-                e.0 = (e.0 * e.1 as f64 + mean * n as f64) / total as f64;
-            }
-            e.1 = total;
-        }
-        self.loads.extend(o.loads);
     }
 }
 
