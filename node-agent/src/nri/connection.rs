@@ -36,7 +36,10 @@ pub enum OpenError {
 /// A plugin's connection to the runtime; [`Connection::close`] ends it.
 pub struct Connection {
     trunk: mux::Mux,
-    server: Server,
+    /// In a mutex only so that a `&Connection` may be held across an await in a task that
+    /// moves between threads: the server's listener is `Send` but not `Sync`. Nothing locks it
+    /// but [`Connection::close`].
+    server: std::sync::Mutex<Server>,
     runtime: RuntimeClient,
 }
 
@@ -75,7 +78,7 @@ impl Connection {
         let runtime = RuntimeClient::new(Client::new(Socket::new(conn2)));
         Ok(Connection {
             trunk,
-            server,
+            server: std::sync::Mutex::new(server),
             runtime,
         })
     }
@@ -100,8 +103,9 @@ impl Connection {
     }
 
     /// Closes the trunk and shuts the server down (bounded).
-    pub async fn close(mut self) {
+    pub async fn close(self) {
         self.trunk.close();
-        let _ = tokio::time::timeout(SERVER_SHUTDOWN, self.server.shutdown()).await;
+        let mut server = self.server.into_inner().unwrap_or_else(|p| p.into_inner());
+        let _ = tokio::time::timeout(SERVER_SHUTDOWN, server.shutdown()).await;
     }
 }

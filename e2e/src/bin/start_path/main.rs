@@ -10,6 +10,8 @@
 //!   c  kunpeng-tap (release build) as the CRI proxy: the calls go through its socket
 //!   d  containers/nri-plugins' topology-aware plugin as an NRI plugin, when
 //!      hack/e2e/setup-nri-plugins.sh could build it (skipped, with the reason, otherwise)
+//!   e  a no-op NRI plugin in Go, on containerd's NRI stub (hack/e2e/nri-noop)
+//!   f  a no-op NRI plugin in Rust on kunpeng-tap's own transport (`tap-nri-noop`)
 //! kunpeng-tap decides on a 96-CPU fixture folded onto this host (`--fold-cpus-to-host`), so
 //! the cpusets runc applies are valid here. `--rounds` repeats the setups in turn, each round
 //! starting one setup later (a b c, b c a, c a b, ...), so drift in the machine's load is spread
@@ -27,7 +29,7 @@ use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
     remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
 };
-use tap_e2e::cpumeter::{proc_stat_cpu, CpuMeter};
+use tap_e2e::cpumeter::{proc_stat_cpu, CpuMeter, Reading, Used};
 use tap_e2e::docker::{terminate, TapAgent};
 use tap_e2e::stats::{ms, Summary};
 use tap_e2e::util::{self, fixture_dir, RmDir};
@@ -53,8 +55,8 @@ struct Args {
     /// Times every setup runs, in turn.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
-    /// Setups to run (a, b, c, d, e), comma-separated.
-    #[arg(long, default_value = "a,b,c,d,e", value_delimiter = ',')]
+    /// Setups to run (a, b, c, d, e, f), comma-separated.
+    #[arg(long, default_value = "a,b,c,d,e,f", value_delimiter = ',')]
     setups: Vec<char>,
     /// The kunpeng-tap binary (default: `cargo build --release` of node-agent).
     #[arg(long, env = "TAP_BIN")]
@@ -65,6 +67,10 @@ struct Args {
     /// The no-op NRI plugin (hack/e2e/setup-nri-noop.sh).
     #[arg(long, default_value = NRI_NOOP_BIN)]
     nri_noop: PathBuf,
+    /// The no-op NRI plugin on kunpeng-tap's transport (default: `cargo build --release` of
+    /// tap-e2e's `tap-nri-noop`).
+    #[arg(long)]
+    nri_noop_rs: Option<PathBuf>,
     /// Keep the agent logs of each run in this folder.
     #[arg(long)]
     keep_logs: Option<PathBuf>,
@@ -80,10 +86,17 @@ fn cpu_time(pid: Option<u32>) -> Duration {
 
 /// The agent's CPU time over `secs` seconds in which no container starts, and the wall time.
 async fn idle_cpu(meter: Option<&CpuMeter>, secs: u64) -> (Duration, Duration) {
-    let used = || meter.map_or(Duration::ZERO, CpuMeter::used);
-    let (c0, t0) = (used(), Instant::now());
+    let (c0, t0) = (meter.map(CpuMeter::read), Instant::now());
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    (used().saturating_sub(c0), t0.elapsed())
+    (cpu_since(meter, c0.as_ref()).total, t0.elapsed())
+}
+
+/// What `meter` counted since `earlier` (nothing without a meter).
+fn cpu_since(meter: Option<&CpuMeter>, earlier: Option<&Reading>) -> Used {
+    match (meter, earlier) {
+        (Some(m), Some(e)) => m.since(e),
+        _ => Used::default(),
+    }
 }
 
 fn load() -> String {
@@ -217,7 +230,13 @@ fn agent_means(text: &str) -> BTreeMap<String, (f64, u64)> {
         .collect()
 }
 
-async fn run_setup(setup: char, args: &Args, agent_bin: Option<&Path>) -> Result<Samples> {
+/// The binaries the setups run.
+struct Bins {
+    agent: Option<PathBuf>,
+    noop_rs: Option<PathBuf>,
+}
+
+async fn run_setup(setup: char, args: &Args, bins: &Bins) -> Result<Samples> {
     remove_cgroup_tree();
     let dir = util::temp_dir("tap-sp")?;
     let _rm = RmDir(dir.clone());
@@ -227,12 +246,12 @@ async fn run_setup(setup: char, args: &Args, agent_bin: Option<&Path>) -> Result
     let socket = match setup {
         'a' => ctd.cri_socket(),
         'b' => {
-            let bin = agent_bin.context("no agent binary")?;
+            let bin = bins.agent.as_deref().context("no agent binary")?;
             agent = Some(start_agent(bin, &nri_args(&ctd, &dir), &dir)?);
             ctd.cri_socket()
         }
         'c' => {
-            let bin = agent_bin.context("no agent binary")?;
+            let bin = bins.agent.as_deref().context("no agent binary")?;
             let proxy = dir.join("cri.sock");
             let mut args = ctd.cri_proxy_agent_args(&proxy, FIXTURE, &dir.join("state"));
             args.push("--resource-policy=topology-aware".into());
@@ -245,6 +264,16 @@ async fn run_setup(setup: char, args: &Args, agent_bin: Option<&Path>) -> Result
         }
         'e' => {
             external = Some(start_external(&args.nri_noop, &[], &ctd, &dir)?);
+            ctd.cri_socket()
+        }
+        'f' => {
+            let bin = bins.noop_rs.as_deref().context("no tap-nri-noop binary")?;
+            let name = ["--name=noop-rs".to_string()];
+            external = Some(start_external(bin, &name, &ctd, &dir)?);
+            ensure!(
+                ctd_log_count(&ctd, r#"\"10-noop-rs\" connected"#) == 1,
+                "containerd did not log tap-nri-noop's registration"
+            );
             ctd.cri_socket()
         }
         _ => bail!("unknown setup {setup}"),
@@ -269,6 +298,9 @@ async fn run_setup(setup: char, args: &Args, agent_bin: Option<&Path>) -> Result
             eprintln!("--- agent log\n{}", a.log_tail(30));
         }
     }
+    // The plugins end first: what they print when they end is in the logs kept.
+    drop(agent);
+    drop(external);
     if let Some(keep) = &args.keep_logs {
         std::fs::create_dir_all(keep)?;
         for f in ["agent.log", "nri-plugins.log"] {
@@ -276,11 +308,39 @@ async fn run_setup(setup: char, args: &Args, agent_bin: Option<&Path>) -> Result
         }
         let _ = std::fs::copy(ctd.log_path(), keep.join(format!("{setup}-containerd.log")));
     }
-    drop(agent);
-    drop(external);
     drop(ctd);
     remove_cgroup_tree();
+    if setup == 'f' && res.is_ok() {
+        check_noop_calls(&dir.join("nri-plugins.log"), args.warmup + args.containers)?;
+    }
     res
+}
+
+/// Every container of the run went through tap-nri-noop: the calls it printed when it ended
+/// count a create and a post-start for each (`containers`), so row (f) cannot measure a run
+/// without the plugin.
+fn check_noop_calls(log: &Path, containers: usize) -> Result<()> {
+    let text = std::fs::read_to_string(log)?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("tap-nri-noop calls:"))
+        .with_context(|| format!("tap-nri-noop printed no calls:\n{text}"))?;
+    let count = |key: &str| {
+        line.split_whitespace().find_map(|w| {
+            w.strip_prefix(key)?
+                .strip_prefix('=')?
+                .parse::<usize>()
+                .ok()
+        })
+    };
+    for key in ["create", "post_start"] {
+        ensure!(
+            count(key) == Some(containers),
+            "tap-nri-noop answered {key} {:?} times, not {containers}: {line}",
+            count(key)
+        );
+    }
+    Ok(())
 }
 
 fn nri_args(ctd: &Containerd, dir: &Path) -> Vec<String> {
@@ -319,13 +379,12 @@ async fn measure(
     let mut ids = Vec::with_capacity(total);
     let meter = plugin_pid.map(|p| CpuMeter::for_pid(p, &format!("tap-start-path-{p}")));
     s.precise_cpu = meter.as_ref().is_some_and(CpuMeter::precise);
-    let agent_cpu = || meter.as_ref().map_or(Duration::ZERO, CpuMeter::used);
-    let mut cpu0 = (Duration::ZERO, Duration::ZERO);
+    let mut cpu0 = (None, Duration::ZERO);
     let mut phase0 = Instant::now();
     for i in 0..total {
         if i == args.warmup {
             (s.agent_idle_cpu, s.idle_wall) = idle_cpu(meter.as_ref(), args.idle).await;
-            cpu0 = (agent_cpu(), cpu_time(ctd_pid));
+            cpu0 = (meter.as_ref().map(CpuMeter::read), cpu_time(ctd_pid));
             phase0 = Instant::now();
         }
         let (pod, spec) = container(i);
@@ -354,7 +413,7 @@ async fn measure(
         ids.push(id);
     }
     s.phase_wall = phase0.elapsed();
-    s.agent_cpu = agent_cpu().saturating_sub(cpu0.0);
+    s.agent_cpu = cpu_since(meter.as_ref(), cpu0.0.as_ref());
     s.containerd_cpu = cpu_time(ctd_pid).saturating_sub(cpu0.1);
     s.cpu_containers = u32::try_from(args.containers).unwrap_or(u32::MAX);
     s.loads.push(load());
@@ -393,10 +452,11 @@ async fn measure(
     Ok(s)
 }
 
-fn agent_binary(args: &Args) -> Result<PathBuf> {
-    match &args.agent {
+/// `given`, or the release build of `package`'s `bin` when none is given.
+fn binary(given: &Option<PathBuf>, package: &str, bin: &str) -> Result<PathBuf> {
+    match given {
         Some(p) => Ok(p.clone()),
-        None => util::cargo_bin_profile("node-agent", "kunpeng-tap", true),
+        None => util::cargo_bin_profile(package, bin, true),
     }
 }
 
@@ -404,11 +464,16 @@ fn main() -> Result<()> {
     let args = Args::parse();
     ensure!(args.containers > 0 && args.rounds > 0, "nothing to measure");
     tap_e2e::containerd::check_installed()?;
-    let needs_agent = args.setups.iter().any(|s| matches!(s, 'b' | 'c'));
-    let agent_bin = if needs_agent {
-        Some(agent_binary(&args)?)
-    } else {
-        None
+    let needs = |setups: &[char]| args.setups.iter().any(|s| setups.contains(s));
+    let bins = Bins {
+        agent: match needs(&['b', 'c']) {
+            true => Some(binary(&args.agent, "node-agent", "kunpeng-tap")?),
+            false => None,
+        },
+        noop_rs: match needs(&['f']) {
+            true => Some(binary(&args.nri_noop_rs, "tap-e2e", "tap-nri-noop")?),
+            false => None,
+        },
     };
     let mut setups = Vec::new();
     let mut skipped = Vec::new();
@@ -429,8 +494,8 @@ fn main() -> Result<()> {
                     args.nri_noop.display()
                 ),
             )),
-            'a' | 'b' | 'c' | 'd' | 'e' => setups.push(*s),
-            other => bail!("unknown setup {other:?} (a, b, c, d or e)"),
+            'a' | 'b' | 'c' | 'd' | 'e' | 'f' => setups.push(*s),
+            other => bail!("unknown setup {other:?} (a, b, c, d, e or f)"),
         }
     }
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -440,7 +505,7 @@ fn main() -> Result<()> {
         "host: {} CPUs, load {} at start; agent {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         load(),
-        agent_bin
+        bins.agent
             .as_ref()
             .map_or("-".into(), |p| p.display().to_string())
     );
@@ -455,7 +520,7 @@ fn main() -> Result<()> {
         }
         for &s in &order {
             let t = Instant::now();
-            let r = rt.block_on(run_setup(s, &args, agent_bin.as_deref()))?;
+            let r = rt.block_on(run_setup(s, &args, &bins))?;
             let both = Summary::of(&r.both);
             eprintln!(
                 "round {} {}: p50 {} p99 {} ms ({:.0?})",

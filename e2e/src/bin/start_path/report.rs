@@ -3,6 +3,7 @@
 use super::Args;
 use std::collections::BTreeMap;
 use std::time::Duration;
+use tap_e2e::cpumeter::Used;
 use tap_e2e::stats::{ms, ms_delta, Summary};
 
 pub fn setup_name(s: char) -> &'static str {
@@ -12,6 +13,7 @@ pub fn setup_name(s: char) -> &'static str {
         'c' => "(c) kunpeng-tap, CRI proxy",
         'd' => "(d) nri-plugins topology-aware v0.12.1",
         'e' => "(e) no-op NRI plugin (Go, containerd's NRI stub)",
+        'f' => "(f) no-op NRI plugin (Rust, kunpeng-tap's own transport)",
         _ => "?",
     }
 }
@@ -30,8 +32,8 @@ pub struct Samples {
     pub per_run: Vec<(Duration, Duration)>,
     pub stop_remove: Vec<Duration>,
     /// CPU time (user + system, all threads) spent during the create+start phase, and the
-    /// containers of that phase: the agent's and containerd's.
-    pub agent_cpu: Duration,
+    /// containers of that phase: the plugin's (with its user/system split) and containerd's.
+    pub agent_cpu: Used,
     pub containerd_cpu: Duration,
     pub cpu_containers: u32,
     /// Wall time of the create+start phase (to take the background share out of agent_cpu).
@@ -54,7 +56,7 @@ impl Samples {
         self.both_shared.extend(o.both_shared);
         self.both_exclusive.extend(o.both_exclusive);
         self.per_run.extend(o.per_run);
-        self.agent_cpu += o.agent_cpu;
+        self.agent_cpu = self.agent_cpu + o.agent_cpu;
         self.containerd_cpu += o.containerd_cpu;
         self.precise_cpu = o.precise_cpu && (self.cpu_containers == 0 || self.precise_cpu);
         self.cpu_containers = self.cpu_containers.saturating_add(o.cpu_containers);
@@ -152,8 +154,8 @@ pub fn print_report(args: &Args, all: &BTreeMap<char, Samples>, skipped: &[(char
         let n = s.cpu_containers.max(1);
         let plugin = match (setup, s.precise_cpu) {
             ('a', _) => "-".into(),
-            (_, true) => format!("{:.3} ms (cgroup)", (s.agent_cpu / n).as_secs_f64() * 1e3),
-            (_, false) => format!("{} ms (ticks)", ms(s.agent_cpu / n)),
+            (_, true) => format!("{:.3} ms (cgroup)", per_ms(s.agent_cpu.total, n)),
+            (_, false) => format!("{} ms (ticks)", ms(s.agent_cpu.total / n)),
         };
         println!(
             "  {}: containerd {} ms, the plugin {plugin}",
@@ -162,6 +164,7 @@ pub fn print_report(args: &Args, all: &BTreeMap<char, Samples>, skipped: &[(char
         );
     }
     print_idle_share(all);
+    print_split(all);
     println!("\n(milliseconds; p50 - (a) of create+start:");
     if let Some(a) = base {
         for (setup, s) in all.iter().filter(|(k, _)| **k != 'a') {
@@ -202,7 +205,7 @@ fn print_idle_share(all: &BTreeMap<char, Samples>) {
         let rate = s.agent_idle_cpu.as_secs_f64() / s.idle_wall.as_secs_f64();
         let background = s.phase_wall.as_secs_f64() * rate;
         let n = f64::from(s.cpu_containers.max(1));
-        let per_start = (s.agent_cpu.as_secs_f64() - background).max(0.0) / n;
+        let per_start = (s.agent_cpu.total.as_secs_f64() - background).max(0.0) / n;
         println!(
             "  {}: idle {:.2} ms CPU per second ({} ms over {:.0} s); per start without the \
              background share {:.3} ms",
@@ -211,6 +214,40 @@ fn print_idle_share(all: &BTreeMap<char, Samples>) {
             ms(s.agent_idle_cpu),
             s.idle_wall.as_secs_f64(),
             per_start * 1e3
+        );
+    }
+}
+
+/// Milliseconds of `d` per container of `n`.
+fn per_ms(d: Duration, n: u32) -> f64 {
+    (d / n.max(1)).as_secs_f64() * 1e3
+}
+
+/// The plugin's CPU per container start split into user and system time: the kernel's user and
+/// system counts over the phase, scaled to the precise total (`tap_e2e::cpumeter`).
+fn print_split(all: &BTreeMap<char, Samples>) {
+    println!(
+        "\nThe plugin's CPU per container start, user and system (ms; the kernel's split scaled \
+         to the total):\n"
+    );
+    println!("| setup | CPU per start | user | system | user share | split from |");
+    println!("|---|---:|---:|---:|---:|---|");
+    for (setup, s) in all.iter().filter(|(k, _)| **k != 'a') {
+        let (u, n) = (&s.agent_cpu, s.cpu_containers);
+        let user_share = match u.user + u.system {
+            d if d.is_zero() => "-".to_string(),
+            d => format!("{:.0}%", u.user.as_secs_f64() / d.as_secs_f64() * 100.0),
+        };
+        let from = match u.ticks {
+            Some(t) => format!("{t} ticks of 10 ms"),
+            None => "µs counters".into(),
+        };
+        println!(
+            "| {} | {:.3} | {:.3} | {:.3} | {user_share} | {from} |",
+            setup_name(*setup),
+            per_ms(u.total, n),
+            per_ms(u.user, n),
+            per_ms(u.system, n),
         );
     }
 }
