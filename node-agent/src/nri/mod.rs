@@ -13,6 +13,7 @@
 //! runs unadjusted), a log line and `tap_errors_total{hook,kind}`. We never answer an event
 //! with an error status, since for CreateContainer that would fail the container.
 
+pub mod connection;
 pub mod convert;
 pub mod mux;
 pub mod slot;
@@ -25,12 +26,11 @@ use crate::flags::Flags;
 use crate::ledger::state_file::StateFile;
 use crate::ledger::{hook_span, Ledger, Listed, Release, Ticket};
 use async_trait::async_trait;
-use futures_util::StreamExt;
+use connection::Connection;
 use proto::{
     ConfigureRequest, ConfigureResponse, CreateContainerRequest, CreateContainerResponse, Empty,
-    Event, RegisterPluginRequest, RuntimeClient, StateChangeEvent, StopContainerRequest,
-    StopContainerResponse, SynchronizeRequest, SynchronizeResponse, UpdateContainerRequest,
-    UpdateContainerResponse,
+    Event, RuntimeClient, StateChangeEvent, StopContainerRequest, StopContainerResponse,
+    SynchronizeRequest, SynchronizeResponse, UpdateContainerRequest, UpdateContainerResponse,
 };
 use slot::Handling;
 pub use slot::RuntimeSlot;
@@ -40,8 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
-use ttrpc::r#async::transport::{Listener, Socket};
-use ttrpc::r#async::{Client, Server, TtrpcContext};
+use ttrpc::r#async::TtrpcContext;
 
 /// The runtime's default per-request timeout (containerd `plugin_request_timeout`).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
@@ -661,50 +660,23 @@ async fn session(
     shutdown: CancellationToken,
 ) -> SessionEnd {
     let agent = plugin.agent.clone();
-    let stream = match tokio::net::UnixStream::connect(socket).await {
-        Ok(s) => s,
-        Err(e) => return SessionEnd::Lost(format!("connecting to {}: {e}", socket.display())),
-    };
-    // Both logical connections exist before the first frame is read.
-    let (trunk, mut conns) = mux::Mux::with_conns(
-        stream,
-        &[mux::PLUGIN_SERVICE_CONN, mux::RUNTIME_SERVICE_CONN],
-    );
-    let (Some(conn2), Some(conn1)) = (conns.pop(), conns.pop()) else {
-        return SessionEnd::Lost("internal: mux connections".into());
-    };
-
-    // Serve the Plugin service on connection 1 before registering: the runtime calls
-    // Configure as soon as it has our registration.
-    let listener = Listener::new(
-        futures_util::stream::once(async move { Ok::<_, std::io::Error>(conn1) })
-            .chain(futures_util::stream::pending()),
-    );
     let service: Arc<dyn proto::Plugin + Send + Sync> = plugin.clone();
-    let mut server = Server::new()
-        .register_service(proto::create_plugin(service))
-        .add_listener(listener);
-    if let Err(e) = server.start().await {
-        trunk.close();
-        return SessionEnd::Lost(format!("starting the ttrpc server: {e}"));
-    }
-    let client = RuntimeClient::new(Client::new(Socket::new(conn2)));
-    *plugin.runtime.lock().unwrap_or_else(|p| p.into_inner()) = Some(client.clone());
+    let conn = match Connection::open(socket, service).await {
+        Ok(c) => c,
+        Err(e) => return SessionEnd::Lost(e.to_string()),
+    };
+    *plugin.runtime.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.runtime().clone());
 
-    let mut reg = RegisterPluginRequest::new();
-    reg.plugin_name = name.to_string();
-    reg.plugin_idx = idx.to_string();
-    let ctx = ttrpc::context::with_timeout(Duration::from_secs(5).as_nanos() as i64);
-    let end = match client.register_plugin(ctx, &reg).await {
+    let end = match conn.register(name, idx).await {
         Err(e) => SessionEnd::Lost(format!("RegisterPlugin: {e}")),
-        Ok(_) => {
+        Ok(()) => {
             tracing::info!(
                 socket = %socket.display(),
                 plugin = %format!("{idx}-{name}"),
                 "registered with the runtime as an NRI plugin"
             );
             agent.metrics().runtime_connected.set(1);
-            let closed = trunk.closed();
+            let closed = conn.closed();
             tokio::select! {
                 _ = shutdown.cancelled() => SessionEnd::Shutdown,
                 _ = plugin.session.cancelled() => {
@@ -719,9 +691,8 @@ async fn session(
     plugin.slot.set(None);
     // Requests of this connection still being handled must not grant anything any more.
     plugin.session.cancel();
-    trunk.close();
     // Bounded: the server's own shutdown timeout applies.
-    let _ = tokio::time::timeout(Duration::from_secs(3), server.shutdown()).await;
+    conn.close().await;
     end
 }
 
@@ -729,9 +700,13 @@ async fn session(
 mod tests {
     use super::*;
     use crate::metrics::Metrics;
+    use futures_util::StreamExt;
     use proto::nri_ttrpc::{create_runtime, PluginClient, Runtime};
+    use proto::RegisterPluginRequest;
     use tap_engine::sysfs::discover_dir;
     use tap_engine::{Engine, EngineConfig, Topology};
+    use ttrpc::r#async::transport::{Listener, Socket};
+    use ttrpc::r#async::{Client, Server};
 
     fn test_agent() -> Arc<Agent> {
         let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");

@@ -10,6 +10,8 @@
 //!   c  kunpeng-tap (release build) as the CRI proxy: the calls go through its socket
 //!   d  containers/nri-plugins' topology-aware plugin as an NRI plugin, when
 //!      hack/e2e/setup-nri-plugins.sh could build it (skipped, with the reason, otherwise)
+//!   e  a no-op NRI plugin in Go, on containerd's NRI stub (hack/e2e/nri-noop)
+//!   f  a no-op NRI plugin in Rust on kunpeng-tap's own transport (`tap-nri-noop`)
 //! kunpeng-tap decides on a 96-CPU fixture folded onto this host (`--fold-cpus-to-host`), so
 //! the cpusets runc applies are valid here. `--rounds` repeats the setups in turn, each round
 //! starting one setup later (a b c, b c a, c a b, ...), so drift in the machine's load is spread
@@ -27,10 +29,13 @@ use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
     remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
 };
-use tap_e2e::cpumeter::{proc_stat_cpu, CpuMeter};
+use tap_e2e::cpumeter::{proc_stat_cpu, CpuMeter, Reading, Used};
 use tap_e2e::docker::{terminate, TapAgent};
-use tap_e2e::stats::{ms, ms_delta, Summary};
+use tap_e2e::stats::{ms, Summary};
 use tap_e2e::util::{self, fixture_dir, RmDir};
+
+mod report;
+use report::{print_report, setup_name, Samples};
 
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
 /// Where hack/e2e/setup-nri-plugins.sh puts the Go plugin.
@@ -50,8 +55,8 @@ struct Args {
     /// Times every setup runs, in turn.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
-    /// Setups to run (a, b, c, d, e), comma-separated.
-    #[arg(long, default_value = "a,b,c,d,e", value_delimiter = ',')]
+    /// Setups to run (a, b, c, d, e, f), comma-separated.
+    #[arg(long, default_value = "a,b,c,d,e,f", value_delimiter = ',')]
     setups: Vec<char>,
     /// The kunpeng-tap binary (default: `cargo build --release` of node-agent).
     #[arg(long, env = "TAP_BIN")]
@@ -62,6 +67,10 @@ struct Args {
     /// The no-op NRI plugin (hack/e2e/setup-nri-noop.sh).
     #[arg(long, default_value = NRI_NOOP_BIN)]
     nri_noop: PathBuf,
+    /// The no-op NRI plugin on kunpeng-tap's transport (default: `cargo build --release` of
+    /// tap-e2e's `tap-nri-noop`).
+    #[arg(long)]
+    nri_noop_rs: Option<PathBuf>,
     /// Keep the agent logs of each run in this folder.
     #[arg(long)]
     keep_logs: Option<PathBuf>,
@@ -71,57 +80,23 @@ struct Args {
     idle: u64,
 }
 
-fn setup_name(s: char) -> &'static str {
-    match s {
-        'a' => "(a) containerd + NRI, no plugin",
-        'b' => "(b) kunpeng-tap, NRI plugin",
-        'c' => "(c) kunpeng-tap, CRI proxy",
-        'd' => "(d) nri-plugins topology-aware v0.12.1",
-        'e' => "(e) no-op NRI plugin (Go, containerd's NRI stub)",
-        _ => "?",
-    }
-}
-
-/// One run's samples and what the plugin reported about itself.
-#[derive(Default)]
-struct Samples {
-    create: Vec<Duration>,
-    start: Vec<Duration>,
-    both: Vec<Duration>,
-    /// create+start of the Burstable (shared-pool) containers only.
-    both_shared: Vec<Duration>,
-    /// create+start of the Guaranteed (exclusive-CPU) containers only.
-    both_exclusive: Vec<Duration>,
-    /// (p50, p99) of create+start in each run, to show the run-to-run spread.
-    per_run: Vec<(Duration, Duration)>,
-    stop_remove: Vec<Duration>,
-    /// CPU time (user + system, all threads) spent during the create+start phase, and the
-    /// containers of that phase: the agent's and containerd's.
-    agent_cpu: Duration,
-    containerd_cpu: Duration,
-    cpu_containers: u32,
-    /// Wall time of the create+start phase (to take the background share out of agent_cpu).
-    phase_wall: Duration,
-    /// The agent's CPU time over `idle_wall` with no container starting.
-    agent_idle_cpu: Duration,
-    idle_wall: Duration,
-    /// The agent's CPU figures are from a cgroup (nanoseconds, ended threads counted).
-    precise_cpu: bool,
-    /// Mean time per call the agent's own metrics show (engine per hook; proxied calls).
-    agent_means: BTreeMap<String, (f64, u64)>,
-    loads: Vec<String>,
-}
-
 fn cpu_time(pid: Option<u32>) -> Duration {
     pid.map_or(Duration::ZERO, proc_stat_cpu)
 }
 
 /// The agent's CPU time over `secs` seconds in which no container starts, and the wall time.
 async fn idle_cpu(meter: Option<&CpuMeter>, secs: u64) -> (Duration, Duration) {
-    let used = || meter.map_or(Duration::ZERO, CpuMeter::used);
-    let (c0, t0) = (used(), Instant::now());
+    let (c0, t0) = (meter.map(CpuMeter::read), Instant::now());
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    (used().saturating_sub(c0), t0.elapsed())
+    (cpu_since(meter, c0.as_ref()).total, t0.elapsed())
+}
+
+/// What `meter` counted since `earlier` (nothing without a meter).
+fn cpu_since(meter: Option<&CpuMeter>, earlier: Option<&Reading>) -> Used {
+    match (meter, earlier) {
+        (Some(m), Some(e)) => m.since(e),
+        _ => Used::default(),
+    }
 }
 
 fn load() -> String {
@@ -255,7 +230,13 @@ fn agent_means(text: &str) -> BTreeMap<String, (f64, u64)> {
         .collect()
 }
 
-async fn run_setup(setup: char, args: &Args, agent_bin: Option<&Path>) -> Result<Samples> {
+/// The binaries the setups run.
+struct Bins {
+    agent: Option<PathBuf>,
+    noop_rs: Option<PathBuf>,
+}
+
+async fn run_setup(setup: char, args: &Args, bins: &Bins) -> Result<Samples> {
     remove_cgroup_tree();
     let dir = util::temp_dir("tap-sp")?;
     let _rm = RmDir(dir.clone());
@@ -265,12 +246,12 @@ async fn run_setup(setup: char, args: &Args, agent_bin: Option<&Path>) -> Result
     let socket = match setup {
         'a' => ctd.cri_socket(),
         'b' => {
-            let bin = agent_bin.context("no agent binary")?;
+            let bin = bins.agent.as_deref().context("no agent binary")?;
             agent = Some(start_agent(bin, &nri_args(&ctd, &dir), &dir)?);
             ctd.cri_socket()
         }
         'c' => {
-            let bin = agent_bin.context("no agent binary")?;
+            let bin = bins.agent.as_deref().context("no agent binary")?;
             let proxy = dir.join("cri.sock");
             let mut args = ctd.cri_proxy_agent_args(&proxy, FIXTURE, &dir.join("state"));
             args.push("--resource-policy=topology-aware".into());
@@ -283,6 +264,16 @@ async fn run_setup(setup: char, args: &Args, agent_bin: Option<&Path>) -> Result
         }
         'e' => {
             external = Some(start_external(&args.nri_noop, &[], &ctd, &dir)?);
+            ctd.cri_socket()
+        }
+        'f' => {
+            let bin = bins.noop_rs.as_deref().context("no tap-nri-noop binary")?;
+            let name = ["--name=noop-rs".to_string()];
+            external = Some(start_external(bin, &name, &ctd, &dir)?);
+            ensure!(
+                ctd_log_count(&ctd, r#"\"10-noop-rs\" connected"#) == 1,
+                "containerd did not log tap-nri-noop's registration"
+            );
             ctd.cri_socket()
         }
         _ => bail!("unknown setup {setup}"),
@@ -307,6 +298,9 @@ async fn run_setup(setup: char, args: &Args, agent_bin: Option<&Path>) -> Result
             eprintln!("--- agent log\n{}", a.log_tail(30));
         }
     }
+    // The plugins end first: what they print when they end is in the logs kept.
+    drop(agent);
+    drop(external);
     if let Some(keep) = &args.keep_logs {
         std::fs::create_dir_all(keep)?;
         for f in ["agent.log", "nri-plugins.log"] {
@@ -314,11 +308,39 @@ async fn run_setup(setup: char, args: &Args, agent_bin: Option<&Path>) -> Result
         }
         let _ = std::fs::copy(ctd.log_path(), keep.join(format!("{setup}-containerd.log")));
     }
-    drop(agent);
-    drop(external);
     drop(ctd);
     remove_cgroup_tree();
+    if setup == 'f' && res.is_ok() {
+        check_noop_calls(&dir.join("nri-plugins.log"), args.warmup + args.containers)?;
+    }
     res
+}
+
+/// Every container of the run went through tap-nri-noop: the calls it printed when it ended
+/// count a create and a post-start for each (`containers`), so row (f) cannot measure a run
+/// without the plugin.
+fn check_noop_calls(log: &Path, containers: usize) -> Result<()> {
+    let text = std::fs::read_to_string(log)?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("tap-nri-noop calls:"))
+        .with_context(|| format!("tap-nri-noop printed no calls:\n{text}"))?;
+    let count = |key: &str| {
+        line.split_whitespace().find_map(|w| {
+            w.strip_prefix(key)?
+                .strip_prefix('=')?
+                .parse::<usize>()
+                .ok()
+        })
+    };
+    for key in ["create", "post_start"] {
+        ensure!(
+            count(key) == Some(containers),
+            "tap-nri-noop answered {key} {:?} times, not {containers}: {line}",
+            count(key)
+        );
+    }
+    Ok(())
 }
 
 fn nri_args(ctd: &Containerd, dir: &Path) -> Vec<String> {
@@ -357,13 +379,12 @@ async fn measure(
     let mut ids = Vec::with_capacity(total);
     let meter = plugin_pid.map(|p| CpuMeter::for_pid(p, &format!("tap-start-path-{p}")));
     s.precise_cpu = meter.as_ref().is_some_and(CpuMeter::precise);
-    let agent_cpu = || meter.as_ref().map_or(Duration::ZERO, CpuMeter::used);
-    let mut cpu0 = (Duration::ZERO, Duration::ZERO);
+    let mut cpu0 = (None, Duration::ZERO);
     let mut phase0 = Instant::now();
     for i in 0..total {
         if i == args.warmup {
             (s.agent_idle_cpu, s.idle_wall) = idle_cpu(meter.as_ref(), args.idle).await;
-            cpu0 = (agent_cpu(), cpu_time(ctd_pid));
+            cpu0 = (meter.as_ref().map(CpuMeter::read), cpu_time(ctd_pid));
             phase0 = Instant::now();
         }
         let (pod, spec) = container(i);
@@ -392,7 +413,7 @@ async fn measure(
         ids.push(id);
     }
     s.phase_wall = phase0.elapsed();
-    s.agent_cpu = agent_cpu().saturating_sub(cpu0.0);
+    s.agent_cpu = cpu_since(meter.as_ref(), cpu0.0.as_ref());
     s.containerd_cpu = cpu_time(ctd_pid).saturating_sub(cpu0.1);
     s.cpu_containers = u32::try_from(args.containers).unwrap_or(u32::MAX);
     s.loads.push(load());
@@ -431,179 +452,11 @@ async fn measure(
     Ok(s)
 }
 
-fn agent_binary(args: &Args) -> Result<PathBuf> {
-    match &args.agent {
+/// `given`, or the release build of `package`'s `bin` when none is given.
+fn binary(given: &Option<PathBuf>, package: &str, bin: &str) -> Result<PathBuf> {
+    match given {
         Some(p) => Ok(p.clone()),
-        None => util::cargo_bin_profile("node-agent", "kunpeng-tap", true),
-    }
-}
-
-fn print_report(args: &Args, all: &BTreeMap<char, Samples>, skipped: &[(char, String)]) {
-    let base = all.get(&'a').and_then(|s| Summary::of(&s.both));
-    println!(
-        "\n## Start path: CreateContainer + StartContainer, {} containers x {} round(s) per setup\n",
-        args.containers, args.rounds
-    );
-    println!(
-        "| setup | n | create p50 | create p99 | start p50 | start p99 | create+start p50 | \
-         create+start p99 | p99 - (a) | stop+remove p50 |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    for (setup, s) in all {
-        let (Some(c), Some(st), Some(b), Some(sr)) = (
-            Summary::of(&s.create),
-            Summary::of(&s.start),
-            Summary::of(&s.both),
-            Summary::of(&s.stop_remove),
-        ) else {
-            continue;
-        };
-        let delta = match (setup, base) {
-            ('a', _) | (_, None) => "".to_string(),
-            (_, Some(a)) => ms_delta(a.p99, b.p99),
-        };
-        println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            setup_name(*setup),
-            b.n,
-            ms(c.p50),
-            ms(c.p99),
-            ms(st.p50),
-            ms(st.p99),
-            ms(b.p50),
-            ms(b.p99),
-            delta,
-            ms(sr.p50),
-        );
-    }
-    println!(
-        "\nBy kind of container (create+start, ms; Guaranteed containers take exclusive CPUs, \
-         which shrinks the shared pool: the plugin then also updates the cpusets of running \
-         containers):\n"
-    );
-    println!("| setup | Burstable n | p50 | p99 | Guaranteed n | p50 | p99 |");
-    println!("|---|---|---|---|---|---|---|");
-    for (setup, s) in all {
-        if let (Some(sh), Some(ex)) = (Summary::of(&s.both_shared), Summary::of(&s.both_exclusive))
-        {
-            println!(
-                "| {} | {} | {} | {} | {} | {} | {} |",
-                setup_name(*setup),
-                sh.n,
-                ms(sh.p50),
-                ms(sh.p99),
-                ex.n,
-                ms(ex.p50),
-                ms(ex.p99)
-            );
-        }
-    }
-    println!("\nEach run's create+start p50 / p99 (ms), the spread between runs of one setup:");
-    for (setup, s) in all {
-        let runs: Vec<String> = s
-            .per_run
-            .iter()
-            .map(|(a, b)| format!("{} / {}", ms(*a), ms(*b)))
-            .collect();
-        println!("  {}: {}", setup_name(*setup), runs.join(", "));
-    }
-    println!(
-        "\nCPU time per measured container during create+start (user + system, all threads; \
-         containerd in 10 ms ticks summed over the run, the plugin from a cgroup of its own \
-         where one could be made):"
-    );
-    for (setup, s) in all {
-        let n = s.cpu_containers.max(1);
-        let plugin = match (setup, s.precise_cpu) {
-            ('a', _) => "-".into(),
-            (_, true) => format!("{:.3} ms (cgroup)", (s.agent_cpu / n).as_secs_f64() * 1e3),
-            (_, false) => format!("{} ms (ticks)", ms(s.agent_cpu / n)),
-        };
-        println!(
-            "  {}: containerd {} ms, the plugin {plugin}",
-            setup_name(*setup),
-            ms(s.containerd_cpu / n),
-        );
-    }
-    print_idle_share(all);
-    println!("\n(milliseconds; p50 - (a) of create+start:");
-    if let Some(a) = base {
-        for (setup, s) in all.iter().filter(|(k, _)| **k != 'a') {
-            if let Some(b) = Summary::of(&s.both) {
-                println!("  {}: {}", setup_name(*setup), ms_delta(a.p50, b.p50));
-            }
-        }
-    }
-    println!(")");
-    for (setup, why) in skipped {
-        println!("\n{} skipped: {why}", setup_name(*setup));
-    }
-    for (setup, s) in all {
-        if !s.agent_means.is_empty() {
-            println!(
-                "\n{} — the agent's own mean time per call:",
-                setup_name(*setup)
-            );
-            for (k, (mean, n)) in &s.agent_means {
-                println!("  {k}: {:.1} µs x {n}", mean * 1e6);
-            }
-        }
-        println!(
-            "{} load averages (1/5/15 min) at the start and end of each run: {}",
-            setup_name(*setup),
-            s.loads.join(" -> ")
-        );
-    }
-}
-
-/// The agent's background CPU (measured idle) and what is left per start once the background
-/// share of the phase's wall time is taken out.
-fn print_idle_share(all: &BTreeMap<char, Samples>) {
-    for (setup, s) in all.iter().filter(|(k, _)| **k != 'a') {
-        if s.idle_wall.is_zero() {
-            continue;
-        }
-        let rate = s.agent_idle_cpu.as_secs_f64() / s.idle_wall.as_secs_f64();
-        let background = s.phase_wall.as_secs_f64() * rate;
-        let n = f64::from(s.cpu_containers.max(1));
-        let per_start = (s.agent_cpu.as_secs_f64() - background).max(0.0) / n;
-        println!(
-            "  {}: idle {:.2} ms CPU per second ({} ms over {:.0} s); per start without the \
-             background share {:.3} ms",
-            setup_name(*setup),
-            rate * 1e3,
-            ms(s.agent_idle_cpu),
-            s.idle_wall.as_secs_f64(),
-            per_start * 1e3
-        );
-    }
-}
-
-impl Samples {
-    fn extend(&mut self, o: Samples) {
-        self.create.extend(o.create);
-        self.start.extend(o.start);
-        self.both.extend(o.both);
-        self.both_shared.extend(o.both_shared);
-        self.both_exclusive.extend(o.both_exclusive);
-        self.per_run.extend(o.per_run);
-        self.agent_cpu += o.agent_cpu;
-        self.containerd_cpu += o.containerd_cpu;
-        self.precise_cpu = o.precise_cpu && (self.cpu_containers == 0 || self.precise_cpu);
-        self.cpu_containers = self.cpu_containers.saturating_add(o.cpu_containers);
-        self.phase_wall += o.phase_wall;
-        self.agent_idle_cpu += o.agent_idle_cpu;
-        self.idle_wall += o.idle_wall;
-        self.stop_remove.extend(o.stop_remove);
-        for (k, (mean, n)) in o.agent_means {
-            let e = self.agent_means.entry(k).or_insert((0.0, 0));
-            let total = e.1 + n;
-            if total > 0 {
-                e.0 = (e.0 * e.1 as f64 + mean * n as f64) / total as f64;
-            }
-            e.1 = total;
-        }
-        self.loads.extend(o.loads);
+        None => util::cargo_bin_profile(package, bin, true),
     }
 }
 
@@ -611,11 +464,16 @@ fn main() -> Result<()> {
     let args = Args::parse();
     ensure!(args.containers > 0 && args.rounds > 0, "nothing to measure");
     tap_e2e::containerd::check_installed()?;
-    let needs_agent = args.setups.iter().any(|s| matches!(s, 'b' | 'c'));
-    let agent_bin = if needs_agent {
-        Some(agent_binary(&args)?)
-    } else {
-        None
+    let needs = |setups: &[char]| args.setups.iter().any(|s| setups.contains(s));
+    let bins = Bins {
+        agent: match needs(&['b', 'c']) {
+            true => Some(binary(&args.agent, "node-agent", "kunpeng-tap")?),
+            false => None,
+        },
+        noop_rs: match needs(&['f']) {
+            true => Some(binary(&args.nri_noop_rs, "tap-e2e", "tap-nri-noop")?),
+            false => None,
+        },
     };
     let mut setups = Vec::new();
     let mut skipped = Vec::new();
@@ -636,8 +494,8 @@ fn main() -> Result<()> {
                     args.nri_noop.display()
                 ),
             )),
-            'a' | 'b' | 'c' | 'd' | 'e' => setups.push(*s),
-            other => bail!("unknown setup {other:?} (a, b, c, d or e)"),
+            'a' | 'b' | 'c' | 'd' | 'e' | 'f' => setups.push(*s),
+            other => bail!("unknown setup {other:?} (a, b, c, d, e or f)"),
         }
     }
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -647,7 +505,7 @@ fn main() -> Result<()> {
         "host: {} CPUs, load {} at start; agent {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         load(),
-        agent_bin
+        bins.agent
             .as_ref()
             .map_or("-".into(), |p| p.display().to_string())
     );
@@ -662,7 +520,7 @@ fn main() -> Result<()> {
         }
         for &s in &order {
             let t = Instant::now();
-            let r = rt.block_on(run_setup(s, &args, agent_bin.as_deref()))?;
+            let r = rt.block_on(run_setup(s, &args, &bins))?;
             let both = Summary::of(&r.both);
             eprintln!(
                 "round {} {}: p50 {} p99 {} ms ({:.0?})",
