@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the topology-aware NRI plugin of containers/nri-plugins (the Go reference this project is
-# compared with) for the start-path benchmark (e2e/src/bin/start_path.rs, row (d)); cached in
+# compared with) for the start-path benchmark (e2e/src/bin/start_path/main.rs, row (d)); cached in
 # /var/cache/kunpeng-tap/bin/nri-topology-aware-$NRI_PLUGINS_VERSION (idempotent; GOPATH,
 # GOMODCACHE and GOCACHE under /var/cache/kunpeng-tap/go as for setup-kube.sh).
 #
