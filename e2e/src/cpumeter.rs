@@ -101,11 +101,11 @@ impl CpuMeter {
     pub fn read(&self) -> Reading {
         match &self.source {
             Source::V2(dir) => {
-                let text = std::fs::read_to_string(dir.join("cpu.stat")).unwrap_or_default();
+                let s = node_agent::usage::cpu_stat::read(dir).unwrap_or_default();
                 Reading {
-                    total: Duration::from_micros(keyed(&text, "usage_usec")),
-                    user: keyed(&text, "user_usec"),
-                    system: keyed(&text, "system_usec"),
+                    total: Duration::from_micros(s.usage_usec),
+                    user: s.user_usec,
+                    system: s.system_usec,
                 }
             }
             Source::V1(dir) => {
@@ -130,7 +130,7 @@ impl CpuMeter {
     }
 }
 
-/// The value of `key` in a `key value` per line file (`cpu.stat`, `cpuacct.stat`); 0 if absent.
+/// The value of `key` in cgroup v1's `cpuacct.stat` (`key value` lines); 0 if absent.
 fn keyed(text: &str, key: &str) -> u64 {
     text.lines()
         .filter_map(|l| l.split_once(' '))

@@ -48,8 +48,7 @@ pub fn is_static_elf(path: &Path) -> bool {
 pub fn static_rustflags() -> &'static str {
     include_str!("../../hack/static-rustflags")
         .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .next_back()
+        .rfind(|l| !l.starts_with('#') && !l.trim().is_empty())
         .unwrap_or("-C target-feature=+crt-static")
         .trim()
 }

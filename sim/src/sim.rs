@@ -460,8 +460,7 @@ impl Ledger {
             ..Default::default()
         };
         for v in self.charges.values() {
-            for &(i, r, _, ex) in v.iter().filter(|e| e.0 == idx) {
-                debug_assert_eq!(i, idx);
+            for &(_, r, _, ex) in v.iter().filter(|e| e.0 == idx) {
                 c.add(r, ex, v.len());
             }
         }

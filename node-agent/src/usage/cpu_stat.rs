@@ -7,6 +7,9 @@ use std::path::Path;
 pub struct CpuStat {
     /// CPU time used, µs.
     pub usage_usec: u64,
+    /// Of it, in user and in kernel mode, µs.
+    pub user_usec: u64,
+    pub system_usec: u64,
     /// Periods in which the cgroup hit its quota.
     pub nr_throttled: u64,
     /// Time the cgroup was throttled, µs.
@@ -44,6 +47,8 @@ pub fn parse(text: &str) -> Option<CpuStat> {
                 stat.usage_usec = v;
                 usage = true;
             }
+            "user_usec" => stat.user_usec = v,
+            "system_usec" => stat.system_usec = v,
             "nr_throttled" => stat.nr_throttled = v,
             "throttled_usec" => stat.throttled_usec = v,
             _ => {}
@@ -89,6 +94,7 @@ mod tests {
     fn reads_the_counters_it_needs() {
         let s = parse(STAT).expect("stat");
         assert_eq!(s.usage_usec, 123_456_789);
+        assert_eq!((s.user_usec, s.system_usec), (100_000_000, 23_456_789));
         assert_eq!(s.nr_throttled, 42);
         assert_eq!(s.throttled_usec, 987_654);
     }
