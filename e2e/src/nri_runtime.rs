@@ -23,8 +23,8 @@ use node_agent::nri::proto::{
     ConfigureRequest, ConfigureResponse, Container, ContainerState, ContainerUpdate,
     CreateContainerRequest, CreateContainerResponse, Empty, LinuxCPU, LinuxContainer, LinuxMemory,
     LinuxPodSandbox, LinuxResources, OptionalInt64, OptionalUInt64, PodSandbox,
-    RegisterPluginRequest, StateChangeEvent, SynchronizeRequest, SynchronizeResponse,
-    UpdateContainersRequest, UpdateContainersResponse,
+    RegisterPluginRequest, StateChangeEvent, StopContainerRequest, SynchronizeRequest,
+    SynchronizeResponse, UpdateContainersRequest, UpdateContainersResponse,
 };
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -198,6 +198,21 @@ impl PluginSession {
         done.container = Some(c.clone()).into();
         self.client.state_change(ctx(), &done).await?;
         Ok(resp)
+    }
+
+    /// StopContainer, then the REMOVE_CONTAINER event: what containerd sends when the kubelet
+    /// stops and removes a container.
+    pub async fn stop_and_remove(&self, pod: &PodSandbox, c: &Container) -> Result<()> {
+        let mut stop = StopContainerRequest::new();
+        stop.pod = Some(pod.clone()).into();
+        stop.container = Some(c.clone()).into();
+        self.client.stop_container(ctx(), &stop).await?;
+        let mut gone = StateChangeEvent::new();
+        gone.event = Event::REMOVE_CONTAINER.into();
+        gone.pod = Some(pod.clone()).into();
+        gone.container = Some(c.clone()).into();
+        self.client.state_change(ctx(), &gone).await?;
+        Ok(())
     }
 
     /// Updates the plugin sent on its own (UpdateContainers), so far.

@@ -3,8 +3,9 @@
 //! It connects and registers through the agent's code (`node_agent::nri::connection`: the
 //! `nri::mux` trunk, the generated `nri::proto` ttrpc service, ttrpc 0.10 async), runs on a
 //! Tokio current-thread runtime as the agent does (`tap_bin_support::Threads::One`),
-//! subscribes to exactly the agent's events (`convert::SUBSCRIBED_EVENTS`) and answers every
-//! call with an empty response. The start-path benchmark runs it as row (f): what the NRI hop
+//! subscribes to exactly the agent's events (`convert::SUBSCRIBED_EVENTS`), decodes them as
+//! the agent does (`nri::lazy`: StopContainer and state changes only to the container's id)
+//! and answers every call with an empty response. The start-path benchmark runs it as row (f): what the NRI hop
 //! costs a plugin on this stack, under the agent's own work (docs/start-path.md).
 //!
 //! It counts the calls it answered and prints them when it ends (SIGTERM, Ctrl-C, the
@@ -16,10 +17,11 @@ use async_trait::async_trait;
 use clap::Parser;
 use node_agent::nri::connection::Connection;
 use node_agent::nri::convert::{event_mask, SUBSCRIBED_EVENTS};
+use node_agent::nri::lazy::{plugin_service, LazyEvent, LazyHooks, LazyStop};
 use node_agent::nri::proto::{
     self, ConfigureRequest, ConfigureResponse, CreateContainerRequest, CreateContainerResponse,
-    Empty, Event, StateChangeEvent, StopContainerRequest, StopContainerResponse,
-    SynchronizeRequest, SynchronizeResponse, UpdateContainerRequest, UpdateContainerResponse,
+    Empty, Event, StopContainerResponse, SynchronizeRequest, SynchronizeResponse,
+    UpdateContainerRequest, UpdateContainerResponse,
 };
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -132,23 +134,19 @@ impl proto::Plugin for Noop {
         bump(&self.calls.update);
         Ok(UpdateContainerResponse::new())
     }
+}
 
-    async fn stop_container(
-        &self,
-        _ctx: &TtrpcContext,
-        _req: StopContainerRequest,
-    ) -> ttrpc::Result<StopContainerResponse> {
+/// StopContainer and the state changes, decoded as the agent decodes them (`nri::lazy`).
+#[async_trait]
+impl LazyHooks for Noop {
+    async fn stop_container(&self, _req: LazyStop) -> ttrpc::Result<StopContainerResponse> {
         bump(&self.calls.stop);
         Ok(StopContainerResponse::new())
     }
 
-    async fn state_change(
-        &self,
-        _ctx: &TtrpcContext,
-        req: StateChangeEvent,
-    ) -> ttrpc::Result<Empty> {
+    async fn state_change(&self, req: LazyEvent) -> ttrpc::Result<Empty> {
         let c = &self.calls;
-        bump(match req.event.enum_value() {
+        bump(match req.event {
             Ok(Event::POST_START_CONTAINER) => &c.post_start,
             Ok(Event::POST_UPDATE_CONTAINER) => &c.post_update,
             Ok(Event::REMOVE_CONTAINER) => &c.remove,
@@ -171,7 +169,7 @@ async fn serve(args: Args) -> Result<()> {
         calls: Calls::default(),
         shutdown: CancellationToken::new(),
     });
-    let conn = Connection::open(&args.nri_socket, noop.clone()).await?;
+    let conn = Connection::open(&args.nri_socket, plugin_service(noop.clone())).await?;
     conn.register(&args.name, &args.index)
         .await
         .context("RegisterPlugin")?;

@@ -1,5 +1,5 @@
 //! One NRI connection as a plugin holds it: the Unix socket to the runtime, the multiplexer
-//! over it ([`mux`]), our ttrpc server of a [`proto::Plugin`] service on connection 1 and the
+//! over it ([`mux`]), our ttrpc server of a `Plugin` service on connection 1 and the
 //! runtime's client on connection 2. The agent's sessions (`nri::run`) and the no-op
 //! plugin of the start-path benchmark (`tap-nri-noop`, row (f) of docs/start-path.md) open it
 //! the same way, so the benchmark measures the agent's own transport.
@@ -7,12 +7,12 @@
 use super::{mux, proto};
 use futures_util::StreamExt;
 use proto::{RegisterPluginRequest, RuntimeClient};
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use ttrpc::r#async::transport::{Listener, Socket};
-use ttrpc::r#async::{Client, Server};
+use ttrpc::r#async::{Client, Server, Service};
 
 /// How long RegisterPlugin may take (the runtime's registration timeout is 5 s).
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -44,11 +44,12 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Connects to the runtime's NRI socket and serves `service` before anything is
-    /// registered: the runtime calls Configure as soon as it has the registration.
+    /// Connects to the runtime's NRI socket and serves `services` (a plugin's
+    /// [`super::lazy::plugin_service`]) before anything is registered: the runtime calls
+    /// Configure as soon as it has the registration.
     pub async fn open(
         socket: &Path,
-        service: Arc<dyn proto::Plugin + Send + Sync>,
+        services: HashMap<String, Service>,
     ) -> Result<Connection, OpenError> {
         let stream = tokio::net::UnixStream::connect(socket)
             .await
@@ -69,7 +70,7 @@ impl Connection {
                 .chain(futures_util::stream::pending()),
         );
         let mut server = Server::new()
-            .register_service(proto::create_plugin(service))
+            .register_service(services)
             .add_listener(listener);
         if let Err(e) = server.start().await {
             trunk.close();
