@@ -449,7 +449,7 @@ impl Agent {
                     pod = %c.pod.name,
                     namespace = %c.pod.namespace,
                     cpus = %p.cpus,
-                    mems = ?p.mems.map(|m| m.to_string()),
+                    mems = p.mems.as_ref().map(tracing::field::display),
                     pool = %self.pool_label(&p),
                     exclusive = p.exclusive,
                     reason = %p.reason,

@@ -287,6 +287,30 @@ fn print_summary(rows: &[Row], n: usize) {
             of(&|r| r.remove.cpu.total)
         );
     }
+    // Rounds differ more than builds do: each agent against the first, round by round.
+    let others: std::collections::BTreeSet<&str> = rows
+        .iter()
+        .map(|r| r.plugin.as_str())
+        .filter(|n| n.starts_with("agent") && *n != "agent")
+        .collect();
+    for name in others {
+        let diffs: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.plugin == name)
+            .filter_map(|r| {
+                let base = rows
+                    .iter()
+                    .find(|b| b.round == r.round && b.plugin == "agent")?;
+                Some(per(r.start.cpu.total, n) - per(base.start.cpu.total, n))
+            })
+            .collect();
+        let better = diffs.iter().filter(|d| **d < 0.0).count();
+        println!(
+            "{name} - agent, round by round: median {:+.1} µs per start ({better} of {} rounds lower)",
+            median(diffs.clone()),
+            diffs.len()
+        );
+    }
     println!("load average: {}", util::load_average());
 }
 

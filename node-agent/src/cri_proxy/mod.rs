@@ -598,17 +598,37 @@ pub async fn serve(
     shutdown: CancellationToken,
     grace: Duration,
 ) {
+    serve_calls(listener, shutdown, grace, move |req| {
+        let p = proxy.clone();
+        async move { p.handle(req).await }
+    })
+    .await
+}
+
+/// Serves HTTP/2 on `listener`, each call answered by `handle`, as [`serve`] does (the same
+/// windows and graceful stop). The start-path benchmark's pass-through relay
+/// (`tap-cri-relay`, its row (g)) serves [`Upstream::forward`] with it: the proxy's transport
+/// without the proxy's work.
+pub async fn serve_calls<H, F>(
+    listener: tokio::net::UnixListener,
+    shutdown: CancellationToken,
+    grace: Duration,
+    handle: H,
+) where
+    H: Fn(hyper::Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = hyper::Response<ProxyBody>> + Send + 'static,
+{
     let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     h2.initial_stream_window_size(grpc::STREAM_WINDOW)
         .initial_connection_window_size(grpc::CONNECTION_WINDOW);
     let h2 = Arc::new(h2);
     crate::proxy_server::serve_connections(listener, shutdown, grace, move |stream, stop| {
-        let p = proxy.clone();
+        let handle = handle.clone();
         let h2 = h2.clone();
         async move {
             let svc = hyper::service::service_fn(move |req| {
-                let p = p.clone();
-                async move { Ok::<_, std::convert::Infallible>(p.handle(req).await) }
+                let f = handle(req);
+                async move { Ok::<_, std::convert::Infallible>(f.await) }
             });
             let conn = h2.serve_connection(TokioIo::new(stream), svc);
             tokio::pin!(conn);

@@ -46,11 +46,13 @@ use tap_engine::{CpuSet, NodeSet};
 /// The longest a create waits for the kubelet's device allocation (pod-resources API).
 pub const DEVICE_LOOKUP_MAX: Duration = Duration::from_millis(250);
 
-/// The span of one hook (a create, update, stop or remove as a mode sees it): every log line of
-/// the hook carries the hook, the mode and, once the ledger knows them, the Pod, its namespace
-/// and the container.
+/// The span of one hook (a create, update, stop or remove as a mode sees it): with
+/// `TAP_LOG=debug` every log line of the hook carries the hook, the mode and, once the ledger
+/// knows them, the Pod, its namespace and the container. At the default level it is off: a
+/// span per hook was a fifth of the agent's CPU per container start (docs/start-path.md,
+/// fifth part), and the lines a user sees at info and above name the container themselves.
 pub fn hook_span(hook: &'static str, mode: &'static str) -> tracing::Span {
-    tracing::info_span!(
+    tracing::debug_span!(
         "hook",
         hook,
         mode,
@@ -431,7 +433,7 @@ impl Ledger {
                 },
             )
             .await
-            .unwrap_or_default();
+            .unwrap_or_else(|| self.failed_open("create", &key));
         // The neighbours the decision changed may be written now (NRI carries them on this
         // very answer); a refused create marks them again when it is undone.
         let neighbours = adjustment.updates.iter().map(|u| u.container_id.clone());
@@ -441,6 +443,22 @@ impl Ledger {
             phase: Phase::Create,
             adjustment,
         }
+    }
+
+    /// The answer of a decision that failed (its error was logged without the container: the
+    /// hook span is off at the default level): says which container runs unadjusted.
+    fn failed_open(&self, hook: &'static str, key: &str) -> Adjustment {
+        let b = self.book();
+        let (pod, namespace, name) = match b.entries.get(key) {
+            Some(e) => (
+                e.info.pod().name.as_str(),
+                e.info.pod().namespace.as_str(),
+                e.info.name(),
+            ),
+            None => ("", "", ""),
+        };
+        tracing::warn!(hook, container = %key, name, pod, namespace, "left unadjusted: the decision failed");
+        Adjustment::default()
     }
 
     /// Adds the devices the kubelet allocated to the container (fails open: without them the
@@ -627,7 +645,7 @@ impl Ledger {
                 },
             )
             .await
-            .unwrap_or_default();
+            .unwrap_or_else(|| self.failed_open("update", &key));
         Ticket {
             key,
             phase: Phase::Update,

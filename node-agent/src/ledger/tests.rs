@@ -379,8 +379,10 @@ async fn a_late_decision_is_released_and_the_create_goes_unadjusted() {
     assert_eq!(l.keys(), vec!["late"], "known, unmanaged");
 }
 
+/// At the default level the hook span is off and the placed line names the Pod, namespace and
+/// container itself; with `TAP_LOG=debug` the span adds the hook's context to every line.
 #[test]
-fn a_hook_span_carries_the_pod_namespace_and_container() {
+fn the_placed_line_names_the_container_and_at_debug_the_hook_span_too() {
     #[derive(Clone, Default)]
     struct Buf(Arc<std::sync::Mutex<Vec<u8>>>);
     impl std::io::Write for Buf {
@@ -397,6 +399,7 @@ fn a_hook_span_carries_the_pod_namespace_and_container() {
     let sub = tracing_subscriber::fmt()
         .with_writer(move || w.clone())
         .with_ansi(false)
+        .with_max_level(tracing::Level::DEBUG)
         .finish();
     // Global: the decision runs on a blocking thread. No other test sets a subscriber.
     tracing::subscriber::set_global_default(sub).expect("the only global subscriber");
@@ -420,16 +423,35 @@ fn a_hook_span_carries_the_pod_namespace_and_container() {
         .lines()
         .find(|l| l.contains("placed") && l.contains("pod-spanned"))
         .unwrap_or_else(|| panic!("no placement logged: {out}"));
+    let (span, own) = placed
+        .split_once(": placed ")
+        .unwrap_or_else(|| panic!("not a placed line: {placed}"));
+    for want in [
+        "hook=\"create\"",
+        "pod=pod-spanned",
+        "namespace=default",
+        "container=spanned",
+    ] {
+        assert!(
+            own.contains(want),
+            "{want} missing in the line's own fields: {placed}"
+        );
+    }
     for want in [
         "hook{",
         "hook=\"create\"",
         "mode=\"test\"",
         "pod=\"pod-spanned\"",
-        "namespace=",
-        "container=",
     ] {
-        assert!(placed.contains(want), "{want} missing in: {placed}");
+        assert!(span.contains(want), "{want} missing in the span: {placed}");
     }
+    // At info the span is off.
+    let info = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    tracing::subscriber::with_default(info, || {
+        assert!(hook_span("create", "test").is_disabled());
+    });
 }
 
 #[tokio::test]

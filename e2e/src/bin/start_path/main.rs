@@ -12,6 +12,8 @@
 //!      hack/e2e/setup-nri-plugins.sh could build it (skipped, with the reason, otherwise)
 //!   e  a no-op NRI plugin in Go, on containerd's NRI stub (hack/e2e/nri-noop)
 //!   f  a no-op NRI plugin in Rust on kunpeng-tap's own transport (`tap-nri-noop`)
+//!   g  a pass-through CRI proxy on kunpeng-tap's own proxy transport (`tap-cri-relay`): the
+//!      calls go through its socket, as in (c)
 //! kunpeng-tap decides on a 96-CPU fixture folded onto this host (`--fold-cpus-to-host`), so
 //! the cpusets runc applies are valid here. `--rounds` repeats the setups in turn, each round
 //! starting one setup later (a b c, b c a, c a b, ...), so drift in the machine's load is spread
@@ -55,8 +57,8 @@ struct Args {
     /// Times every setup runs, in turn.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
-    /// Setups to run (a, b, c, d, e, f), comma-separated.
-    #[arg(long, default_value = "a,b,c,d,e,f", value_delimiter = ',')]
+    /// Setups to run (a, b, c, d, e, f, g), comma-separated.
+    #[arg(long, default_value = "a,b,c,d,e,f,g", value_delimiter = ',')]
     setups: Vec<char>,
     /// The kunpeng-tap binary (default: `cargo build --release` of node-agent).
     #[arg(long, env = "TAP_BIN")]
@@ -71,6 +73,10 @@ struct Args {
     /// tap-e2e's `tap-nri-noop`).
     #[arg(long)]
     nri_noop_rs: Option<PathBuf>,
+    /// The pass-through CRI proxy on kunpeng-tap's transport (default: `cargo build
+    /// --release` of tap-e2e's `tap-cri-relay`).
+    #[arg(long)]
+    cri_relay: Option<PathBuf>,
     /// Keep the agent logs of each run in this folder.
     #[arg(long)]
     keep_logs: Option<PathBuf>,
@@ -234,6 +240,7 @@ fn agent_means(text: &str) -> BTreeMap<String, (f64, u64)> {
 struct Bins {
     agent: Option<PathBuf>,
     noop_rs: Option<PathBuf>,
+    relay: Option<PathBuf>,
 }
 
 async fn run_setup(setup: char, args: &Args, bins: &Bins) -> Result<Samples> {
@@ -276,6 +283,12 @@ async fn run_setup(setup: char, args: &Args, bins: &Bins) -> Result<Samples> {
             );
             ctd.cri_socket()
         }
+        'g' => {
+            let bin = bins.relay.as_deref().context("no tap-cri-relay binary")?;
+            let relay = dir.join("relay.sock");
+            external = Some(start_relay(bin, &relay, &ctd, &dir)?);
+            relay
+        }
         _ => bail!("unknown setup {setup}"),
     };
     let plugin_pid = agent
@@ -313,6 +326,9 @@ async fn run_setup(setup: char, args: &Args, bins: &Bins) -> Result<Samples> {
     if setup == 'f' && res.is_ok() {
         check_noop_calls(&dir.join("nri-plugins.log"), args.warmup + args.containers)?;
     }
+    if setup == 'g' && res.is_ok() {
+        check_relay_calls(&dir.join("nri-plugins.log"), args.warmup + args.containers)?;
+    }
     res
 }
 
@@ -341,6 +357,59 @@ fn check_noop_calls(log: &Path, containers: usize) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Every container of the run went through tap-cri-relay: the line it printed when it ended
+/// counts a CreateContainer and a StartContainer for each (`containers`).
+fn check_relay_calls(log: &Path, containers: usize) -> Result<()> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("tap-cri-relay calls:"))
+        .with_context(|| format!("tap-cri-relay printed no calls:\n{text}"))?;
+    let count = |key: &str| {
+        line.split_whitespace().find_map(|w| {
+            w.strip_prefix(key)?
+                .strip_prefix('=')?
+                .parse::<usize>()
+                .ok()
+        })
+    };
+    for key in ["create", "start"] {
+        ensure!(
+            count(key) == Some(containers),
+            "tap-cri-relay relayed {key} {:?} times, not {containers}: {line}",
+            count(key)
+        );
+    }
+    Ok(())
+}
+
+/// Starts the pass-through relay on `listen` in front of containerd's CRI socket; returns
+/// once the socket is there.
+fn start_relay(bin: &Path, listen: &Path, ctd: &Containerd, dir: &Path) -> Result<ExternalPlugin> {
+    let log = std::fs::File::create(dir.join("nri-plugins.log"))?;
+    let child = Command::new(bin)
+        .arg(format!("--listen={}", listen.display()))
+        .arg(format!("--upstream={}", ctd.cri_socket().display()))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut p = ExternalPlugin { child };
+    let until = Instant::now() + Duration::from_secs(30);
+    while !listen.exists() {
+        if let Some(st) = p.child.try_wait()? {
+            bail!("{} exited ({st})", bin.display());
+        }
+        ensure!(
+            Instant::now() < until,
+            "tap-cri-relay did not listen in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(p)
 }
 
 fn nri_args(ctd: &Containerd, dir: &Path) -> Vec<String> {
@@ -474,6 +543,10 @@ fn main() -> Result<()> {
             true => Some(binary(&args.nri_noop_rs, "tap-e2e", "tap-nri-noop")?),
             false => None,
         },
+        relay: match needs(&['g']) {
+            true => Some(binary(&args.cri_relay, "tap-e2e", "tap-cri-relay")?),
+            false => None,
+        },
     };
     let mut setups = Vec::new();
     let mut skipped = Vec::new();
@@ -494,8 +567,8 @@ fn main() -> Result<()> {
                     args.nri_noop.display()
                 ),
             )),
-            'a' | 'b' | 'c' | 'd' | 'e' | 'f' => setups.push(*s),
-            other => bail!("unknown setup {other:?} (a, b, c, d, e or f)"),
+            'a' | 'b' | 'c' | 'd' | 'e' | 'f' | 'g' => setups.push(*s),
+            other => bail!("unknown setup {other:?} (a, b, c, d, e, f or g)"),
         }
     }
     let rt = tokio::runtime::Builder::new_current_thread()

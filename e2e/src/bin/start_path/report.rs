@@ -14,6 +14,7 @@ pub fn setup_name(s: char) -> &'static str {
         'd' => "(d) nri-plugins topology-aware v0.12.1",
         'e' => "(e) no-op NRI plugin (Go, containerd's NRI stub)",
         'f' => "(f) no-op NRI plugin (Rust, kunpeng-tap's own transport)",
+        'g' => "(g) pass-through CRI proxy (Rust, kunpeng-tap's own transport)",
         _ => "?",
     }
 }
