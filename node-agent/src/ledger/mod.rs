@@ -68,6 +68,11 @@ fn record_on_span(info: &ContainerInfo) {
 }
 
 fn record_names_on_span(pod: &PodInfo, container: &str) {
+    // The hook span is a debug span: below that level there is nothing to record on, and
+    // finding the current span is not free (it showed in the remove path's profile).
+    if tracing::level_filters::LevelFilter::current() < tracing::Level::DEBUG {
+        return;
+    }
     let span = tracing::Span::current();
     span.record("pod", pod.name.as_str());
     span.record("namespace", pod.namespace.as_str());
