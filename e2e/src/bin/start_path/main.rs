@@ -149,6 +149,42 @@ impl Drop for ExternalPlugin {
     }
 }
 
+impl ExternalPlugin {
+    /// Starts `bin` with `args`, its output in `<dir>/nri-plugins.log`, and waits up to
+    /// `secs` for `ready` (checked every 100 ms); fails if it exits first (with its log).
+    fn start(
+        bin: &Path,
+        args: &[String],
+        dir: &Path,
+        (secs, ready): (u64, impl Fn() -> bool),
+    ) -> Result<ExternalPlugin> {
+        let log_path = dir.join("nri-plugins.log");
+        let log = std::fs::File::create(&log_path)?;
+        let child = Command::new(bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut p = ExternalPlugin { child };
+        let until = Instant::now() + Duration::from_secs(secs);
+        while !ready() {
+            if let Some(st) = p.child.try_wait()? {
+                let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+                bail!("{} exited ({st}):\n{text}", bin.display());
+            }
+            ensure!(
+                Instant::now() < until,
+                "{} was not ready in {secs} s",
+                bin.display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(p)
+    }
+}
+
 /// Starts the nri-plugins topology-aware plugin with a local config file (no API server: its
 /// `--config-file` replaces the custom resource) and waits until containerd has synchronized it.
 fn start_nri_plugins(bin: &Path, ctd: &Containerd, dir: &Path) -> Result<ExternalPlugin> {
@@ -174,35 +210,13 @@ fn start_external(
     ctd: &Containerd,
     dir: &Path,
 ) -> Result<ExternalPlugin> {
-    let log = std::fs::File::create(dir.join("nri-plugins.log"))?;
     // containerd 1.7 logs `plugin "<name>" connected` once it has synchronized a plugin.
     const CONNECTED: &str = " connected\"";
     let before = ctd_log_count(ctd, CONNECTED);
-    let child = Command::new(bin)
-        .arg(format!("--nri-socket={}", ctd.nri_socket().display()))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let mut p = ExternalPlugin { child };
-    let until = Instant::now() + Duration::from_secs(60);
-    while ctd_log_count(ctd, CONNECTED) <= before {
-        if let Some(st) = p.child.try_wait()? {
-            bail!(
-                "{} exited ({st}):\n{}",
-                bin.display(),
-                std::fs::read_to_string(dir.join("nri-plugins.log")).unwrap_or_default()
-            );
-        }
-        ensure!(
-            Instant::now() < until,
-            "the NRI plugin did not register in 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Ok(p)
+    let mut all = vec![format!("--nri-socket={}", ctd.nri_socket().display())];
+    all.extend_from_slice(args);
+    let registered = || ctd_log_count(ctd, CONNECTED) > before;
+    ExternalPlugin::start(bin, &all, dir, (60, registered))
 }
 
 fn ctd_log_count(ctd: &Containerd, needle: &str) -> usize {
@@ -323,24 +337,24 @@ async fn run_setup(setup: char, args: &Args, bins: &Bins) -> Result<Samples> {
     }
     drop(ctd);
     remove_cgroup_tree();
-    if setup == 'f' && res.is_ok() {
-        check_noop_calls(&dir.join("nri-plugins.log"), args.warmup + args.containers)?;
-    }
-    if setup == 'g' && res.is_ok() {
-        check_relay_calls(&dir.join("nri-plugins.log"), args.warmup + args.containers)?;
+    let (log, made) = (dir.join("nri-plugins.log"), args.warmup + args.containers);
+    match setup {
+        'f' if res.is_ok() => check_calls(&log, "tap-nri-noop", &["create", "post_start"], made)?,
+        'g' if res.is_ok() => check_calls(&log, "tap-cri-relay", &["create", "start"], made)?,
+        _ => {}
     }
     res
 }
 
-/// Every container of the run went through tap-nri-noop: the calls it printed when it ended
-/// count a create and a post-start for each (`containers`), so row (f) cannot measure a run
-/// without the plugin.
-fn check_noop_calls(log: &Path, containers: usize) -> Result<()> {
+/// Every container of the run went through the no-op plugin (f) or the relay (g): the line
+/// `<tool> calls: key=N ...` it printed when it ended counts each of `keys` once per container
+/// (`containers`), so these rows cannot measure a run without them.
+fn check_calls(log: &Path, tool: &str, keys: &[&str], containers: usize) -> Result<()> {
     let text = std::fs::read_to_string(log)?;
     let line = text
         .lines()
-        .find(|l| l.starts_with("tap-nri-noop calls:"))
-        .with_context(|| format!("tap-nri-noop printed no calls:\n{text}"))?;
+        .find(|l| l.starts_with(&format!("{tool} calls:")))
+        .with_context(|| format!("{tool} printed no calls:\n{text}"))?;
     let count = |key: &str| {
         line.split_whitespace().find_map(|w| {
             w.strip_prefix(key)?
@@ -349,36 +363,10 @@ fn check_noop_calls(log: &Path, containers: usize) -> Result<()> {
                 .ok()
         })
     };
-    for key in ["create", "post_start"] {
+    for key in keys {
         ensure!(
             count(key) == Some(containers),
-            "tap-nri-noop answered {key} {:?} times, not {containers}: {line}",
-            count(key)
-        );
-    }
-    Ok(())
-}
-
-/// Every container of the run went through tap-cri-relay: the line it printed when it ended
-/// counts a CreateContainer and a StartContainer for each (`containers`).
-fn check_relay_calls(log: &Path, containers: usize) -> Result<()> {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("tap-cri-relay calls:"))
-        .with_context(|| format!("tap-cri-relay printed no calls:\n{text}"))?;
-    let count = |key: &str| {
-        line.split_whitespace().find_map(|w| {
-            w.strip_prefix(key)?
-                .strip_prefix('=')?
-                .parse::<usize>()
-                .ok()
-        })
-    };
-    for key in ["create", "start"] {
-        ensure!(
-            count(key) == Some(containers),
-            "tap-cri-relay relayed {key} {:?} times, not {containers}: {line}",
+            "{tool} counted {key} {:?} times, not {containers}: {line}",
             count(key)
         );
     }
@@ -388,28 +376,11 @@ fn check_relay_calls(log: &Path, containers: usize) -> Result<()> {
 /// Starts the pass-through relay on `listen` in front of containerd's CRI socket; returns
 /// once the socket is there.
 fn start_relay(bin: &Path, listen: &Path, ctd: &Containerd, dir: &Path) -> Result<ExternalPlugin> {
-    let log = std::fs::File::create(dir.join("nri-plugins.log"))?;
-    let child = Command::new(bin)
-        .arg(format!("--listen={}", listen.display()))
-        .arg(format!("--upstream={}", ctd.cri_socket().display()))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let mut p = ExternalPlugin { child };
-    let until = Instant::now() + Duration::from_secs(30);
-    while !listen.exists() {
-        if let Some(st) = p.child.try_wait()? {
-            bail!("{} exited ({st})", bin.display());
-        }
-        ensure!(
-            Instant::now() < until,
-            "tap-cri-relay did not listen in 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(p)
+    let args = [
+        format!("--listen={}", listen.display()),
+        format!("--upstream={}", ctd.cri_socket().display()),
+    ];
+    ExternalPlugin::start(bin, &args, dir, (30, || listen.exists()))
 }
 
 fn nri_args(ctd: &Containerd, dir: &Path) -> Vec<String> {
