@@ -566,6 +566,23 @@ pub async fn start_agent(dir: &Path, sysfs: &Path) -> Result<AgentOnRuntime> {
     })
 }
 
+/// The agent's flags in the start-path benchmark's NRI row (b) and in `tap-nri-hop`: NRI mode
+/// on `socket`, topology-aware on the sysfs fixture `fixture` folded onto this host, its state
+/// in `state_dir`.
+pub fn bench_agent_args(socket: &Path, fixture: &str, state_dir: &Path) -> Vec<String> {
+    vec![
+        "--container-runtime-mode=NRI".into(),
+        format!("--nri-socket-path={}", socket.display()),
+        "--resource-policy=topology-aware".into(),
+        format!(
+            "--sysfs-root={}",
+            crate::util::fixture_dir(fixture).display()
+        ),
+        "--fold-cpus-to-host".into(),
+        format!("--state-dir={}", state_dir.display()),
+    ]
+}
+
 /// The sum of every sample of metric `name` (any labels) in a Prometheus text exposition.
 pub fn metric_sum(text: &str, name: &str) -> f64 {
     text.lines()

@@ -29,7 +29,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tap_e2e::cpumeter::{CpuMeter, Used};
 use tap_e2e::docker::TapAgent;
-use tap_e2e::nri_runtime::{adjusted_cpus, container, pod, NriRuntime, PluginSession, Qos};
+use tap_e2e::nri_runtime::{
+    adjusted_cpus, bench_agent_args, container, pod, NriRuntime, PluginSession, Qos,
+};
+use tap_e2e::stats::Summary;
 use tap_e2e::util::{self, RmDir};
 
 #[derive(Parser, Debug)]
@@ -113,17 +116,6 @@ struct Row {
     with_cpuset: usize,
 }
 
-fn agent_args(socket: &Path, fixture: &str, dir: &Path) -> Vec<String> {
-    vec![
-        "--container-runtime-mode=NRI".into(),
-        format!("--nri-socket-path={}", socket.display()),
-        "--resource-policy=topology-aware".into(),
-        format!("--sysfs-root={}", util::fixture_dir(fixture).display()),
-        "--fold-cpus-to-host".into(),
-        format!("--state-dir={}", dir.join("state").display()),
-    ]
-}
-
 async fn start_plugin(name: String, bin: &Path, args: &Args, dir: &Path) -> Result<Plugin> {
     let dir = dir.join(&name);
     std::fs::create_dir_all(&dir)?;
@@ -137,7 +129,10 @@ async fn start_plugin(name: String, bin: &Path, args: &Args, dir: &Path) -> Resu
     let log = dir.join("plugin.log");
     let process = match name.starts_with("agent") {
         true => {
-            let (bin, a) = (bin.to_path_buf(), agent_args(&socket, &args.fixture, &dir));
+            let (bin, a) = (
+                bin.to_path_buf(),
+                bench_agent_args(&socket, &args.fixture, &dir.join("state")),
+            );
             let agent = tokio::task::spawn_blocking(move || TapAgent::start_binary(&bin, &a, &log))
                 .await??;
             Process::Agent(agent)
@@ -230,18 +225,13 @@ fn per(d: Duration, n: usize) -> f64 {
     d.as_secs_f64() * 1e6 / n.max(1) as f64
 }
 
-fn percentile(trips: &[Duration], q: f64) -> f64 {
-    let mut v: Vec<f64> = trips.iter().map(|d| d.as_secs_f64() * 1e6).collect();
-    v.sort_by(f64::total_cmp);
-    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len().max(1));
-    v.get(rank - 1).copied().unwrap_or(0.0)
-}
-
 fn print_rows(rows: &[Row], n: usize) {
     println!("| round | plugin | CPU per start µs (user / system) | CPU per removal µs | create+post-start p50 / p99 µs | answers with a cpuset |");
     println!("|---:|---|---:|---:|---:|---:|");
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
     for r in rows {
         let s = &r.start.cpu;
+        let trips = Summary::of(&r.start.trips);
         println!(
             "| {} | {} | {:.1} ({:.1} / {:.1}) | {:.1} | {:.0} / {:.0} | {} of {n} |",
             r.round + 1,
@@ -250,8 +240,8 @@ fn print_rows(rows: &[Row], n: usize) {
             per(s.user, n),
             per(s.system, n),
             per(r.remove.cpu.total, n),
-            percentile(&r.start.trips, 0.5),
-            percentile(&r.start.trips, 0.99),
+            trips.map_or(0.0, |t| us(t.p50)),
+            trips.map_or(0.0, |t| us(t.p99)),
             r.with_cpuset,
         );
     }

@@ -64,11 +64,13 @@ fn fields(
     buf: &[u8],
     range: Range<usize>,
 ) -> impl Iterator<Item = Result<(u64, Value), WireError>> + '_ {
+    // Nothing past the range is read.
+    let buf = &buf[..range.end.min(buf.len())];
+    let end = buf.len();
     let mut at = range.start;
-    let end = range.end.min(buf.len());
     std::iter::from_fn(move || {
         (at < end).then(|| {
-            let key = varint(&buf[..end], &mut at)?;
+            let key = varint(buf, &mut at)?;
             let skip = |at: &mut usize, n: usize| match at.checked_add(n) {
                 Some(to) if to <= end => {
                     *at = to;
@@ -77,12 +79,12 @@ fn fields(
                 _ => Err(WireError::Truncated),
             };
             let value = match (key & 7) as u8 {
-                0 => Value::Varint(varint(&buf[..end], &mut at)?),
+                0 => Value::Varint(varint(buf, &mut at)?),
                 1 => skip(&mut at, 8)?,
                 5 => skip(&mut at, 4)?,
                 2 => {
-                    let len = usize::try_from(varint(&buf[..end], &mut at)?)
-                        .map_err(|_| WireError::Truncated)?;
+                    let len =
+                        usize::try_from(varint(buf, &mut at)?).map_err(|_| WireError::Truncated)?;
                     let start = at;
                     skip(&mut at, len)?;
                     Value::Bytes(start..at)

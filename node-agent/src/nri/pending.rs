@@ -147,16 +147,7 @@ impl Pending {
             calls.parked = true;
             return None;
         }
-        let due: Vec<String> = calls
-            .by_id
-            .iter()
-            .filter(|(_, h)| h.due <= now)
-            .map(|(id, _)| id.clone())
-            .collect();
-        let out = due
-            .into_iter()
-            .filter_map(|id| calls.by_id.remove_entry(&id))
-            .collect();
+        let out = calls.by_id.extract_if(|_, h| h.due <= now).collect();
         Some((out, calls.tick))
     }
 }

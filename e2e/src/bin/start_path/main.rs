@@ -33,8 +33,9 @@ use tap_e2e::containerd::{
 };
 use tap_e2e::cpumeter::{proc_stat_cpu, CpuMeter, Reading, Used};
 use tap_e2e::docker::{terminate, TapAgent};
+use tap_e2e::nri_runtime::bench_agent_args;
 use tap_e2e::stats::{ms, Summary};
-use tap_e2e::util::{self, fixture_dir, RmDir};
+use tap_e2e::util::{self, RmDir};
 
 mod report;
 use report::{print_report, setup_name, Samples};
@@ -268,7 +269,8 @@ async fn run_setup(setup: char, args: &Args, bins: &Bins) -> Result<Samples> {
         'a' => ctd.cri_socket(),
         'b' => {
             let bin = bins.agent.as_deref().context("no agent binary")?;
-            agent = Some(start_agent(bin, &nri_args(&ctd, &dir), &dir)?);
+            let args = bench_agent_args(&ctd.nri_socket(), FIXTURE, &dir.join("state"));
+            agent = Some(start_agent(bin, &args, &dir)?);
             ctd.cri_socket()
         }
         'c' => {
@@ -381,17 +383,6 @@ fn start_relay(bin: &Path, listen: &Path, ctd: &Containerd, dir: &Path) -> Resul
         format!("--upstream={}", ctd.cri_socket().display()),
     ];
     ExternalPlugin::start(bin, &args, dir, (30, || listen.exists()))
-}
-
-fn nri_args(ctd: &Containerd, dir: &Path) -> Vec<String> {
-    vec![
-        "--container-runtime-mode=NRI".into(),
-        format!("--nri-socket-path={}", ctd.nri_socket().display()),
-        "--resource-policy=topology-aware".into(),
-        format!("--sysfs-root={}", fixture_dir(FIXTURE).display()),
-        "--fold-cpus-to-host".into(),
-        format!("--state-dir={}", dir.join("state").display()),
-    ]
 }
 
 fn start_agent(bin: &Path, args: &[String], dir: &Path) -> Result<TapAgent> {
