@@ -82,8 +82,9 @@ impl Run {
             churn::check_slowest_create(self.slowest)
         }
         .await;
-        if res.is_err() {
-            eprintln!("--- agent log ---\n{}", agent.log_tail(60));
+        if let Err(e) = &res {
+            // First, so that the reason survives a log shortened to its head and tail.
+            eprintln!("failed: {e:#}\n--- agent log ---\n{}", agent.log_tail(60));
         }
         res
     }

@@ -3,10 +3,12 @@
 //! Serves the CRI (v1) on a unix socket and forwards every call to the runtime's socket.
 //! Calls pass through at the HTTP/2 level ([`grpc`]): not decoded, so streaming calls, methods
 //! and fields newer than this build reach the runtime unchanged, and a pass-through call costs
-//! no more than relaying its frames. Four calls are looked into:
+//! no more than relaying its frames. Five calls are looked into:
 //! - CreateContainer gets its cpuset (and mems) and the grant record annotation, written as an
 //!   overlay after the kubelet's bytes (see [`grpc`]);
 //! - UpdateContainerResources is re-placed the same way;
+//! - StartContainer is forwarded unchanged, the loop's writes for that container held while
+//!   it is out (containerd 1.7 loses a write that overlaps a start: [`Ledger::begin_start`]);
 //! - StopContainer and RemoveContainer release (idempotently).
 //!
 //! At start the state is rebuilt from ListPodSandbox/PodSandboxStatus and
@@ -280,6 +282,7 @@ impl CriProxy {
 enum Intercept {
     Create,
     Update,
+    Start,
     Stop,
     Remove,
 }
@@ -340,6 +343,7 @@ fn intercept_of(path: &str) -> Option<Intercept> {
     match path.strip_prefix(RUNTIME_SERVICE)? {
         "CreateContainer" => Some(Intercept::Create),
         "UpdateContainerResources" => Some(Intercept::Update),
+        "StartContainer" => Some(Intercept::Start),
         "StopContainer" => Some(Intercept::Stop),
         "RemoveContainer" => Some(Intercept::Remove),
         _ => None,
@@ -387,6 +391,7 @@ impl CriProxy {
         let hook = match kind {
             Intercept::Create => "create",
             Intercept::Update => "update",
+            Intercept::Start => "start",
             Intercept::Stop => "stop",
             Intercept::Remove => "remove",
         };
@@ -394,6 +399,7 @@ impl CriProxy {
             match kind {
                 Intercept::Create => self.create_container(call, gone).await,
                 Intercept::Update => self.update_container_resources(call).await,
+                Intercept::Start => self.start_container(call).await,
                 Intercept::Stop => self.stop_or_remove(call, Release::Stopped).await,
                 Intercept::Remove => self.stop_or_remove(call, Release::Removed).await,
             }
@@ -556,6 +562,23 @@ impl CriProxy {
             ledger.commit_update(ticket)
         } else {
             ledger.abort(ticket)
+        }
+        reply(res)
+    }
+
+    /// StartContainer, forwarded unchanged while the loop holds its writes for the container.
+    async fn start_container(
+        &self,
+        call: Unary<hyper::http::request::Parts>,
+    ) -> hyper::Response<ProxyBody> {
+        let original = call.body.clone();
+        let ledger = &self.inner.ledger;
+        let started = self
+            .decode_call::<cri::StartContainerRequest>("start", &call)
+            .and_then(|r| ledger.begin_start(&r.container_id));
+        let res = self.send(call, original).await;
+        if let Some(key) = started {
+            ledger.end_start(&key);
         }
         reply(res)
     }
@@ -736,6 +759,10 @@ mod tests {
         assert_eq!(
             intercept_of("/runtime.v1.RuntimeService/CreateContainer"),
             Some(Intercept::Create)
+        );
+        assert_eq!(
+            intercept_of("/runtime.v1.RuntimeService/StartContainer"),
+            Some(Intercept::Start)
         );
         assert_eq!(
             intercept_of("/runtime.v1.ImageService/CreateContainer"),

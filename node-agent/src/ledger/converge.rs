@@ -173,10 +173,15 @@ impl Flight {
     }
 
     /// The hook's call is answered; `sent` is what it set when the runtime applied it. Returns
-    /// what the runtime holds as far as can be told (unknown after an overlap).
+    /// what the runtime holds as far as can be told (unknown after an overlap). A loop write
+    /// still out keeps the overlap: its answer is not trusted either.
     pub(super) fn settle_hook_write(&mut self, sent: Option<Applied>) -> Option<Applied> {
         self.hook_writing = false;
-        let overlapped = std::mem::take(&mut self.overlap);
+        let overlapped = if self.writing {
+            self.overlap
+        } else {
+            std::mem::take(&mut self.overlap)
+        };
         if overlapped {
             None
         } else {
@@ -347,6 +352,8 @@ impl Ledger {
             return;
         };
         e.flight.writing = false;
+        // A hook's call overlapped this write and was answered first: not trusted either.
+        let overlapped = !e.flight.hook_writing && std::mem::take(&mut e.flight.overlap);
         match result {
             Ok(()) => {
                 tracing::info!(container = %d.update.container_id, cpus = %d.update.cpus, "cpuset updated");
@@ -356,7 +363,7 @@ impl Ledger {
                 if e.flight.hook_writing {
                     // A hook's call for it is out too: order unknown until it is answered.
                     e.flight.overlap = true;
-                } else if current {
+                } else if current && !overlapped {
                     e.applied = Some(Applied::new(d.update.cpus, d.update.mems));
                 } else {
                     e.applied = None;
@@ -367,7 +374,8 @@ impl Ledger {
                 // A write that timed out or was cut off may still land later: what the runtime
                 // holds is unknown until a later write or read-back says. A refusal changed
                 // nothing.
-                if matches!(err, WriteError::Timeout(_) | WriteError::Unreachable(_)) {
+                if overlapped || matches!(err, WriteError::Timeout(_) | WriteError::Unreachable(_))
+                {
                     e.applied = None;
                 }
                 e.flight.failures = e.flight.failures.saturating_add(1);

@@ -698,6 +698,32 @@ impl Ledger {
         self.dirty.mark(neighbours.chain(std::iter::once(t.key)));
     }
 
+    /// The runtime is asked to start a container (a proxy forwards StartContainer). containerd
+    /// 1.7 puts a cpuset write for a container that is not running yet in its spec only, and a
+    /// start under way runs the container with the spec it read before: a write that overlaps
+    /// the start can be answered and never reach the cgroup. So the loop holds this container's
+    /// writes until [`Ledger::end_start`], and a write it had out already is sent again then.
+    /// Returns the key to end the start with, if the container is in the book.
+    pub fn begin_start(&self, id: &str) -> Option<String> {
+        let mut b = self.book();
+        let key = b.resolve(id)?;
+        b.entries.get_mut(key.as_str())?.flight.hook_write_begins();
+        Some(key)
+    }
+
+    /// The start [`Ledger::begin_start`] announced was answered (whatever the answer): what
+    /// the runtime holds is as before, unless a loop write overlapped the start (then it is
+    /// unknown and written again); the writes held meanwhile go now.
+    pub fn end_start(&self, key: &str) {
+        let mut b = self.book();
+        if let Some(e) = b.entries.get_mut(key) {
+            let held = e.applied.take();
+            e.applied = e.flight.settle_hook_write(held);
+        }
+        drop(b);
+        self.dirty.mark([key.to_string()]);
+    }
+
     /// A container stopped or was removed: its grant is released (idempotent), and the
     /// neighbours that get CPUs back are marked for the convergence loop.
     pub fn release(&self, id: &str, why: Release) {

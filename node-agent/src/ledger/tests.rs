@@ -661,6 +661,61 @@ async fn a_write_overlapping_a_resize_is_not_trusted() {
     );
 }
 
+/// containerd 1.7 applies a cpuset write that reaches a container being started to its spec
+/// only, and the start runs the container with the spec it read before: the loop holds the
+/// container's writes while its start is out, and sends them when it is answered.
+#[tokio::test]
+async fn writes_wait_for_a_start_under_way() {
+    let l = Ledger::new(agent(), None);
+    let rt = Recorder::default();
+    let _ = one_shared_per_node(&l).await;
+    // Each shared container's start is out (the one the exclusive create shrinks among them).
+    let keys: Vec<String> = (0..4)
+        .map(|i| l.begin_start(&format!("ids{i}")).expect("in the book"))
+        .collect();
+    let _ = created(&l, container("g", "guaranteed", 4, 4), "idg").await;
+    let (_, sent) = l.converge_once(&rt).await;
+    assert!(!sent && rt.writes().is_empty(), "held: {:?}", rt.writes());
+    assert_eq!(l.pending_updates().len(), 1, "still wanted");
+    for k in &keys {
+        l.end_start(k);
+    }
+    l.converge_once(&rt).await;
+    assert_eq!(rt.writes().len(), 1, "{:?}", rt.writes());
+    assert!(l.pending_updates().is_empty());
+    assert_no_shared_on_exclusive(&l);
+}
+
+/// A loop write already out when a start begins may land in the spec the start has read, or
+/// not: whichever is answered first, the write is not trusted and goes again.
+#[tokio::test]
+async fn a_write_overlapping_a_start_is_sent_again() {
+    for start_answered_first in [true, false] {
+        let l = Ledger::new(agent(), None);
+        let _ = one_shared_per_node(&l).await;
+        let _ = created(&l, container("g", "guaranteed", 4, 4), "idg").await;
+        let due = l.take_due(std::time::Instant::now());
+        assert_eq!(due.writes.len(), 1);
+        let key = l
+            .begin_start(&due.writes[0].update.container_id)
+            .expect("in the book");
+        if start_answered_first {
+            l.end_start(&key);
+        }
+        for d in due.writes {
+            l.settle(d, Ok(()));
+        }
+        if !start_answered_first {
+            l.end_start(&key);
+        }
+        assert_eq!(
+            l.pending_updates().len(),
+            1,
+            "start answered first: {start_answered_first}"
+        );
+    }
+}
+
 /// Finding 9 (and restarts behind the agent's back): a container stopped through the proxy
 /// and started again is adopted anew by the next reconcile, not left "known" without a grant.
 #[tokio::test]
