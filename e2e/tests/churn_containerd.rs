@@ -122,7 +122,12 @@ async fn phases(ctd: &mut Containerd, dir: &Path, mode: Mode) -> Result<()> {
             // (docs/reliability.md).
             run.create_pair(false, false).await?;
         }
-        run.at_rest("a write during a start", &agent).await?;
+        let took = run.at_rest("a write during a start", &agent).await?;
+        // The held write goes when the start is answered, not at the loop's next sweep (30 s).
+        ensure!(
+            took < Duration::from_secs(10),
+            "the write held during a start went only after {took:?}"
+        );
         if mode == Mode::CriProxy {
             // NRI: the shrunk neighbours' updates ride on the create's answer, which containerd
             // applies before it answers the kubelet, so a neighbour's hung shim holds the
@@ -151,7 +156,8 @@ impl Run {
     async fn soak(&mut self, agent: &TapAgent) -> Result<()> {
         churn::soak(async |seed, n| {
             self.churn(seed).await?;
-            self.at_rest(&format!("soak round {n}"), agent).await
+            self.at_rest(&format!("soak round {n}"), agent).await?;
+            Ok(())
         })
         .await
     }
@@ -284,9 +290,9 @@ impl Run {
         Ok(out)
     }
 
-    async fn at_rest(&self, phase: &str, agent: &TapAgent) -> Result<()> {
-        churn::wait_at_rest(phase, &agent.metrics_addr, async || self.live().await).await?;
-        Ok(())
+    /// Waits until the books and the cgroups agree; returns how long that took.
+    async fn at_rest(&self, phase: &str, agent: &TapAgent) -> Result<Duration> {
+        churn::wait_at_rest(phase, &agent.metrics_addr, async || self.live().await).await
     }
 
     /// An exclusive container stopped and removed on containerd directly (the proxy never

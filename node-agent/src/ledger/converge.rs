@@ -116,6 +116,14 @@ impl DirtyQueue {
         k.iter().cloned().collect()
     }
 
+    /// Whether `key` (a ledger key or runtime id) is marked.
+    pub fn contains(&self, key: &str) -> bool {
+        self.keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(key)
+    }
+
     fn clear(&self, key: &str) {
         self.keys
             .lock()

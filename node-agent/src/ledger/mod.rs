@@ -713,15 +713,25 @@ impl Ledger {
 
     /// The start [`Ledger::begin_start`] announced was answered (whatever the answer): what
     /// the runtime holds is as before, unless a loop write overlapped the start (then it is
-    /// unknown and written again); the writes held meanwhile go now.
+    /// unknown and written again); the writes held meanwhile go now. The loop is woken only
+    /// when there is something to write (most starts overlap nothing).
     pub fn end_start(&self, key: &str) {
         let mut b = self.book();
-        if let Some(e) = b.entries.get_mut(key) {
-            let held = e.applied.take();
-            e.applied = e.flight.settle_hook_write(held);
-        }
+        let Some(e) = b.entries.get_mut(key) else {
+            return;
+        };
+        let before = e.applied.take();
+        let known = before.is_some();
+        e.applied = e.flight.settle_hook_write(before);
+        let wake = (known && e.applied.is_none())
+            || self.dirty.contains(key)
+            || e.runtime_id
+                .as_deref()
+                .is_some_and(|id| self.dirty.contains(id));
         drop(b);
-        self.dirty.mark([key.to_string()]);
+        if wake {
+            self.dirty.mark([key.to_string()]);
+        }
     }
 
     /// A container stopped or was removed: its grant is released (idempotent), and the
