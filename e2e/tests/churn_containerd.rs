@@ -210,7 +210,7 @@ impl Run {
         Ok(())
     }
 
-    /// The key the agent books a container under.
+    /// A container the test made, under the key the agent books it by.
     fn record(&self, sandbox: String, id: String, exclusive: bool) -> Made {
         let key = match self.mode {
             Mode::Nri => id.clone(),

@@ -116,14 +116,6 @@ impl DirtyQueue {
         k.iter().cloned().collect()
     }
 
-    /// Whether `key` (a ledger key or runtime id) is marked.
-    pub fn contains(&self, key: &str) -> bool {
-        self.keys
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(key)
-    }
-
     fn clear(&self, key: &str) {
         self.keys
             .lock()
@@ -279,7 +271,7 @@ impl Ledger {
 
     /// The write that would bring `key` to what the engine wants, if it is committed, has a
     /// grant and the runtime (as far as known) holds something else.
-    fn difference(&self, b: &Book, key: &str) -> Option<(u64, Update)> {
+    pub(super) fn difference(&self, b: &Book, key: &str) -> Option<(u64, Update)> {
         let key = b.resolve(key)?;
         let e = b.entries.get(key.as_str())?;
         if !matches!(e.state, State::Committed) {

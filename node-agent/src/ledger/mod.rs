@@ -721,15 +721,10 @@ impl Ledger {
             return;
         };
         let before = e.applied.take();
-        let known = before.is_some();
         e.applied = e.flight.settle_hook_write(before);
-        let wake = (known && e.applied.is_none())
-            || self.dirty.contains(key)
-            || e.runtime_id
-                .as_deref()
-                .is_some_and(|id| self.dirty.contains(id));
+        let due = self.difference(&b, key).is_some();
         drop(b);
-        if wake {
+        if due {
             self.dirty.mark([key.to_string()]);
         }
     }
