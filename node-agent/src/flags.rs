@@ -34,6 +34,16 @@ pub enum UnsolicitedUpdates {
     Never,
 }
 
+/// `--nri-cgroup-writes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CgroupWrites {
+    /// Where unsolicited updates are not sent, write containers' cgroups when the cgroup
+    /// filesystem under `--cgroup-root` is writable.
+    Auto,
+    /// Never: updates then ride on the answers to the runtime's requests.
+    Never,
+}
+
 /// `--node-resource-topology`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum NrtMode {
@@ -284,8 +294,10 @@ pub struct Flags {
     #[arg(help_heading = "Rebalancing", long, default_value = "10s", value_parser = parse_rebalance_interval)]
     pub rebalance_interval: Duration,
 
-    /// Where cgroup v2 is mounted (containers' `cpu.stat` are read below it). cgroup v1 hosts
-    /// report no usage and the rebalancer never moves anything there.
+    /// Where the cgroup filesystem is mounted: containers' `cpu.stat` (cgroup v2 only: v1
+    /// hosts report no usage and the rebalancer never moves anything there) and cpuset files
+    /// (v2 or v1's `cpuset` hierarchy: read back in every mode, written in NRI mode) are
+    /// found below it.
     #[arg(help_heading = "Rebalancing", long, default_value = "/sys/fs/cgroup")]
     pub cgroup_root: PathBuf,
 
@@ -318,6 +330,13 @@ pub struct Flags {
     /// updates ride on the answers to containerd's own requests. `always`, `never`.
     #[arg(help_heading = "Runtime", long, value_enum, default_value = "auto")]
     pub nri_unsolicited_updates: UnsolicitedUpdates,
+
+    /// NRI: where unsolicited updates are not sent (above), whether the agent writes the cpuset
+    /// of a running container into its cgroup itself (under `--cgroup-root`, v2 or v1's cpuset
+    /// hierarchy): bounded, and no runtime lock or shim is involved. `auto` (where that
+    /// filesystem is writable) or `never` (updates then wait for containerd's next request).
+    #[arg(help_heading = "Runtime", long, value_enum, default_value = "auto")]
+    pub nri_cgroup_writes: CgroupWrites,
 
     /// This node's name (NodeTopology object); defaults to the hostname.
     #[arg(help_heading = "Kube link", long, env = "NODE_NAME")]

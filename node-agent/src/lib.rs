@@ -2,6 +2,7 @@
 //! the API server, metrics, and the shared hook layer over the placement engine.
 
 pub mod agent;
+pub mod cgroupfs;
 pub mod cri_proxy;
 pub mod docker_proxy;
 pub mod explain;

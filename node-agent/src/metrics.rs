@@ -180,6 +180,8 @@ pub struct Metrics {
     pub cpuset_writes: Family<ResultLabels, Counter>,
     /// Containers whose runtime cpuset differs from the engine's (as far as the agent knows).
     pub unconverged: Gauge,
+    /// Containers' cgroups read back, by result.
+    pub cpuset_readbacks: Family<ResultLabels, Counter>,
     /// `tap_cpu_info`, set once from the topology ([`Metrics::set_cpu_info`]).
     pub cpu_info: Family<CpuLabels, Gauge>,
     /// The rebalancing loop's (registered in every mode; empty while rebalancing is off).
@@ -342,6 +344,7 @@ impl Metrics {
         let reconciles = Family::<ResultLabels, Counter>::default();
         let cpuset_writes = Family::<ResultLabels, Counter>::default();
         let unconverged = Gauge::default();
+        let cpuset_readbacks = Family::<ResultLabels, Counter>::default();
         let cpu_info = Family::<CpuLabels, Gauge>::default();
         if is_proxy_mode(mode) {
             registry.register(
@@ -401,6 +404,11 @@ impl Metrics {
             unconverged.clone(),
         );
         registry.register(
+            "tap_cpuset_readbacks",
+            "Containers' cgroup cpusets read back by the agent, by result (same: as the agent's books said; corrected: the books were wrong and now say what the cgroup holds; not_found; error)",
+            cpuset_readbacks.clone(),
+        );
+        registry.register(
             "tap_cpu_info",
             "Always 1: the CPU model (Arm implementer and part, hex; model name)",
             cpu_info.clone(),
@@ -419,6 +427,7 @@ impl Metrics {
             reconciles,
             cpuset_writes,
             unconverged,
+            cpuset_readbacks,
             cpu_info,
             usage,
             grants: OnceLock::new(),
@@ -460,6 +469,17 @@ impl Metrics {
                 result: result.to_string(),
             })
             .inc();
+    }
+
+    /// One container's cgroup was read back (`same`, `corrected`, `not_found`, `error`).
+    pub fn count_readback(&self, result: &'static str, n: u64) {
+        if n > 0 {
+            self.cpuset_readbacks
+                .get_or_create(&ResultLabels {
+                    result: result.to_string(),
+                })
+                .inc_by(n);
+        }
     }
 
     /// One periodic reconcile with the runtime ended (`ok`, or `error` when it could not list).
@@ -648,6 +668,7 @@ mod tests {
         m.count_placement("numa", false);
         m.count_reconcile(true);
         m.count_cpuset_write("ok");
+        m.count_readback("corrected", 1);
         m.observe_hook("create", "Docker", Duration::from_micros(5));
         m.observe_proxy("/v1.41/containers/create", Duration::from_micros(5));
         m.set_cpu_info(&tap_engine::CpuModel::unknown());

@@ -707,8 +707,10 @@ pub async fn run(
     });
     let ledger = proxy.ledger().clone();
     let rebalancer = crate::usage::rebalance_loop::spawn(&ledger, flags, &shutdown);
+    let cgroups = crate::cgroupfs::Cgroupfs::find(&flags.cgroup_root);
+    let reader = crate::ledger::readback::spawn(&ledger, cgroups, &shutdown);
     serve(proxy, listener, shutdown, flags.graceful_timeout).await;
-    let _ = tokio::join!(reconciler, converger, rebalancer);
+    let _ = tokio::join!(reconciler, converger, rebalancer, reader);
     ledger.flush_records();
     agent.metrics().set_socket_bound(false);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);

@@ -606,6 +606,8 @@ pub async fn run(
     );
     let records = proxy.ledger().clone();
     let rebalancer = crate::usage::rebalance_loop::spawn(&records, flags, &shutdown);
+    let cgroups = crate::cgroupfs::Cgroupfs::find(&flags.cgroup_root);
+    let reader = crate::ledger::readback::spawn(&records, cgroups, &shutdown);
     let (ledger, rt, stop) = (proxy.ledger().clone(), proxy.clone(), shutdown.clone());
     let reconciler = tokio::spawn(async move {
         // The periodic comparison starts once the state is restored (it would adopt every
@@ -639,7 +641,7 @@ pub async fn run(
         },
     )
     .await;
-    let _ = tokio::join!(reconciler, converger, rebalancer);
+    let _ = tokio::join!(reconciler, converger, rebalancer, reader);
     records.flush_records();
     agent.metrics().set_socket_bound(false);
     let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);

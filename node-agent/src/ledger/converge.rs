@@ -37,6 +37,8 @@ pub const RETRY_AFTER_TIMEOUT: Duration = Duration::from_secs(10);
 /// First and longest wait before a failed write is tried again.
 pub const RETRY_MIN: Duration = Duration::from_millis(200);
 pub const RETRY_MAX: Duration = Duration::from_secs(30);
+/// How long a deferred write waits before the loop tries it again.
+pub const DEFER_FOR: Duration = Duration::from_millis(500);
 /// How often every committed container is compared again.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
 /// Writes out at once (each for a different container).
@@ -53,6 +55,10 @@ pub enum WriteError {
     Unreachable(String),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// Not sent, by the writer's own choice (the runtime is busy): no failure, tried again
+    /// after [`DEFER_FOR`], and it may ride on an answer meanwhile.
+    #[error("not sent now: {0}")]
+    Deferred(String),
 }
 
 impl WriteError {
@@ -64,6 +70,7 @@ impl WriteError {
             WriteError::NotFound => ErrorKind::NotFound,
             WriteError::Unreachable(_) => ErrorKind::Runtime,
             WriteError::Timeout(_) => ErrorKind::Timeout,
+            WriteError::Deferred(_) => ErrorKind::Busy,
         }
     }
 }
@@ -140,6 +147,7 @@ impl Ledger {
             let mut b = self.book();
             for e in b.entries.values_mut() {
                 e.flight.failures = 0;
+                e.flight.last = LastWrite::Done;
                 e.flight.not_before = None;
             }
         }
@@ -147,28 +155,55 @@ impl Ledger {
     }
 }
 
-/// An entry's writes: the loop's own and a hook's forwarded call.
+/// How the loop's last write for a container ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum LastWrite {
+    /// Answered (or none yet).
+    #[default]
+    Done,
+    /// Not sent: the writer deferred it.
+    Deferred,
+    /// Refused or not delivered.
+    Failed,
+    /// No answer in time: a hung shim, most likely. Such a container's updates never ride on
+    /// an answer (containerd would hold the request, and every other one, on that shim).
+    TimedOut,
+}
+
+/// An entry's writes: the loop's own and the hooks' forwarded calls.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Flight {
     /// A loop write for this container is out.
     writing: bool,
     /// A loop write and a hook's own call overlapped: their order at the runtime is unknown.
     overlap: bool,
-    /// A hook's own call for this container is out.
-    hook_writing: bool,
-    /// Failed writes in a row, and when the next may go.
+    /// Hooks' own calls for this container out now (a start and a resize may overlap).
+    hooks_out: u32,
+    /// Failed writes in a row, how the last ended, and when the next may go.
     failures: u32,
-    /// The last failure was a timeout (a hung shim, most likely).
-    timed_out: bool,
+    last: LastWrite,
     not_before: Option<Instant>,
 }
 
 impl Flight {
     /// A hook forwards a call that sets this container's cpuset.
     pub(super) fn hook_write_begins(&mut self) {
-        self.hook_writing = true;
+        self.hooks_out = self.hooks_out.saturating_add(1);
         if self.writing {
             self.overlap = true;
+        }
+    }
+
+    fn hook_writing(&self) -> bool {
+        self.hooks_out > 0
+    }
+
+    /// Whether an update for this container may ride on an answer now.
+    fn may_ride(&self, now: Instant) -> bool {
+        match self.last {
+            LastWrite::TimedOut => false,
+            LastWrite::Failed => self.not_before.is_none_or(|t| t <= now),
+            LastWrite::Done | LastWrite::Deferred => true,
         }
     }
 
@@ -176,7 +211,11 @@ impl Flight {
     /// what the runtime holds as far as can be told (unknown after an overlap). A loop write
     /// still out keeps the overlap: its answer is not trusted either.
     pub(super) fn settle_hook_write(&mut self, sent: Option<Applied>) -> Option<Applied> {
-        self.hook_writing = false;
+        self.hooks_out = self.hooks_out.saturating_sub(1);
+        if self.hook_writing() {
+            // Another hook's call is still out: its answer settles what the runtime holds.
+            return None;
+        }
         let overlapped = if self.writing {
             self.overlap
         } else {
@@ -191,11 +230,11 @@ impl Flight {
 
     /// A write of the loop's or a hook's is out.
     pub(super) fn busy(&self) -> bool {
-        self.writing || self.hook_writing
+        self.writing || self.hook_writing()
     }
 
     fn retry_delay(&self) -> Duration {
-        let floor = if self.timed_out {
+        let floor = if self.last == LastWrite::TimedOut {
             RETRY_AFTER_TIMEOUT
         } else {
             Duration::ZERO
@@ -218,7 +257,7 @@ impl Flight {
 /// One write the worker sends: for `key` at generation `seq`.
 #[derive(Debug)]
 pub(super) struct Dispatch {
-    key: String,
+    pub(super) key: String,
     seq: u64,
     pub(super) update: Update,
 }
@@ -353,14 +392,15 @@ impl Ledger {
         };
         e.flight.writing = false;
         // A hook's call overlapped this write and was answered first: not trusted either.
-        let overlapped = !e.flight.hook_writing && std::mem::take(&mut e.flight.overlap);
+        let overlapped = !e.flight.hook_writing() && std::mem::take(&mut e.flight.overlap);
         match result {
             Ok(()) => {
                 tracing::info!(container = %d.update.container_id, cpus = %d.update.cpus, "cpuset updated");
                 e.flight.failures = 0;
+                e.flight.last = LastWrite::Done;
                 e.flight.not_before = None;
                 let current = e.seq == d.seq && matches!(e.state, State::Committed);
-                if e.flight.hook_writing {
+                if e.flight.hook_writing() {
                     // A hook's call for it is out too: order unknown until it is answered.
                     e.flight.overlap = true;
                 } else if current && !overlapped {
@@ -369,6 +409,15 @@ impl Ledger {
                     e.applied = None;
                 }
                 self.agent.metrics().count_cpuset_write("ok");
+            }
+            Err(WriteError::Deferred(why)) => {
+                // Nothing was sent: what the runtime holds is as before.
+                tracing::debug!(container = %d.update.container_id, "cpuset update deferred: {why}");
+                e.flight.last = LastWrite::Deferred;
+                e.flight.not_before = Some(Instant::now() + DEFER_FOR);
+                if overlapped {
+                    e.applied = None;
+                }
             }
             Err(err) => {
                 // A write that timed out or was cut off may still land later: what the runtime
@@ -379,7 +428,11 @@ impl Ledger {
                     e.applied = None;
                 }
                 e.flight.failures = e.flight.failures.saturating_add(1);
-                e.flight.timed_out = matches!(err, WriteError::Timeout(_));
+                e.flight.last = if matches!(err, WriteError::Timeout(_)) {
+                    LastWrite::TimedOut
+                } else {
+                    LastWrite::Failed
+                };
                 let delay = e.flight.retry_delay();
                 e.flight.not_before = Some(Instant::now() + delay);
                 tracing::warn!(
@@ -397,10 +450,13 @@ impl Ledger {
     }
 
     /// The writes due now, taken to ride on the answer to one of the runtime's own requests
-    /// (NRI), which the runtime applies as it handles that request: each counts as applied.
-    /// Containers with a write out, pending, or waiting for a retry are left to the loop.
+    /// (NRI), which the runtime applies as it handles that request: each counts as applied
+    /// (the read-back sees one the runtime failed to apply). Containers with a write out,
+    /// pending, waiting for a retry after a failure, or whose last write timed out are left to
+    /// the loop.
     pub fn claim_for_answer(&self) -> Vec<Update> {
         let mut b = self.book();
+        let now = Instant::now();
         let mut out = Vec::new();
         for mark in self.dirty.snapshot() {
             let Some(key) = b.resolve(&mark) else {
@@ -420,7 +476,7 @@ impl Ledger {
             let Some(e) = b.entries.get_mut(key.as_str()) else {
                 continue;
             };
-            if e.flight.busy() || e.flight.not_before.is_some() {
+            if e.flight.busy() || !e.flight.may_ride(now) {
                 continue;
             }
             e.applied = Some(Applied::new(update.cpus, update.mems));

@@ -22,6 +22,7 @@
 pub mod converge;
 pub mod deadline;
 mod kept;
+pub mod readback;
 mod reconcile;
 pub mod runtime;
 mod saver;
@@ -570,9 +571,12 @@ impl Ledger {
                 let Some(e) = b.entries.get_mut(t.key.as_str()) else {
                     return;
                 };
+                // The refused call changed nothing; a loop write it overlapped makes what the
+                // runtime holds unknown.
+                let kept = e.applied.take();
+                e.applied = e.flight.settle_hook_write(kept);
                 // Only a change still pending is undone (a stop may have come in between).
                 if !matches!(e.state, State::PendingUpdate { .. }) {
-                    e.flight.settle_hook_write(None);
                     return;
                 }
                 let State::PendingUpdate {
@@ -585,7 +589,6 @@ impl Ledger {
                 };
                 e.info.replace(*before_info);
                 e.seq = seq;
-                e.flight.settle_hook_write(None);
                 let ups = self.agent.reinstate(&t.key, before.map(|g| *g));
                 let keys = ups
                     .into_iter()
@@ -796,5 +799,7 @@ fn state_write_failed(agent: &Agent, e: state_file::StateFileError) {
         .count_error("update", crate::metrics::ErrorKind::State);
 }
 
+#[cfg(test)]
+mod bound_tests;
 #[cfg(test)]
 mod tests;

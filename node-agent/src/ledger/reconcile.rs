@@ -33,8 +33,10 @@ impl Listing {
 
 impl Ledger {
     /// Rebuilds the book at start-up from everything the runtime lists (live containers only)
-    /// and, the first time, the state file.
-    pub fn restore(&self, listed: Vec<Listed>) -> ReconcileReport {
+    /// and, the first time, the state file. `since` is the ledger clock read before the list
+    /// was taken ([`Ledger::now`]): calls that came in after it (a create answered while a late
+    /// restore still ran) are newer than the list and left alone.
+    pub fn restore(&self, listed: Vec<Listed>, since: u64) -> ReconcileReport {
         let first = !self
             .records_loaded
             .swap(true, std::sync::atomic::Ordering::AcqRel);
@@ -55,7 +57,7 @@ impl Ledger {
             };
             self.book().records = records;
         }
-        self.reconcile(listed, u64::MAX, Listing::Session)
+        self.reconcile(listed, since, Listing::Session)
     }
 
     /// One running container the book lacks (or has as stopped), reported by the runtime on
@@ -82,7 +84,7 @@ impl Ledger {
         let mut b = self.book();
         let live: HashMap<&str, &Listed> = listed.iter().map(|l| (l.info.id.as_str(), l)).collect();
         if how.is_session() {
-            self.end_calls_in_flight(&mut b);
+            self.end_calls_in_flight(&mut b, since);
         }
         let mut touched = self.release_missing(&mut b, &live, since, how, &mut report);
         touched.extend(self.adopt_unknown(&mut b, &listed, since, how, &mut report));
@@ -96,12 +98,13 @@ impl Ledger {
         report
     }
 
-    /// A session starts: a change still pending belongs to a call that is gone (its handler was
-    /// dropped with its connection, or its confirmation will never come). It is taken as done
-    /// and the list says what the runtime really has: a create it does not list is released,
-    /// the read-back gives what it holds.
-    fn end_calls_in_flight(&self, b: &mut Book) {
-        for e in b.entries.values_mut() {
+    /// A session starts: a change still pending from before the list (`since`) belongs to a
+    /// call that is gone (its handler was dropped with its connection, or its confirmation will
+    /// never come). It is taken as done and the list says what the runtime really has: a create
+    /// it does not list is released, the read-back gives what it holds. Calls that came after
+    /// the list belong to the new session and stay pending.
+    fn end_calls_in_flight(&self, b: &mut Book, since: u64) {
+        for e in b.entries.values_mut().filter(|e| e.seq < since) {
             match std::mem::replace(&mut e.state, State::Committed) {
                 State::PendingUpdate { after_info, .. } => {
                     e.info.replace(*after_info);

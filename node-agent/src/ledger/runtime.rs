@@ -52,9 +52,10 @@ impl Ledger {
     /// Start-up: rebuilds the book from the runtime's full list. Returns how many containers
     /// the runtime reported.
     pub async fn restore_from(&self, rt: &dyn Runtime) -> anyhow::Result<usize> {
+        let since = self.now();
         let listed = bounded("listing the runtime's containers", rt.list()).await?;
         let n = listed.len();
-        let report = self.restore(listed);
+        let report = self.restore(listed, since);
         tracing::info!(
             adopted = report.adopted,
             released = report.released,

@@ -8,7 +8,7 @@ use tap_engine::request::{GRANT_KEY, SKIP_KEY};
 use tap_engine::sysfs::discover_dir;
 use tap_engine::{Engine, EngineConfig, Topology};
 
-fn agent() -> Arc<Agent> {
+pub(super) fn agent() -> Arc<Agent> {
     let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
     let topo = Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap());
     Arc::new(Agent::new(
@@ -19,7 +19,7 @@ fn agent() -> Arc<Agent> {
     ))
 }
 
-fn container(key: &str, qos: &str, req_cpus: u64, lim_cpus: u64) -> ContainerInfo {
+pub(super) fn container(key: &str, qos: &str, req_cpus: u64, lim_cpus: u64) -> ContainerInfo {
     ContainerInfo {
         id: key.into(),
         name: "app".into(),
@@ -43,7 +43,7 @@ fn state_dir(name: &str) -> std::path::PathBuf {
     d
 }
 
-async fn created(l: &Ledger, c: ContainerInfo, id: &str) -> Adjustment {
+pub(super) async fn created(l: &Ledger, c: ContainerInfo, id: &str) -> Adjustment {
     let t = l.begin_create(c).await;
     let adj = t.adjustment.clone();
     l.commit_create(t, Some(id.into()));
@@ -53,13 +53,13 @@ async fn created(l: &Ledger, c: ContainerInfo, id: &str) -> Adjustment {
 /// A runtime double for the convergence loop: records the cpuset writes it is sent, and
 /// refuses them while `refusing` is set (pure logic: the real runtimes are in the e2e tier).
 #[derive(Default)]
-struct Recorder {
+pub(super) struct Recorder {
     writes: std::sync::Mutex<Vec<Update>>,
     refusing: std::sync::atomic::AtomicBool,
 }
 
 impl Recorder {
-    fn writes(&self) -> Vec<Update> {
+    pub(super) fn writes(&self) -> Vec<Update> {
         self.writes.lock().unwrap().clone()
     }
 
@@ -265,7 +265,7 @@ async fn restore_reads_changed_records_and_survives_a_corrupt_file() {
         info: live,
     }];
     let b = Ledger::new(agent(), Some(StateFile::new(file.clone())));
-    let report = b.restore(listed.clone());
+    let report = b.restore(listed.clone(), b.now());
     assert_eq!(report.adopted, 1);
     let ups = b.pending_updates();
     assert!(ups.is_empty(), "{ups:?}");
@@ -273,7 +273,7 @@ async fn restore_reads_changed_records_and_survives_a_corrupt_file() {
     // A corrupt file is moved aside and reported; the state comes from the containers.
     std::fs::write(&file, "{\"k\": 12").unwrap();
     let c = Ledger::new(agent(), Some(StateFile::new(file.clone())));
-    let report = c.restore(listed);
+    let report = c.restore(listed, c.now());
     assert_eq!(report.adopted, 1);
     assert!(c.agent().snapshot().grant("k").is_some());
     assert!(dir.join("grants.json.corrupt").exists());

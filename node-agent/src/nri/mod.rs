@@ -24,7 +24,8 @@ pub mod slot;
 pub mod proto;
 
 use crate::agent::{Agent, ContainerInfo, Update};
-use crate::flags::Flags;
+use crate::cgroupfs::Cgroupfs;
+use crate::flags::{CgroupWrites, Flags};
 use crate::ledger::state_file::StateFile;
 use crate::ledger::{hook_span, Ledger, Listed, Release};
 use async_trait::async_trait;
@@ -37,7 +38,7 @@ use proto::{
     UpdateContainerRequest, UpdateContainerResponse,
 };
 use slot::Handling;
-pub use slot::RuntimeSlot;
+pub use slot::{RuntimeSlot, WritePath};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -243,8 +244,14 @@ impl NriPlugin {
     }
 
     /// What the convergence loop would send now, to ride on this answer (containerd applies it
-    /// as it handles the request, so no unsolicited update races its other work).
+    /// as it handles the request, so no unsolicited update races its other work). Nothing
+    /// rides where the loop writes cgroups itself: containerd applies a carried update with
+    /// the request's context under its NRI lock, so one for a container whose shim hangs
+    /// would hold every Pod operation on the node.
     fn neighbour_updates(&self) -> Vec<proto::ContainerUpdate> {
+        if self.slot.path() == WritePath::Cgroup {
+            return Vec::new();
+        }
         let ups = self.ledger.claim_for_answer();
         ups.iter().map(convert::neighbour_update).collect()
     }
@@ -347,6 +354,9 @@ impl proto::Plugin for NriPlugin {
         req: SynchronizeRequest,
     ) -> ttrpc::Result<SynchronizeResponse> {
         let _handling = Handling::new(&self.slot);
+        // Creates answered from here on are newer than this list (the reconcile below may run
+        // after the answer, when it misses its deadline).
+        let since = self.ledger.now();
         let (pods, containers) = {
             let mut p = self.pending_sync.lock().unwrap_or_else(|p| p.into_inner());
             p.0.extend(req.pods);
@@ -382,14 +392,22 @@ impl proto::Plugin for NriPlugin {
         self.resizes.clear();
         let _ = self
             .ledger
-            .decide("sync", move |_| reconcile(&ledger, &infos), |_, _| {})
+            .decide(
+                "sync",
+                move |_| reconcile(&ledger, &infos, since),
+                |_, _| {},
+            )
             .await;
         self.synchronized.cancel();
         self.agent.metrics().set_ready(true);
         // From now on the convergence loop may send this session its updates, at once.
         self.slot.set(lock(&self.runtime).clone());
         self.ledger.retry_now();
-        Ok(SynchronizeResponse::new())
+        // What the restore found different rides on this answer, where the loop does not write
+        // it (containerd applies a Synchronize answer's updates).
+        let mut resp = SynchronizeResponse::new();
+        resp.update = self.neighbour_updates();
+        Ok(resp)
     }
 
     async fn shutdown(&self, _ctx: &TtrpcContext, _req: Empty) -> ttrpc::Result<Empty> {
@@ -459,7 +477,7 @@ impl LazyHooks for NriPlugin {
 /// grants the runtime never applied (no grant record and no cpuset on the container: the
 /// runtime gave up on our answer, e.g. after a timeout) are dropped so the container is treated
 /// as unmanaged; then every container is adopted. Returns the cpuset updates, one per container.
-pub fn reconcile(ledger: &Ledger, infos: &[ContainerInfo]) {
+pub fn reconcile(ledger: &Ledger, infos: &[ContainerInfo], since: u64) {
     let listed = infos
         .iter()
         .map(|c| Listed {
@@ -468,7 +486,20 @@ pub fn reconcile(ledger: &Ledger, infos: &[ContainerInfo]) {
         })
         .collect();
     // The first session also reads the grant records kept in the state file.
-    ledger.restore(listed);
+    ledger.restore(listed, since);
+}
+
+/// The cgroup filesystem the convergence loop may write, where `--nri-cgroup-writes` allows it
+/// and this process can write it.
+fn cgroup_writes(flag: CgroupWrites, fs: Option<&Arc<Cgroupfs>>) -> Option<Arc<Cgroupfs>> {
+    let fs = fs.filter(|_| flag == CgroupWrites::Auto)?;
+    match fs.writable() {
+        Ok(()) => Some(fs.clone()),
+        Err(e) => {
+            tracing::warn!("containers' cgroups cannot be written ({e}): mount the cgroup filesystem read-write, or say --nri-cgroup-writes=never");
+            None
+        }
+    }
 }
 
 /// Why a session ended.
@@ -486,11 +517,14 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let file = StateFile::new(flags.state_dir.join("nri-grants.json"));
     let ledger = Ledger::shared(agent.clone(), Some(file));
-    let slot = Arc::new(RuntimeSlot::new(flags.nri_unsolicited_updates));
+    let cgroups = Cgroupfs::find(&flags.cgroup_root);
+    let writes = cgroup_writes(flags.nri_cgroup_writes, cgroups.as_ref());
+    let slot = Arc::new(RuntimeSlot::new(flags.nri_unsolicited_updates, writes));
     let converger = tokio::spawn(ledger.clone().converge(slot.clone(), shutdown.clone()));
     let rebalancer = crate::usage::rebalance_loop::spawn(&ledger, flags, &shutdown);
+    let reader = crate::ledger::readback::spawn(&ledger, cgroups, &shutdown);
     let end = serve_sessions(flags, &agent, &ledger, &slot, &shutdown).await;
-    let _ = tokio::join!(converger, rebalancer);
+    let _ = tokio::join!(converger, rebalancer, reader);
     ledger.flush_records();
     end
 }
@@ -801,7 +835,7 @@ mod tests {
         // The runtime reports "applied" (with its record) and "unapplied" (no cpuset, no
         // record); "gone" was removed while we were away.
         let ledger = Ledger::new(agent.clone(), None);
-        reconcile(&ledger, &[applied, info("unapplied")]);
+        reconcile(&ledger, &[applied, info("unapplied")], ledger.now());
         let snap = agent.snapshot();
         assert!(snap.grant("applied").is_some());
         assert!(snap.grant("gone").is_none());
@@ -824,7 +858,7 @@ mod tests {
         plugin.confirm.resize = Duration::from_millis(50);
         let mut c = convert::container_info(Some(&pod()), &burstable("c", 0));
         c.cpus = tap_engine::CpuSet::parse("0-23").ok();
-        reconcile(&plugin.ledger, &[c]);
+        reconcile(&plugin.ledger, &[c], plugin.ledger.now());
         let before = agent.snapshot().grant("c").cloned().expect("restored");
         let resize = |cpus: u64| {
             let mut req = UpdateContainerRequest::new();

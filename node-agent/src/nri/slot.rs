@@ -1,27 +1,44 @@
-//! The convergence loop's way to the runtime in NRI mode: unsolicited `UpdateContainers` on the
-//! current session, where the runtime can take them without risk.
+//! The convergence loop's way to a container's cpuset in NRI mode, one of three
+//! ([`WritePath`]):
 //!
-//! containerd's NRI takes two locks: its CRI glue's (`pkg/nri`, held for a whole lifecycle
-//! request) and then the NRI adaptation's. An unsolicited `UpdateContainers` takes them the
-//! other way round (adaptation first, then the glue's, in `updateContainers` → `updateFn`), so
-//! one that arrives while containerd handles any pod or container request can deadlock
-//! containerd's NRI for good: every later create waits forever. Upstream: containerd issue
-//! 13733, fixed in NRI v0.12.1 (commit 55afaa2), which containerd vendors from 2.4 on; every
-//! 1.7, 2.0-2.3 release has the inversion. The churn test hit it in 3 of about 12 runs. So by
-//! default updates go out on their own only to a containerd from 2.4 on; elsewhere they ride
-//! on the answers to the runtime's own Create/Update/StopContainer requests
-//! ([`crate::ledger::Ledger::claim_for_answer`]).
+//! - unsolicited `UpdateContainers` on the current session, where the runtime takes them
+//!   without risk (containerd from 2.4 under `--nri-unsolicited-updates=auto`);
+//! - elsewhere, the container's cgroup written directly ([`crate::cgroupfs`]), which involves
+//!   neither containerd's locks nor the container's shim, so it is bounded and no hung shim
+//!   holds it (`--nri-cgroup-writes=auto`, where the cgroup filesystem is writable);
+//! - failing both, updates ride on the answers to containerd's own requests
+//!   ([`crate::ledger::Ledger::claim_for_answer`]): no time bound, kept as the last resort.
+//!
+//! Why not unsolicited updates everywhere: containerd's NRI takes two locks, its CRI glue's
+//! (`pkg/nri`, held for a whole lifecycle request) and then the NRI adaptation's. An
+//! unsolicited `UpdateContainers` takes them the other way round (adaptation first, then the
+//! glue's, in `updateContainers` → `updateFn`), so one that arrives while containerd handles
+//! any pod or container request can deadlock containerd's NRI for good: every later create
+//! waits forever. Upstream: containerd issue 13733, fixed in NRI v0.12.1 (commit 55afaa2),
+//! which containerd vendors from 2.4 on; every 1.7, 2.0-2.3 release has the inversion.
 
 use crate::agent::Update;
+use crate::cgroupfs::Cgroupfs;
 use crate::flags::UnsolicitedUpdates;
 use crate::ledger::{Channel, WriteError, Writer};
 use async_trait::async_trait;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::convert;
 use super::proto::{RuntimeClient, UpdateContainersRequest};
+
+/// How the convergence loop's writes reach a container in NRI mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WritePath {
+    /// Unsolicited `UpdateContainers` (the runtime's record and the cgroup change together).
+    Unsolicited,
+    /// The container's cgroup, written directly.
+    Cgroup,
+    /// Only on the answers to the runtime's own requests.
+    Answers,
+}
 
 /// Whether this runtime may be sent unsolicited updates, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +87,8 @@ fn major_minor(version: &str) -> Option<(u64, u64)> {
 /// session's Synchronize is answered: the loop's writes then fail and are retried.
 pub struct RuntimeSlot {
     flag: UnsolicitedUpdates,
+    /// The cgroup filesystem, where the agent may write it (`--nri-cgroup-writes`).
+    cgroups: Option<Arc<Cgroupfs>>,
     client: Mutex<Option<RuntimeClient>>,
     /// Set at Configure from [`verdict`].
     unsolicited: AtomicBool,
@@ -82,7 +101,7 @@ pub struct RuntimeSlot {
 
 impl Default for RuntimeSlot {
     fn default() -> Self {
-        RuntimeSlot::new(UnsolicitedUpdates::Auto)
+        RuntimeSlot::new(UnsolicitedUpdates::Auto, None)
     }
 }
 
@@ -115,9 +134,10 @@ impl Drop for Handling<'_> {
 }
 
 impl RuntimeSlot {
-    pub fn new(flag: UnsolicitedUpdates) -> RuntimeSlot {
+    pub fn new(flag: UnsolicitedUpdates, cgroups: Option<Arc<Cgroupfs>>) -> RuntimeSlot {
         RuntimeSlot {
             flag,
+            cgroups,
             client: Mutex::new(None),
             unsolicited: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
@@ -131,19 +151,37 @@ impl RuntimeSlot {
         let v = verdict(self.flag, runtime, version);
         self.unsolicited
             .store(matches!(v, Verdict::Send), Ordering::SeqCst);
-        match &v {
-            Verdict::Send => tracing::info!(
+        match (&v, &self.cgroups) {
+            (Verdict::Send, _) => tracing::info!(
                 runtime,
                 version,
                 "NRI: cpuset updates of running containers go out on their own when the runtime is quiet"
             ),
-            Verdict::AnswersOnly(why) => tracing::info!(
+            (Verdict::AnswersOnly(why), Some(fs)) => tracing::info!(
                 runtime,
                 version,
-                "NRI: cpuset updates of running containers ride on the answers to the runtime's requests only: {why}"
+                cgroup_root = %fs.root().display(),
+                "NRI: cpuset updates of running containers are written to their cgroups ({}): {why}",
+                fs.hierarchy().as_str()
+            ),
+            (Verdict::AnswersOnly(why), None) => tracing::warn!(
+                runtime,
+                version,
+                "NRI: cpuset updates of running containers ride on the answers to the runtime's requests only, with no time bound: {why}; and no writable cgroup filesystem (--cgroup-root, --nri-cgroup-writes)"
             ),
         }
         v
+    }
+
+    /// How the loop's writes reach containers now.
+    pub fn path(&self) -> WritePath {
+        if self.unsolicited.load(Ordering::SeqCst) {
+            WritePath::Unsolicited
+        } else if self.cgroups.is_some() {
+            WritePath::Cgroup
+        } else {
+            WritePath::Answers
+        }
     }
 
     /// Whether the runtime has been quiet long enough for an unsolicited update.
@@ -168,21 +206,46 @@ impl RuntimeSlot {
 #[async_trait]
 impl Writer for RuntimeSlot {
     fn channel(&self) -> Channel {
-        if self.unsolicited.load(Ordering::SeqCst) {
-            Channel::OwnCalls
-        } else {
-            Channel::AnswersOnly
+        match self.path() {
+            WritePath::Unsolicited | WritePath::Cgroup => Channel::OwnCalls,
+            WritePath::Answers => Channel::AnswersOnly,
         }
     }
 
     async fn write_cpuset(&self, u: &Update) -> Result<(), WriteError> {
+        match (self.path(), &self.cgroups) {
+            (WritePath::Cgroup, Some(fs)) => write_cgroup(fs.clone(), u).await,
+            _ => self.update_containers(u).await,
+        }
+    }
+}
+
+/// Writes the container's cgroup on a blocking thread (the loop's deadline still applies).
+async fn write_cgroup(fs: Arc<Cgroupfs>, u: &Update) -> Result<(), WriteError> {
+    let u = u.clone();
+    let joined =
+        tokio::task::spawn_blocking(move || fs.write(&u.container_id, &u.cpus, u.mems.as_ref()))
+            .await;
+    match joined {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) if e.is_not_found() => Err(WriteError::NotFound),
+        Ok(Err(e)) => Err(WriteError::Refused(e.to_string())),
+        Err(e) => Err(WriteError::Refused(format!(
+            "the cgroup write stopped: {e}"
+        ))),
+    }
+}
+
+impl RuntimeSlot {
+    /// An unsolicited `UpdateContainers` on the current session.
+    async fn update_containers(&self, u: &Update) -> Result<(), WriteError> {
         let Some(client) = self.get() else {
             return Err(WriteError::Unreachable("no NRI session".into()));
         };
         let _one = self.writing.lock().await;
         if !self.quiet() {
-            return Err(WriteError::Unreachable(
-                "the runtime is busy (an update rides on its next answer or goes when it is quiet)"
+            return Err(WriteError::Deferred(
+                "the runtime is busy (the update rides on its next answer or goes when it is quiet)"
                     .into(),
             ));
         }
@@ -252,5 +315,38 @@ mod tests {
         assert_eq!(slot.channel(), Channel::AnswersOnly);
         slot.configure("containerd", "2.4.0");
         assert_eq!(slot.channel(), Channel::OwnCalls);
+    }
+
+    #[tokio::test]
+    async fn before_2_4_the_loop_writes_cgroups_where_it_may() {
+        use crate::cgroupfs::testing::{read, Mount};
+        let m = Mount::v1("slot");
+        let id = "ab".repeat(32);
+        let dir = m.container(&id, "0-95", "0");
+        let fs = Arc::new(Cgroupfs::detect(m.path()).expect("cgroupfs"));
+        let slot = RuntimeSlot::new(UnsolicitedUpdates::Auto, Some(fs.clone()));
+        slot.configure("containerd", "1.7.24");
+        assert_eq!(slot.path(), WritePath::Cgroup);
+        assert_eq!(slot.channel(), Channel::OwnCalls);
+        let u = Update {
+            container_id: id.clone(),
+            cpus: tap_engine::CpuSet::parse("4-7").expect("cpus"),
+            mems: Some(tap_engine::NodeSet::parse("1").expect("nodes")),
+        };
+        slot.write_cpuset(&u).await.expect("written");
+        assert_eq!(read(&dir, "cpuset.cpus"), "4-7");
+        assert_eq!(read(&dir, "cpuset.mems"), "1");
+        let gone = Update {
+            container_id: "cd".repeat(32),
+            ..u
+        };
+        assert_eq!(slot.write_cpuset(&gone).await, Err(WriteError::NotFound));
+        // From 2.4 the runtime's own call keeps its record and the cgroup together.
+        slot.configure("containerd", "2.4.2");
+        assert_eq!(slot.path(), WritePath::Unsolicited);
+        // --nri-unsolicited-updates=never with a cgroup filesystem: cgroups.
+        let never = RuntimeSlot::new(UnsolicitedUpdates::Never, Some(fs));
+        never.configure("containerd", "2.4.2");
+        assert_eq!(never.path(), WritePath::Cgroup);
     }
 }

@@ -3,11 +3,11 @@
 //! containers are marked for the ledger's convergence loop, which writes their new cpusets
 //! (retried, never leaving the books wrong), with a `TopologyRebalanced` Event each.
 
-use super::cgroups::CgroupIndex;
 use super::cpu_stat;
 use super::sampler::Sampler;
 use crate::agent::rebalance::{opts_out, Measured};
 use crate::agent::ContainerInfo;
+use crate::cgroupfs::index::CgroupIndex;
 use crate::flags::Flags;
 use crate::ledger::Ledger;
 use crate::metrics::ErrorKind;
@@ -175,12 +175,9 @@ pub async fn run(ledger: Arc<Ledger>, opts: LoopOptions, shutdown: CancellationT
         })
         .await
         {
-            Ok((r, moved)) => {
-                round = Some(r);
-                if !moved.is_empty() {
-                    ledger.retry_now();
-                }
-            }
+            // The round marked what it moved for the convergence loop; backoffs stay as
+            // they are (a container that just timed out keeps its floor).
+            Ok((r, _moved)) => round = Some(r),
             // A panic in a round: logged, counted, the next round starts over.
             Err(e) => {
                 tracing::error!("rebalancing round failed: {e}");

@@ -1,10 +1,11 @@
-//! Finds containers' cgroup directories by container id under the cgroup v2 root, whatever the
-//! cgroup driver named them: `cri-containerd-<id>.scope` and `docker-<id>.scope` (systemd),
+//! Finds containers' cgroup directories by container id under a cgroup root (v2, or one v1
+//! hierarchy), whatever the cgroup driver named them: `cri-containerd-<id>.scope` and `docker-<id>.scope` (systemd),
 //! `<id>` (cgroupfs). One walk of the tree finds every container; a later walk happens only
 //! when a container is not known yet (bounded by [`MAX_DEPTH`] and [`MAX_DIRS`]).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// Containers sit at most this deep (`kubepods.slice/kubepods-burstable.slice/<pod>/<ctr>`).
 pub const MAX_DEPTH: usize = 6;
@@ -34,6 +35,8 @@ pub struct CgroupIndex {
     /// Ids the last walk did not find (a cgroup v1 host, another cgroup root): they do not
     /// cause another walk every round, only a new id does.
     missing: HashSet<String>,
+    /// When the tree was last walked.
+    walked: Option<Instant>,
 }
 
 impl CgroupIndex {
@@ -42,6 +45,7 @@ impl CgroupIndex {
             root: root.to_path_buf(),
             by_id: HashMap::new(),
             missing: HashSet::new(),
+            walked: None,
         }
     }
 
@@ -50,13 +54,38 @@ impl CgroupIndex {
     pub fn learn(&mut self, ids: &[&str]) {
         let new = |id: &&str| !self.by_id.contains_key(*id) && !self.missing.contains(*id);
         if ids.iter().any(new) {
-            self.by_id = walk(&self.root);
+            self.rewalk();
             self.missing = ids
                 .iter()
                 .filter(|id| !self.by_id.contains_key(**id))
                 .map(|id| id.to_string())
                 .collect();
         }
+    }
+
+    fn rewalk(&mut self) {
+        self.by_id = walk(&self.root);
+        self.walked = Some(Instant::now());
+    }
+
+    /// The cgroup directory of container `id`, walking the tree again when it is not known
+    /// and the last walk is at least `every` old (a container's cgroup appears when it is
+    /// created, and one walk finds every container that has one).
+    pub fn find(&mut self, id: &str, every: Duration) -> Option<PathBuf> {
+        if let Some(d) = self.by_id.get(id) {
+            return Some(d.clone());
+        }
+        if self.walked.is_some_and(|t| t.elapsed() < every) {
+            return None;
+        }
+        self.rewalk();
+        self.missing.remove(id);
+        self.by_id.get(id).cloned()
+    }
+
+    /// Forgets one container's directory (it was found gone).
+    pub fn forget(&mut self, id: &str) {
+        self.by_id.remove(id);
     }
 
     /// The cgroup directory of container `id`, as last walked.
