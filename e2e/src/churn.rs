@@ -25,6 +25,19 @@ pub fn check_slowest_create(slowest: Duration) -> Result<()> {
 /// immediate, a failed one is retried within seconds, a lost one is read back within 30 s.
 pub const SETTLE: Duration = Duration::from_secs(45);
 
+/// The bound the agent promises on a node that stays quiet after an event: every cgroup as
+/// the books say within 10 s (the kubelet's own CPU manager reconcile period).
+pub const BOUND: Duration = Duration::from_secs(10);
+
+/// Fails when a phase came to rest later than [`BOUND`].
+pub fn check_bound(phase: &str, took: Duration) -> Result<()> {
+    anyhow::ensure!(
+        took <= BOUND,
+        "{phase}: at rest only after {took:.1?}, beyond the {BOUND:?} bound"
+    );
+    Ok(())
+}
+
 /// One container in the agent's books.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Booked {

@@ -3,7 +3,8 @@
 //! stopped behind the agent's back, an in-place resize, a hung shim, an agent restart and a
 //! containerd restart. After each phase, at rest: no shared container's cgroup cpuset meets
 //! an exclusive grant, every container's cgroup cpuset equals the agent's books, and no create
-//! failed or took longer than [`churn::CREATE_BOUND`] (a create never waits on another container).
+//! failed or took longer than [`churn::CREATE_BOUND`] (a create never waits on another container),
+//! and each phase but the restarts came to rest within [`churn::BOUND`] of its last event.
 //!
 //! The agent places on this host's own sysfs (two CPUs: one exclusive, one shared), not a
 //! folded fixture, so the cgroups show the real cpusets. `TAP_CHURN_SEED` replays a run.
@@ -107,34 +108,23 @@ async fn phases(ctd: &mut Containerd, dir: &Path, mode: Mode) -> Result<()> {
     };
     let res = async {
         run.churn(churn::seed()).await?;
-        run.at_rest("churn", &agent).await?;
+        run.bounded("churn", &agent).await?;
         if mode == Mode::CriProxy {
             run.stop_behind_the_back(ctd).await?;
             run.at_rest("stopped behind the agent's back", &agent)
                 .await?;
         }
         run.resize().await?;
-        run.at_rest("in-place resize", &agent).await?;
+        run.bounded("in-place resize", &agent).await?;
         run.start_overlaps_write().await?;
-        if mode == Mode::Nri {
-            // containerd 1.7 takes NRI updates only on the answers to its own requests: the
-            // shrink of a container that was starting rides on the next one
-            // (docs/reliability.md).
-            run.create_pair(false, false).await?;
-        }
-        let took = run.at_rest("a write during a start", &agent).await?;
-        // The held write goes when the start is answered, not at the loop's next sweep (30 s).
-        ensure!(
-            took < Duration::from_secs(10),
-            "the write held during a start went only after {took:?}"
-        );
-        if mode == Mode::CriProxy {
-            // NRI: the shrunk neighbours' updates ride on the create's answer, which containerd
-            // applies before it answers the kubelet, so a neighbour's hung shim holds the
-            // create (docs/reliability.md says why NRI does not send them on their own).
-            run.hung_shim(&agent).await?;
-            run.at_rest("hung shim thawed", &agent).await?;
-        }
+        // The held write goes when the start is answered (CRI proxy), or straight to the
+        // cgroup once the container runs (NRI), not at a later request or sweep.
+        run.bounded("a write during a start", &agent).await?;
+        run.exclusive_created_before_a_shared_start().await?;
+        run.bounded("an exclusive create before a shared start", &agent)
+            .await?;
+        run.hung_shim(&agent).await?;
+        run.bounded("hung shim thawed", &agent).await?;
         agent.stop();
         agent = TapAgent::start(&agent_args(ctd, dir, mode), &log)?;
         run.at_rest("agent restarted", &agent).await?;
@@ -295,6 +285,31 @@ impl Run {
         churn::wait_at_rest(phase, &agent.metrics_addr, async || self.live().await).await
     }
 
+    /// [`Run::at_rest`], within [`churn::BOUND`] of the phase's last event.
+    async fn bounded(&self, phase: &str, agent: &TapAgent) -> Result<()> {
+        churn::check_bound(phase, self.at_rest(phase, agent).await?)
+    }
+
+    /// A shared container is created, then an exclusive one (which takes a CPU the first was
+    /// created with), then both start, and the node stays quiet: no later request carries the
+    /// shared container's shrink, so the agent must write it on its own.
+    async fn exclusive_created_before_a_shared_start(&mut self) -> Result<()> {
+        while !self.made.is_empty() {
+            self.remove(0).await?;
+        }
+        let (mut c1, p1, s1) = self.run_one(false).await?;
+        let (mut c2, p2, s2) = self.run_one(true).await?;
+        let sb1 = c1.run_pod(&p1).await?;
+        let sb2 = c2.run_pod(&p2).await?;
+        let id1 = c1.create_container(&sb1, &s1).await?;
+        let id2 = c2.create_container(&sb2, &s2).await?;
+        c1.start_container(&id1).await?;
+        c2.start_container(&id2).await?;
+        self.made.push(self.record(sb1, id1, false));
+        self.made.push(self.record(sb2, id2, true));
+        Ok(())
+    }
+
     /// An exclusive container stopped and removed on containerd directly (the proxy never
     /// hears of it): the reconcile releases it and the shared containers widen again.
     async fn stop_behind_the_back(&mut self, ctd: &Containerd) -> Result<()> {
@@ -324,8 +339,8 @@ impl Run {
     }
 
     /// A shared container's shim hangs (SIGSTOP) while an exclusive container is created: the
-    /// create must not wait for the shared container's update, which the loop retries once
-    /// the shim is back.
+    /// create must not wait for the shared container's update (NRI: written to its cgroup, no
+    /// shim involved; CRI proxy: the loop retries it once the shim is back).
     async fn hung_shim(&mut self, agent: &TapAgent) -> Result<()> {
         while !self.made.is_empty() {
             self.remove(0).await?;
