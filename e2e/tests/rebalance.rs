@@ -96,8 +96,10 @@ async fn scenario(ctd: &mut Containerd, dir: &Path, mode: Mode) -> Result<()> {
         || Ok(agent.log_text().contains("rebalanced:")),
     )?;
     if matches!(mode, Mode::Nri) {
-        // containerd 1.7 takes updates only in the answers to its own requests (the agent's
-        // --nri-unsolicited-updates=auto): any container event on the node carries the move.
+        // The agent writes the move into the container's cgroup at once
+        // (--nri-cgroup-writes=auto). A probe Pod still starts here, as when a move had to ride
+        // on containerd's next request: without it, one run in two here saw a second, small
+        // move right after the first (an idle container stalled behind the moved spinner).
         let sb = cri
             .run_pod(&PodSpec::new("probe", CgroupQos::BestEffort))
             .await?;
