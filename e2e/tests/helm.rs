@@ -175,6 +175,13 @@ fn default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator
     assert_eq!(host_path("host-sys"), "/sys");
     assert_eq!(mount("host-sys")["mountPath"], "/host/sys");
     assert_eq!(mount("host-sys")["readOnly"], true);
+    // The cgroup filesystem, read-write in NRI mode: the agent writes cpusets where containerd
+    // takes no unsolicited update (--nri-cgroup-writes=auto).
+    assert_eq!(host_path("host-cgroup"), "/sys/fs/cgroup");
+    assert_eq!(mount("host-cgroup")["mountPath"], "/host/cgroup");
+    assert_eq!(mount("host-cgroup")["readOnly"], false);
+    assert!(has_arg(&args_of(c), "--cgroup-root=/host/cgroup"));
+    assert!(has_arg(&args_of(c), "--nri-cgroup-writes=auto"));
     assert_eq!(host_path("nri-socket-dir"), "/var/run/nri");
     assert_eq!(mount("nri-socket-dir")["mountPath"], "/var/run/nri");
     assert_eq!(host_path("state"), "/var/lib/kunpeng-tap");
@@ -184,7 +191,7 @@ fn default_render_is_an_nri_daemonset_with_minimal_privileges_and_an_ha_operator
     assert!(c["args"].as_array().is_some_and(|a| a
         .iter()
         .any(|a| a == "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock")));
-    assert_eq!(mounts.len(), 4, "{mounts:?}");
+    assert_eq!(mounts.len(), 5, "{mounts:?}");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(c["ports"][0]["containerPort"], 9091);
@@ -315,6 +322,14 @@ fn value_sets_change_what_is_rendered() {
     // Proxy mode: the runtime's socket folder and the proxy socket folder instead of NRI's.
     let objs = render(&["agent.flags.containerRuntimeMode=Containerd"]);
     let pod = &one(&objs, "DaemonSet")["spec"]["template"]["spec"];
+    let cgroup = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "host-cgroup")
+        .cloned()
+        .expect("cgroup mount");
+    assert_eq!(cgroup["readOnly"], true, "proxies only read cgroups");
     let paths: Vec<&str> = pod["volumes"]
         .as_array()
         .unwrap()
@@ -325,6 +340,7 @@ fn value_sets_change_what_is_rendered() {
         paths,
         [
             "/sys",
+            "/sys/fs/cgroup",
             "/var/lib/kunpeng-tap",
             "/var/lib/kubelet/pod-resources",
             "/var/run/containerd",
