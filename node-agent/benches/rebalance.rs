@@ -7,64 +7,14 @@
 //! (not timed) every container's counters advance, a quarter of them by four CPUs' worth and
 //! the rest by a tenth of a CPU, so the nodes are unbalanced and rounds plan and move.
 
+mod support;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use node_agent::agent::{Agent, ContainerInfo, PodInfo};
-use node_agent::ledger::Ledger;
-use node_agent::metrics::Metrics;
 use node_agent::usage::rebalance_loop::{LoopOptions, Round};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 use std::time::{Duration, Instant};
+use support::{cgroup_dir, ledger, scratch};
 use tap_engine::rebalance::RebalanceConfig;
-use tap_engine::sysfs::discover_dir;
-use tap_engine::{Engine, EngineConfig, Topology};
-
-fn id(i: usize) -> String {
-    format!("{i:064x}")
-}
-
-fn container(i: usize) -> ContainerInfo {
-    ContainerInfo {
-        id: id(i),
-        name: "app".into(),
-        pod: PodInfo {
-            uid: format!("uid-{i}"),
-            name: format!("pod-{i}"),
-            namespace: "default".into(),
-            ..Default::default()
-        },
-        cpu_shares: Some(256),
-        cpu_quota: Some(400_000),
-        cpu_period: Some(100_000),
-        ..Default::default()
-    }
-}
-
-fn ledger(n: usize, rt: &tokio::runtime::Runtime) -> Ledger {
-    let root = tap_engine::testdata::fixture_dir("synthetic-4s-8numa-smt-384t");
-    let topo = Arc::new(Topology::build(&discover_dir(&root).expect("fixture")).expect("topo"));
-    let agent = Agent::new(
-        Engine::new(topo, EngineConfig::default()),
-        Arc::new(Metrics::new()),
-        None,
-        "bench",
-    );
-    let l = Ledger::new(Arc::new(agent), None);
-    rt.block_on(async {
-        for i in 0..n {
-            let t = l.begin_create(container(i)).await;
-            l.commit_create(t, Some(id(i)));
-        }
-    });
-    l
-}
-
-fn cgroup_dir(root: &Path, i: usize) -> PathBuf {
-    root.join(format!(
-        "kubepods.slice/kubepods-burstable.slice/pod{i}.slice/cri-containerd-{}.scope",
-        id(i)
-    ))
-}
 
 /// Advances every container's counters by one 10-s round.
 fn advance(root: &Path, n: usize, round: u64) {
@@ -87,16 +37,10 @@ fn advance(root: &Path, n: usize, round: u64) {
 
 fn rounds(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let shm = Path::new("/dev/shm");
-    let base = if shm.is_dir() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    };
     let mut g = c.benchmark_group("rebalance_round");
     g.measurement_time(Duration::from_secs(5));
     for n in [100usize, 500] {
-        let root = base.join(format!("tap-bench-rebalance-{}-{n}", std::process::id()));
+        let root = scratch(&format!("rebalance-{n}"));
         for i in 0..n {
             std::fs::create_dir_all(cgroup_dir(&root, i)).expect("mkdir");
         }

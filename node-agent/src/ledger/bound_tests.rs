@@ -2,7 +2,7 @@
 //! session, and which updates may ride on an answer (pure logic over a directory tree standing
 //! in for a cgroup mount; containerd and the kernel are in the e2e tiers).
 
-use super::tests::{agent, container, created, Recorder};
+use super::tests::{agent, container, created, one_shared_per_node, Recorder};
 use super::*;
 use crate::agent::Update;
 use crate::cgroupfs::testing::{read, Mount};
@@ -37,6 +37,17 @@ async fn started(l: &Ledger, m: &Mount, c: ContainerInfo) -> std::path::PathBuf 
     m.container(&id, &cpus, "0")
 }
 
+/// One shared container per NUMA node and an exclusive one, each with its cgroup; returns the
+/// shared ones' cgroups.
+async fn started_with_an_exclusive_one(l: &Ledger, m: &Mount) -> Vec<std::path::PathBuf> {
+    let mut shared = Vec::new();
+    for i in 0..4 {
+        shared.push(started(l, m, container(&format!("s{i}"), "burstable", 2, 4)).await);
+    }
+    let _ = started(l, m, container("g", "guaranteed", 4, 4)).await;
+    shared
+}
+
 /// No shared container's cgroup holds a CPU of an exclusive grant: checked on what the
 /// cgroups hold, not on the engine's books.
 fn assert_cgroups_keep_exclusive_cpus(l: &Ledger, shared: &[std::path::PathBuf]) {
@@ -57,11 +68,7 @@ async fn the_loop_writes_cgroups_and_the_read_back_heals_one_rewritten_behind_it
     let fs = Arc::new(Cgroupfs::detect(m.path()).expect("cgroupfs"));
     let w = CgroupWriter(fs.clone());
     let l = Ledger::new(agent(), None);
-    let mut shared = Vec::new();
-    for i in 0..4 {
-        shared.push(started(&l, &m, container(&format!("s{i}"), "burstable", 2, 4)).await);
-    }
-    let _ = started(&l, &m, container("g", "guaranteed", 4, 4)).await;
+    let shared = started_with_an_exclusive_one(&l, &m).await;
     l.converge_once(&w).await;
     assert_cgroups_keep_exclusive_cpus(&l, &shared);
     assert_eq!(l.unconverged(), 0);
@@ -91,10 +98,7 @@ async fn a_reading_taken_while_a_write_was_out_is_dropped() {
     let m = Mount::v1("ledger-stale");
     let fs = Arc::new(Cgroupfs::detect(m.path()).expect("cgroupfs"));
     let l = Ledger::new(agent(), None);
-    for i in 0..4 {
-        let _ = started(&l, &m, container(&format!("s{i}"), "burstable", 2, 4)).await;
-    }
-    let _ = started(&l, &m, container("g", "guaranteed", 4, 4)).await;
+    let _ = started_with_an_exclusive_one(&l, &m).await;
     let targets = l.read_back_targets();
     let due = l.take_due(Instant::now());
     assert_eq!(due.writes.len(), 1, "one shared container shrinks");
@@ -144,14 +148,7 @@ async fn updates_ride_on_answers_only_where_no_hung_write_stands_in_the_way() {
         (WriteError::Deferred("busy".into()), true),
     ] {
         let l = Ledger::new(agent(), None);
-        for i in 0..4 {
-            let _ = created(
-                &l,
-                container(&format!("s{i}"), "burstable", 2, 4),
-                &format!("i{i}"),
-            )
-            .await;
-        }
+        let _ = one_shared_per_node(&l).await;
         let _ = created(&l, container("g", "guaranteed", 4, 4), "ig").await;
         let due = l.take_due(Instant::now());
         assert_eq!(due.writes.len(), 1);
@@ -175,14 +172,7 @@ async fn updates_ride_on_answers_only_where_no_hung_write_stands_in_the_way() {
 #[tokio::test]
 async fn a_second_call_out_for_a_container_keeps_its_writes_held() {
     let l = Ledger::new(agent(), None);
-    for i in 0..4 {
-        let _ = created(
-            &l,
-            container(&format!("s{i}"), "burstable", 2, 4),
-            &format!("i{i}"),
-        )
-        .await;
-    }
+    let _ = one_shared_per_node(&l).await;
     let _ = created(&l, container("g", "guaranteed", 4, 4), "ig").await;
     let due = l.pending_updates();
     assert_eq!(due.len(), 1, "a shared container shrinks: {due:?}");
@@ -204,14 +194,7 @@ async fn a_second_call_out_for_a_container_keeps_its_writes_held() {
 async fn a_refused_resize_that_overlapped_a_write_leaves_the_cpuset_unknown() {
     let l = Ledger::new(agent(), None);
     let rt = Recorder::default();
-    for i in 0..4 {
-        let _ = created(
-            &l,
-            container(&format!("s{i}"), "burstable", 2, 4),
-            &format!("i{i}"),
-        )
-        .await;
-    }
+    let _ = one_shared_per_node(&l).await;
     let _ = created(&l, container("g", "guaranteed", 4, 4), "ig").await;
     let due = l.take_due(Instant::now());
     assert_eq!(due.writes.len(), 1);

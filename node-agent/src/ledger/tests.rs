@@ -532,7 +532,7 @@ async fn the_book_keeps_only_what_placement_reads_again() {
 // ---- issue 20: the books equal the runtime at rest ---------------------------------------
 
 /// One shared 2/4 container per NUMA node (keys s0..s3, ids ids0..ids3), their cpusets.
-async fn one_shared_per_node(l: &Ledger) -> Vec<ContainerInfo> {
+pub(super) async fn one_shared_per_node(l: &Ledger) -> Vec<ContainerInfo> {
     let mut out = Vec::new();
     for i in 0..4 {
         let mut c = container(&format!("s{i}"), "burstable", 2, 4);
