@@ -331,10 +331,11 @@ pub struct Flags {
     #[arg(help_heading = "Runtime", long, value_enum, default_value = "auto")]
     pub nri_unsolicited_updates: UnsolicitedUpdates,
 
-    /// NRI: where unsolicited updates are not sent (above), whether the agent writes the cpuset
-    /// of a running container into its cgroup itself (under `--cgroup-root`, v2 or v1's cpuset
-    /// hierarchy): bounded, and no runtime lock or shim is involved. `auto` (where that
-    /// filesystem is writable) or `never` (updates then wait for containerd's next request).
+    /// NRI: whether the agent writes the cpuset of a running container into its cgroup itself
+    /// (under `--cgroup-root`, v2 or v1's cpuset hierarchy): bounded, and no runtime lock or
+    /// shim is involved. `auto` (where that filesystem is writable; used before unsolicited
+    /// updates unless those are `always`) or `never` (then unsolicited updates where allowed,
+    /// else updates wait for containerd's next request).
     #[arg(help_heading = "Runtime", long, value_enum, default_value = "auto")]
     pub nri_cgroup_writes: CgroupWrites,
 
