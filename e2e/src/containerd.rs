@@ -47,10 +47,13 @@ fn install_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(INSTALL_ROOT))
 }
 
+/// A containerd version as printed, with its (major, minor).
+pub type Version = (String, (u64, u64));
+
 /// containerd's version at the install root, as `containerd --version` prints it: `1.7.24~ds1`,
 /// `v2.3.7`; with its (major, minor).
-pub fn installed_version() -> Result<(String, (u64, u64))> {
-    static VERSION: std::sync::OnceLock<std::result::Result<(String, (u64, u64)), String>> =
+pub fn installed_version() -> Result<Version> {
+    static VERSION: std::sync::OnceLock<std::result::Result<Version, String>> =
         std::sync::OnceLock::new();
     VERSION
         .get_or_init(|| {
