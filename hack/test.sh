@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command (README): `bash hack/test.sh [unit|arm64|e2e|all]` (default all:
-# unit, arm64, e2e).
+# The project's test command (README): `bash hack/test.sh [unit|arm64|e2e|containerd2|all]`
+# (default all: unit, arm64, e2e).
 #   unit: cargo fmt --check, cargo clippy -D warnings (the product's own code also without
 #         unwrap/expect/panic/todo/unimplemented), cargo deny check licenses bans sources
 #         (where cargo-deny is installed), cargo test --workspace, instructions per placement
@@ -8,7 +8,11 @@
 #   arm64: builds the agent for aarch64 (static musl) in a Debian trixie chroot and runs the
 #         engine's and the agent's tests under qemu-user, and the arm64 agent's --explain
 #         against the amd64 one (hack/build-arm64.sh --agent-only --test; root)
-#   e2e:  installs and starts real components (hack/e2e/*.sh) and runs the e2e tier (TAP_E2E=1)
+#   e2e:  installs and starts real components (hack/e2e/*.sh) and runs the e2e tier (TAP_E2E=1);
+#         with TAP_CONTAINERD2_VERSIONS set, also the containerd2 tier's tests for those versions
+#   containerd2: builds containerd 2.x (hack/e2e/setup-containerd2.sh; TAP_CONTAINERD2_VERSIONS,
+#         default "v2.3.7 v2.4.2") and runs the NRI tests against each (docs/nri.md, "containerd
+#         versions tested"); not part of `all`
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tier="${1:-all}"
@@ -61,16 +65,45 @@ arm64() {
 e2e() {
   for s in hack/e2e/setup-*.sh; do
     [ -e "$s" ] || continue
+    # containerd 2.x builds take minutes: only for the containerd2 tier.
+    [ "$s" = hack/e2e/setup-containerd2.sh ] && continue
     echo "== $s"
     bash "$s"
   done
   TAP_E2E=1 cargo test -p tap-e2e -- --test-threads=1
+  if [ -n "${TAP_CONTAINERD2_VERSIONS:-}" ]; then
+    containerd2
+  fi
+}
+
+# The NRI tests against containerd 2.x releases, each built from its Go module into
+# /var/cache/kunpeng-tap/containerd-<version>/root (hack/e2e/setup-containerd2.sh) and taken
+# with TAP_CONTAINERD_ROOT. Every version runs, a failure fails the tier at the end.
+containerd2() {
+  local versions="${TAP_CONTAINERD2_VERSIONS:-v2.3.7 v2.4.2}" v t failed=""
+  # shellcheck disable=SC2086
+  bash hack/e2e/setup-containerd2.sh $versions
+  for v in $versions; do
+    v="v${v#v}"
+    for t in "churn_containerd churn_nri" "nri" "faults_nri"; do
+      echo "== containerd $v: $t"
+      # shellcheck disable=SC2086
+      set -- $t
+      TAP_E2E=1 TAP_CONTAINERD_ROOT="/var/cache/kunpeng-tap/containerd-$v/root" \
+        cargo test -p tap-e2e --test "$1" ${2:-} -- --test-threads=1 || failed="$failed $v:$1"
+    done
+  done
+  if [ -n "$failed" ]; then
+    echo "containerd 2.x NRI tests failed:$failed" >&2
+    return 1
+  fi
 }
 
 case "$tier" in
   unit) unit ;;
   arm64) arm64 ;;
   e2e) e2e ;;
+  containerd2) containerd2 ;;
   all) unit; arm64; e2e ;;
-  *) echo "usage: hack/test.sh [unit|arm64|e2e|all]" >&2; exit 2 ;;
+  *) echo "usage: hack/test.sh [unit|arm64|e2e|containerd2|all]" >&2; exit 2 ;;
 esac

@@ -1,8 +1,12 @@
-//! A private containerd 1.7 (CRI and NRI enabled) for e2e tests, and a small CRI client.
+//! A private containerd (CRI and NRI enabled) for e2e tests, and a small CRI client.
 //!
-//! Installed by `hack/e2e/setup-containerd.sh` (containerd from Debian trixie, runc and
+//! Installed by `hack/e2e/setup-containerd.sh` (containerd 1.7 from Debian trixie, runc and
 //! busybox-static from bookworm, unpacked under [`INSTALL_ROOT`]; a busybox image tarball that
-//! serves as both the pause image and the workload image). Everything a [`Containerd`] uses is
+//! serves as both the pause image and the workload image). `TAP_CONTAINERD_ROOT` names another
+//! root of the same layout, such as a containerd 2.x that `hack/e2e/setup-containerd2.sh` builds
+//! (runc and the image stay the 1.7 install's); the config is written for the version
+//! `containerd --version` there reports ([`installed_version`]): version 2 for 1.x, version 3
+//! (the plugin ids containerd 2.0 renamed) for 2.x. Everything a [`Containerd`] uses is
 //! under its own temp dir: sockets, root, state, runc root; nothing touches `/run/containerd`.
 //! Dropping it deletes every container (runc), kills its shims and the daemon, unmounts what
 //! is left and removes the dir.
@@ -41,6 +45,45 @@ fn install_root() -> PathBuf {
     std::env::var_os("TAP_CONTAINERD_ROOT")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(INSTALL_ROOT))
+}
+
+/// A containerd version as printed, with its (major, minor).
+pub type Version = (String, (u64, u64));
+
+/// containerd's version at the install root, as `containerd --version` prints it: `1.7.24~ds1`,
+/// `v2.3.7`; with its (major, minor).
+pub fn installed_version() -> Result<Version> {
+    static VERSION: std::sync::OnceLock<std::result::Result<Version, String>> =
+        std::sync::OnceLock::new();
+    VERSION
+        .get_or_init(|| {
+            let bin = install_root().join("usr/bin/containerd");
+            let out = Command::new(&bin)
+                .arg("--version")
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| format!("running {} --version: {e}", bin.display()))?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            // `containerd github.com/containerd/containerd/v2 v2.3.7 <revision>`
+            let version = text
+                .split_whitespace()
+                .nth(2)
+                .ok_or_else(|| format!("{} --version printed {text:?}", bin.display()))?
+                .to_string();
+            let mm = parse_major_minor(&version)
+                .ok_or_else(|| format!("containerd version {version:?} not understood"))?;
+            Ok((version, mm))
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+/// `v2.3.7`, `1.7.24~ds1`, `2.4.2+unknown` -> (major, minor).
+fn parse_major_minor(version: &str) -> Option<(u64, u64)> {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
 /// Fails (never skips) when the setup script has not run.
@@ -189,8 +232,108 @@ impl Containerd {
     }
 
     fn write_config(&self) -> Result<()> {
+        let (_, (major, minor)) = installed_version()?;
+        let cfg = if major >= 2 {
+            self.config_v3(minor)
+        } else {
+            self.config_v2()
+        };
         let d = &self.dir;
-        let cfg = format!(
+        std::fs::write(d.join("config.toml"), cfg)?;
+        for sub in ["cni-bin", "cni-conf", "nri-plugins", "nri-conf", "nri"] {
+            std::fs::create_dir_all(d.join(sub))?;
+        }
+        if let Some(conf) = &self.opts.cni_conflist {
+            std::fs::write(d.join("cni-conf/10-tap-e2e.conflist"), conf)?;
+        }
+        Ok(())
+    }
+
+    /// The CNI plugins' folder: the install's (a network of its own) or an empty one.
+    fn cni_bin(&self) -> PathBuf {
+        if self.opts.cni_conflist.is_some() {
+            install_root().join("usr/lib/cni")
+        } else {
+            self.dir.join("cni-bin")
+        }
+    }
+
+    /// The runc binary the shims run. TAP_RUNC_BINARY: a wrapper for debugging runc failures.
+    fn runc_bin() -> String {
+        std::env::var("TAP_RUNC_BINARY")
+            .unwrap_or_else(|_| install_root().join("usr/sbin/runc").display().to_string())
+    }
+
+    /// containerd 2.x: config version 3, where CRI is three plugins (`io.containerd.cri.v1.images`,
+    /// `io.containerd.cri.v1.runtime`, `io.containerd.grpc.v1.cri`) and the sandbox image is a
+    /// pinned image; the same settings as [`Containerd::config_v2`] otherwise.
+    fn config_v3(&self, minor: u64) -> String {
+        let d = &self.dir;
+        // `bin_dir` is deprecated from 2.1 on for `bin_dirs`.
+        let cni_bin = if minor >= 1 {
+            format!("bin_dirs = [\"{}\"]", self.cni_bin().display())
+        } else {
+            format!("bin_dir = \"{}\"", self.cni_bin().display())
+        };
+        format!(
+            r#"version = 3
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[debug]
+  level = "info"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{pause}"
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_cdi = false
+  disable_apparmor = true
+  # Lowering oom_score_adj (the sandbox's -998) is refused in unprivileged or nested hosts.
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    {cni_bin}
+    conf_dir = "{d}/cni-conf"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        Root = "{runc}"
+        SystemdCgroup = false
+        BinaryName = "{runc_bin}"
+[plugins.'io.containerd.grpc.v1.cri']
+  disable_tcp_service = true
+[plugins.'io.containerd.nri.v1.nri']
+  disable = {disable}
+  socket_path = "{nri}"
+  plugin_path = "{d}/nri-plugins"
+  plugin_config_path = "{d}/nri-conf"
+  plugin_registration_timeout = "5s"
+  plugin_request_timeout = "{req}ms"
+  disable_connections = false
+"#,
+            root = d.join("root").display(),
+            state = d.join("state").display(),
+            sock = self.cri_socket().display(),
+            pause = PAUSE_IMAGE,
+            d = d.display(),
+            runc = self.runc_root().display(),
+            runc_bin = Self::runc_bin(),
+            disable = !self.opts.nri,
+            nri = self.nri_socket().display(),
+            req = self.opts.nri_request_timeout.as_millis(),
+        )
+    }
+
+    /// containerd 1.x: config version 2, CRI as one plugin (`io.containerd.grpc.v1.cri`).
+    fn config_v2(&self) -> String {
+        let d = &self.dir;
+        format!(
             r#"version = 2
 root = "{root}"
 state = "{state}"
@@ -234,27 +377,12 @@ state = "{state}"
             pause = PAUSE_IMAGE,
             d = d.display(),
             runc = self.runc_root().display(),
-            // TAP_RUNC_BINARY: a wrapper for debugging runc failures.
-            runc_bin = std::env::var("TAP_RUNC_BINARY")
-                .unwrap_or_else(|_| install_root().join("usr/sbin/runc").display().to_string()),
+            runc_bin = Self::runc_bin(),
             disable = !self.opts.nri,
             nri = self.nri_socket().display(),
             req = self.opts.nri_request_timeout.as_millis(),
-            cni_bin = if self.opts.cni_conflist.is_some() {
-                install_root().join("usr/lib/cni")
-            } else {
-                d.join("cni-bin")
-            }
-            .display(),
-        );
-        std::fs::write(d.join("config.toml"), cfg)?;
-        for sub in ["cni-bin", "cni-conf", "nri-plugins", "nri-conf", "nri"] {
-            std::fs::create_dir_all(d.join(sub))?;
-        }
-        if let Some(conf) = &self.opts.cni_conflist {
-            std::fs::write(d.join("cni-conf/10-tap-e2e.conflist"), conf)?;
-        }
-        Ok(())
+            cni_bin = self.cni_bin().display(),
+        )
     }
 
     fn spawn(&mut self) -> Result<()> {
@@ -971,4 +1099,18 @@ pub async fn with_containerd(
     drop(ctd);
     remove_cgroup_tree();
     res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_major_minor;
+
+    #[test]
+    fn containerd_versions_parse() {
+        assert_eq!(parse_major_minor("1.7.24~ds1"), Some((1, 7)));
+        assert_eq!(parse_major_minor("v2.3.7"), Some((2, 3)));
+        assert_eq!(parse_major_minor("2.4.2+unknown"), Some((2, 4)));
+        assert_eq!(parse_major_minor("v2.4.0-beta.0"), Some((2, 4)));
+        assert_eq!(parse_major_minor("devel"), None);
+    }
 }
