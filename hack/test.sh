@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's test command (README): `bash hack/test.sh [unit|arm64|e2e|containerd2|all]`
-# (default all: unit, arm64, e2e).
+# (default all: unit, arm64, e2e, containerd2).
 #   unit: cargo fmt --check, cargo clippy -D warnings (the product's own code also without
 #         unwrap/expect/panic/todo/unimplemented), cargo deny check licenses bans sources
 #         (where cargo-deny is installed), cargo test --workspace, instructions per placement
@@ -12,7 +12,7 @@
 #         with TAP_CONTAINERD2_VERSIONS set, also the containerd2 tier's tests for those versions
 #   containerd2: builds containerd 2.x (hack/e2e/setup-containerd2.sh; TAP_CONTAINERD2_VERSIONS,
 #         default "v2.3.7 v2.4.2") and runs the NRI tests against each (docs/nri.md, "containerd
-#         versions tested"); not part of `all`
+#         versions tested")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tier="${1:-all}"
@@ -104,6 +104,6 @@ case "$tier" in
   arm64) arm64 ;;
   e2e) e2e ;;
   containerd2) containerd2 ;;
-  all) unit; arm64; e2e ;;
+  all) unit; arm64; e2e; containerd2 ;;
   *) echo "usage: hack/test.sh [unit|arm64|e2e|containerd2|all]" >&2; exit 2 ;;
 esac
