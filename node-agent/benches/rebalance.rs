@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tap_engine::rebalance::RebalanceConfig;
-use tap_engine::sysfs::discover_dir;
 use tap_engine::{Engine, EngineConfig, Topology};
 
 fn id(i: usize) -> String {
@@ -41,8 +40,13 @@ fn container(i: usize) -> ContainerInfo {
 }
 
 fn ledger(n: usize, rt: &tokio::runtime::Runtime) -> Ledger {
-    let root = tap_engine::testdata::fixture_dir("synthetic-4s-8numa-smt-384t");
-    let topo = Arc::new(Topology::build(&discover_dir(&root).expect("fixture")).expect("topo"));
+    let topo = Arc::new(
+        Topology::build(
+            &tap_engine::testdata::discover_fixture("synthetic-4s-8numa-smt-384t")
+                .expect("fixture"),
+        )
+        .expect("topo"),
+    );
     let agent = Agent::new(
         Engine::new(topo, EngineConfig::default()),
         Arc::new(Metrics::new()),

@@ -721,13 +721,11 @@ pub(crate) mod test_sets {
 pub(crate) mod tests {
     use super::test_sets::*;
     use super::*;
-    use tap_engine::sysfs::discover_dir;
 
     /// Fixture `name`'s topology, with the NVIDIA GPU UUIDs of its proc files (where it has
     /// them), as `Flags::load_topology` reads a host.
     fn fixture(name: &str) -> Arc<Topology> {
-        let root = tap_engine::testdata::fixture_dir(name);
-        let mut raw = discover_dir(&root).unwrap();
+        let mut raw = tap_engine::testdata::discover_fixture(name).unwrap();
         let proc = tap_engine::sysfs::DirSource::new(tap_engine::testdata::proc_fixture_dir(name));
         tap_engine::devices::read_nvidia_uuids(&proc, &mut raw.devices);
         Arc::new(Topology::build(&raw).unwrap())

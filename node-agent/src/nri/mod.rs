@@ -588,14 +588,12 @@ mod tests {
     use futures_util::StreamExt;
     use proto::nri_ttrpc::{create_runtime, PluginClient, Runtime};
     use proto::{RegisterPluginRequest, StateChangeEvent, StopContainerRequest};
-    use tap_engine::sysfs::discover_dir;
     use tap_engine::{Engine, EngineConfig, Topology};
     use ttrpc::r#async::transport::{Listener, Socket};
     use ttrpc::r#async::{Client, Server};
 
     fn test_agent() -> Arc<Agent> {
-        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
-        let raw = discover_dir(&root).unwrap();
+        let raw = tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").unwrap();
         let topo = Arc::new(Topology::build(&raw).unwrap());
         Arc::new(Agent::new(
             Engine::new(topo, EngineConfig::default()),
