@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BASELINE=engine/benches/ir-baseline.txt
-FIXTURE=fixtures/sysfs/synthetic-4s-8numa-smt-384t
+FIXTURE_NAME=synthetic-4s-8numa-smt-384t
 N=${N:-1000}
 TOLERANCE_PCT=${TOLERANCE_PCT:-5}
 ROWS=(
@@ -43,8 +43,10 @@ if ! command -v valgrind >/dev/null 2>&1; then
   . hack/lib/debian-apt.sh
   apt_install_quietly --no-install-recommends valgrind
 fi
-cargo build -q --release --locked -p tap-engine --example placement_workload
+cargo build -q --release --locked -p tap-engine --example placement_workload --example fixture_dir
 bin="${CARGO_TARGET_DIR:-target}/release/examples/placement_workload"
+# The fixture as a folder (its dump written out under the target dir), read as /sys is.
+FIXTURE=$("${CARGO_TARGET_DIR:-target}/release/examples/fixture_dir" "$FIXTURE_NAME")
 rustc_v=$(rustc -V)
 
 instructions() { # policy operation n

@@ -24,9 +24,13 @@ pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The sysfs root of fixture `name` in the repository (`fixtures/sysfs/<name>`): the engine's
-/// one helper, re-exported.
-pub use tap_engine::testdata::fixture_dir;
+/// The sysfs root of fixture `name` as a folder: the repository ships each fixture as one dump
+/// file (`fixtures/sysfs/<name>`), which the engine's helper writes out once under the Cargo
+/// target directory ([`tap_engine::testdata::materialised`]) for what needs a real directory:
+/// an agent's `--sysfs-root`, a bind mount, an image layer. Read it, don't change it.
+pub fn fixture_dir(name: &str) -> PathBuf {
+    tap_engine::testdata::materialised(name).unwrap_or_else(|e| panic!("fixture {name}: {e}"))
+}
 
 /// Builds a binary of this workspace (`cargo build -p <package> --bin <bin>`) and returns its
 /// path under `CARGO_TARGET_DIR` (or `./target`); cargo's own lock makes concurrent calls safe.

@@ -297,7 +297,7 @@ fn agent_image_builds_from_dockerfile_and_runs_on_scratch() {
     let fixture = fixture_dir("synthetic-2s-4numa-96c-gpu");
     let fixture = fixture.canonicalize().unwrap_or_else(|e| {
         panic!(
-            "{}: {e} (the repository ships it in fixtures/sysfs)",
+            "{}: {e} (the repository ships it as a dump in fixtures/sysfs)",
             fixture.display()
         )
     });

@@ -807,7 +807,8 @@ fn compare_with_fixture(captured: &Path) -> Result<()> {
     ensure!(
         missing.is_empty() && extra.is_empty() && differ.is_empty(),
         "the guest's sysfs differs from fixtures/sysfs/qemu-arm64-2s-4cluster-2numa \
-         (copy {} there if QEMU or the kernel changed): missing {missing:?}, extra {extra:?}, differ {differ:?}",
+         (if QEMU or the kernel changed: python3 hack/sysfsdump.py dump {} \
+         fixtures/sysfs/qemu-arm64-2s-4cluster-2numa): missing {missing:?}, extra {extra:?}, differ {differ:?}",
         captured.display()
     );
     Ok(())

@@ -9,12 +9,16 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
 use std::sync::Arc;
-use tap_engine::sysfs::discover_dir;
 use tap_engine::{ContainerRequest, Engine, PolicyKind, Qos, Topology};
 
 fn topo() -> Arc<Topology> {
-    let root = tap_engine::testdata::fixture_dir("synthetic-4s-8numa-smt-384t");
-    Arc::new(Topology::build(&discover_dir(&root).expect("fixture")).expect("topology"))
+    Arc::new(
+        Topology::build(
+            &tap_engine::testdata::discover_fixture("synthetic-4s-8numa-smt-384t")
+                .expect("fixture"),
+        )
+        .expect("topology"),
+    )
 }
 
 fn loaded(policy: PolicyKind) -> Engine {

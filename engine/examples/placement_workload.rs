@@ -6,7 +6,7 @@
 //! with the machine's load, so a regression on the container start path shows on a shared
 //! 2-core CI machine as well as on a quiet one.
 //!
-//! `placement_workload FIXTURE_DIR POLICY OPERATION N`
+//! `placement_workload FIXTURE POLICY OPERATION N` (FIXTURE: a sysfs dump file or folder)
 //!   POLICY: topology-aware | numa-aware
 //!   OPERATION: setup (nothing after the setup) | decide-burstable | create-remove-burstable |
 //!              decide-guaranteed | create-remove-guaranteed
@@ -31,7 +31,7 @@ fn new_request(id: &str, qos: Qos, request: u64, limit: u64) -> ContainerRequest
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [fixture, policy, operation, n] = args.as_slice() else {
-        eprintln!("usage: placement_workload FIXTURE_DIR POLICY OPERATION N");
+        eprintln!("usage: placement_workload FIXTURE POLICY OPERATION N");
         std::process::exit(2);
     };
     let raw = discover_dir(Path::new(fixture)).expect("reading the fixture");

@@ -135,9 +135,13 @@ impl Engine {
 
     /// Changes the policy settings for containers placed from now on; existing grants stay.
     /// Reserved CPUs apply at once to the usable set. Taken through [`EngineConfig::in_force`].
-    pub fn set_config(&mut self, cfg: EngineConfig) {
+    /// Shared grants follow the CPUs the new configuration makes usable or reserved at once:
+    /// returns the updates for those whose cpuset changed (as a restore under the new
+    /// configuration would give them, so the order of a restore and a change does not matter).
+    pub fn set_config(&mut self, cfg: EngineConfig) -> CpusetUpdates {
         let (cfg, clusters_off) = cfg.in_force(&self.topo.cpu);
         self.clusters_off = clusters_off;
+        let before = self.usable;
         self.usable = self
             .topo
             .online
@@ -147,6 +151,11 @@ impl Engine {
         self.node_capacity = capacities(self.topo.nodes.iter().map(|n| &n.cpus), &self.usable);
         self.has_shared = with_shared_cpus(&self.topo, &self.usable, &self.taken);
         self.cfg = cfg;
+        let changed = before.symmetric_difference(&self.usable);
+        if changed.is_empty() {
+            return CpusetUpdates::new();
+        }
+        self.refresh_shared(&changed)
     }
 
     pub fn grant(&self, id: &str) -> Option<&Grant> {

@@ -1,16 +1,19 @@
-//! Topology discovery from a sysfs tree (`/sys`, or a fixture folder in tests).
+//! Topology discovery from a sysfs tree (`/sys`, or a fixture's dump in tests).
 //!
 //! Reading files is behind [`FileSource`], so the parsing here is testable on in-memory trees;
-//! [`DirSource`] reads a real directory. The tree is checked, not trusted: every error names the
+//! [`DirSource`] reads a real directory, [`MapSource`] a tree in memory (a dump file's: see
+//! `dump`), [`RootSource`] either, as `--sysfs-root` names it. The tree is checked, not trusted: every error names the
 //! file it came from (and the CPUs, where CPUs are involved), and oddities discovery can work
 //! around come back as [`DiscoveryWarning`]s for the caller to log.
 //!
-//! - `source`: [`FileSource`], [`DirSource`], [`MapSource`].
+//! - `source`: [`FileSource`], [`DirSource`], [`MapSource`], [`RootSource`].
+//! - `dump`: the one-file text form of a tree ([`MapSource::from_dump`], `to_dump`, `write_tree`).
 //! - `parse`: single values (id files, `cpuN`/`nodeN` names, `meminfo`).
 //! - `checks`: consistency across files (node overlaps, CPUs in no node, distances, ...).
 //! - `error`: [`DiscoveryError`] and [`DiscoveryWarning`].
 
 mod checks;
+mod dump;
 mod error;
 mod parse;
 mod source;
@@ -20,9 +23,10 @@ use crate::devices::is_accelerator_class;
 use crate::nodeset::MAX_NODES;
 use crate::topology::{PciDevice, RawCpu, RawNode, RawTopology};
 use checks::NodeFiles;
+pub use dump::{DumpError, DUMP_MAGIC};
 pub use error::{DiscoveryError, DiscoveryWarning};
 use parse::{cpus_error, dir_id, malformed, parse_id, parse_memtotal, Id};
-pub use source::{DirSource, FileSource, MapSource};
+pub use source::{DirSource, FileSource, MapSource, RootSource};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
@@ -395,14 +399,25 @@ fn read_devices<S: FileSource + ?Sized>(
     Ok(devices)
 }
 
-/// Convenience: discover from a directory on disk, dropping warnings.
+/// Convenience: discover from a directory on disk or a dump file ([`RootSource`]), dropping
+/// warnings.
 pub fn discover_dir(root: &Path) -> Result<RawTopology, DiscoveryError> {
-    discover(&DirSource::new(root), &DiscoveryOptions::default())
+    discover(&open_root(root)?, &DiscoveryOptions::default())
 }
 
-/// Discover from a directory on disk, with warnings for the caller to log.
+/// Discover from a directory on disk or a dump file ([`RootSource`]), with warnings for the
+/// caller to log.
 pub fn discover_dir_with_warnings(root: &Path) -> Result<Discovery, DiscoveryError> {
-    discover_with_warnings(&DirSource::new(root), &DiscoveryOptions::default())
+    discover_with_warnings(&open_root(root)?, &DiscoveryOptions::default())
+}
+
+/// [`RootSource::open`], its failure (an unreadable or malformed dump) as a read error of the
+/// file.
+pub fn open_root(root: &Path) -> Result<RootSource, DiscoveryError> {
+    RootSource::open(root).map_err(|source| DiscoveryError::Read {
+        path: root.display().to_string(),
+        source,
+    })
 }
 
 #[cfg(test)]

@@ -1,11 +1,18 @@
 //! Where the sysfs fixtures are, for tests, benches and examples.
 //!
 //! Every fixture the repository's tests, benches, examples and e2e tier read ships in the
-//! repository under `fixtures/sysfs/` (see the README there; the proc files that go with some
-//! of them under `fixtures/proc/`), so a plain clone tests itself.
-//! Code names a fixture by folder name and finds it here, never by a path of its own.
+//! repository as one dump file under `fixtures/sysfs/` (the format and the fixtures: the README
+//! there; the proc files that go with some of them are folders under `fixtures/proc/`), so a
+//! plain clone tests itself. Code names a fixture by name and finds it here, never by a path of
+//! its own: [`fixture`] reads it into memory, for discovery and tests; [`materialised`] writes
+//! it out once as a folder under the Cargo target directory, for what needs a real directory
+//! (an agent started with `--sysfs-root`, a container image, a test that edits files on disk).
 
+use crate::sysfs::{DiscoveryError, MapSource};
+use crate::RawTopology;
+use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The repository's fixtures folder, `fixtures/sysfs` at the workspace root.
 ///
@@ -20,9 +27,21 @@ pub fn fixtures_root() -> PathBuf {
     at_run.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/sysfs"))
 }
 
-/// The sysfs root of fixture `name`: `fixtures/sysfs/<name>` in the repository.
-pub fn fixture_dir(name: &str) -> PathBuf {
+/// The dump file of fixture `name`: `fixtures/sysfs/<name>` in the repository. The agent's
+/// `--sysfs-root` (and tap-sim's) takes it as it is.
+pub fn fixture_file(name: &str) -> PathBuf {
     fixtures_root().join(name)
+}
+
+/// Fixture `name` read into memory (its symlinks are followed when read).
+pub fn fixture(name: &str) -> io::Result<MapSource> {
+    let text = std::fs::read_to_string(fixture_file(name))?;
+    MapSource::from_dump(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// The topology discovery finds in fixture `name`.
+pub fn discover_fixture(name: &str) -> Result<RawTopology, DiscoveryError> {
+    crate::sysfs::discover_dir(&fixture_file(name))
 }
 
 /// The proc root that goes with fixture `name` (`fixtures/proc/<name>`: the NVIDIA driver's
@@ -31,17 +50,81 @@ pub fn proc_fixture_dir(name: &str) -> PathBuf {
     fixtures_root().join("../proc").join(name)
 }
 
-/// The names of every fixture the repository ships (its folders), sorted.
-pub fn fixture_names() -> std::io::Result<Vec<String>> {
+/// The names of every fixture the repository ships (its dump files), sorted.
+pub fn fixture_names() -> io::Result<Vec<String>> {
     let mut names = Vec::new();
     for e in std::fs::read_dir(fixtures_root())? {
         let e = e?;
-        if e.file_type()?.is_dir() {
-            names.push(e.file_name().to_string_lossy().into_owned());
+        let name = e.file_name().to_string_lossy().into_owned();
+        if e.file_type()?.is_file() && name != "README.md" {
+            names.push(name);
         }
     }
     names.sort();
     Ok(names)
+}
+
+/// Fixture `name` as a folder (files and symlinks), written once under the Cargo target
+/// directory: `<target>/tap-fixtures/<hash of the dump>/<name>`, so that the folder has the
+/// fixture's name and a changed dump gets a new one. It is written under a temporary name
+/// and renamed into place, so tests running at the same time never see half of it; don't
+/// change it (copy it first).
+pub fn materialised(name: &str) -> io::Result<PathBuf> {
+    let text = std::fs::read_to_string(fixture_file(name))?;
+    let parent = target_dir()
+        .join("tap-fixtures")
+        .join(format!("{:016x}", fnv1a(text.as_bytes())));
+    let dir = parent.join(name);
+    if dir.is_dir() {
+        return Ok(dir);
+    }
+    let tree =
+        MapSource::from_dump(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    std::fs::create_dir_all(&parent)?;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let tmp = parent.join(format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let written = tree
+        .write_tree(&tmp)
+        .and_then(|()| std::fs::rename(&tmp, &dir));
+    match written {
+        Ok(()) => Ok(dir),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            // Another process renamed its copy into place first.
+            if dir.is_dir() {
+                Ok(dir)
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The Cargo target directory of the running binary (a test, bench or example sits in it:
+/// Cargo keeps `.rustc_info.json` at its root), else `CARGO_TARGET_DIR`, else `target` at the
+/// workspace root.
+fn target_dir() -> PathBuf {
+    let workspace = fixtures_root().join("../..");
+    let from_exe = std::env::current_exe().ok().and_then(|exe| {
+        exe.ancestors()
+            .find(|d| d.join(".rustc_info.json").is_file() || d.join("CACHEDIR.TAG").is_file())
+            .map(Path::to_path_buf)
+    });
+    from_exe
+        .or_else(|| std::env::var_os("CARGO_TARGET_DIR").map(|t| workspace.join(t)))
+        .unwrap_or_else(|| workspace.join("target"))
+}
+
+/// 64-bit FNV-1a: names a dump's content.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Container `i` of the placement benchmarks' mix: 70% Burstable (100m-500m requested, twice

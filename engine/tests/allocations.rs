@@ -30,8 +30,12 @@ fn allocations<T>(f: impl FnOnce() -> T) -> usize {
 
 #[test]
 fn decisions_allocate_almost_nothing() {
-    let root = tap_engine::testdata::fixture_dir("synthetic-4s-8numa-smt-384t");
-    let topo = Arc::new(Topology::build(&tap_engine::sysfs::discover_dir(&root).unwrap()).unwrap());
+    let topo = Arc::new(
+        Topology::build(
+            &tap_engine::testdata::discover_fixture("synthetic-4s-8numa-smt-384t").unwrap(),
+        )
+        .unwrap(),
+    );
     for policy in [PolicyKind::TopologyAware, PolicyKind::NumaAware] {
         let mut e = Engine::new(
             topo.clone(),

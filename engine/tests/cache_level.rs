@@ -3,7 +3,6 @@
 //! (one NUMA node each) of 4 CCX-like L3 groups of 4 cores x 2 threads (siblings n and n+32).
 
 use std::sync::Arc;
-use tap_engine::sysfs::discover_dir;
 use tap_engine::{
     CacheAffinity, ContainerRequest, Engine, EngineConfig, Level, Outcome, Placement, Reason,
     Topology, Unhonoured,
@@ -12,8 +11,7 @@ use tap_engine::{
 const CCX: &str = "synthetic-2s-2numa-64t-8ccx";
 
 fn topo(name: &str) -> Arc<Topology> {
-    let root = tap_engine::testdata::fixture_dir(name);
-    Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap())
+    Arc::new(Topology::build(&tap_engine::testdata::discover_fixture(name).unwrap()).unwrap())
 }
 
 fn c(id: &str, req: u64, lim: u64) -> ContainerRequest {

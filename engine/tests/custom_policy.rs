@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tap_engine::grant::Grant;
 use tap_engine::policy::{pool_choice, Choice, Policy, Settings};
-use tap_engine::sysfs::discover_dir;
 use tap_engine::{
     ContainerRequest, CpuSet, Engine, EngineConfig, Level, Outcome, Placement, PolicyKind, PoolId,
     Reason, StateView, Topology,
@@ -78,8 +77,12 @@ impl Policy for FirstFitNuma {
 }
 
 fn topo() -> Arc<Topology> {
-    let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
-    Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap())
+    Arc::new(
+        Topology::build(
+            &tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").unwrap(),
+        )
+        .unwrap(),
+    )
 }
 
 fn c(id: &str, req_milli: u64) -> ContainerRequest {

@@ -2,12 +2,12 @@
 //! against their `expected.json` (computed from the files independently) and against the pool
 //! counts containers/nri-plugins' own tests expect from the same dumps.
 
-use tap_engine::sysfs::discover_dir;
-use tap_engine::testdata::fixture_dir;
+use tap_engine::sysfs::FileSource;
+use tap_engine::testdata::{discover_fixture, fixture};
 use tap_engine::{CpuSet, Level, Topology};
 
 fn load(name: &str) -> Topology {
-    let raw = discover_dir(&fixture_dir(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let raw = discover_fixture(name).unwrap_or_else(|e| panic!("{name}: {e}"));
     Topology::build(&raw).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
@@ -23,7 +23,7 @@ const REAL: [&str; 5] = [
 fn real_dumps_match_expected_json() {
     for name in REAL {
         let t = load(name);
-        let text = std::fs::read_to_string(fixture_dir(name).join("expected.json")).unwrap();
+        let text = fixture(name).unwrap().read("expected.json").unwrap();
         let exp: serde_json::Value = serde_json::from_str(&text).unwrap();
         let set = |v: &serde_json::Value| CpuSet::parse(v.as_str().unwrap()).unwrap();
         assert_eq!(t.online, set(&exp["cpus_online"]), "{name}: online");
@@ -179,7 +179,7 @@ fn kunpeng_fixtures_identify_from_midr_and_from_cpuinfo() {
         ),
     ];
     for (name, known, bits) in cases {
-        let sys = DirSource::new(fixture_dir(name));
+        let sys = fixture(name).unwrap();
         let proc = DirSource::new(proc_fixture_dir(name));
         let from_sysfs = identify(&sys, &proc, 0);
         assert!(from_sysfs.problems.is_empty(), "{name}: {from_sysfs:?}");
@@ -211,7 +211,7 @@ fn kunpeng_fixtures_identify_from_midr_and_from_cpuinfo() {
         );
     }
     let other = identify(
-        &DirSource::new(fixture_dir("synthetic-2s-4numa-96c-gpu")),
+        &fixture("synthetic-2s-4numa-96c-gpu").unwrap(),
         &MapSource::default(),
         0,
     );
@@ -219,7 +219,7 @@ fn kunpeng_fixtures_identify_from_midr_and_from_cpuinfo() {
     // The live arm64 guest's capture: QEMU's `-cpu max` (implementer 0x00, part 0x051) is no
     // Kunpeng.
     let qemu = identify(
-        &DirSource::new(fixture_dir("qemu-arm64-2s-4cluster-2numa")),
+        &fixture("qemu-arm64-2s-4cluster-2numa").unwrap(),
         &MapSource::default(),
         0,
     );

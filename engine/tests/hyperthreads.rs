@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 use tap_engine::request::Hyperthreads;
-use tap_engine::sysfs::discover_dir;
 use tap_engine::{
     ContainerRequest, CoreGrain, CpuSet, Engine, EngineConfig, Outcome, Placement, Topology,
     Unhonoured,
@@ -14,8 +13,8 @@ use tap_engine::{
 const SMT: &str = "synthetic-2s-2numa-smt-96t";
 
 fn engine(name: &str, cfg: EngineConfig) -> Engine {
-    let root = tap_engine::testdata::fixture_dir(name);
-    let topo = Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap());
+    let topo =
+        Arc::new(Topology::build(&tap_engine::testdata::discover_fixture(name).unwrap()).unwrap());
     Engine::new(topo, cfg)
 }
 
@@ -185,8 +184,7 @@ fn hidden_hyperthreads_restore_from_the_record() {
 #[test]
 fn core_sizes_have_a_common_divisor_the_policy_can_skip_on() {
     let gcd = |name: &str| {
-        let root = tap_engine::testdata::fixture_dir(name);
-        Topology::build(&discover_dir(&root).unwrap())
+        Topology::build(&tap_engine::testdata::discover_fixture(name).unwrap())
             .unwrap()
             .core_size_gcd()
     };

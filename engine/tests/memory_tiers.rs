@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 use tap_engine::request::MemoryTypes;
-use tap_engine::sysfs::discover_dir;
 use tap_engine::{
     ContainerRequest, Engine, EngineConfig, MemoryKind, NodeSet, Outcome, Placement, PolicyKind,
     Topology, Unhonoured,
@@ -14,8 +13,8 @@ use tap_engine::{
 const PMEM: &str = "2socket-snc2-4numa-2pmem-112cpu-smt2";
 
 fn engine(name: &str, cfg: EngineConfig) -> Engine {
-    let root = tap_engine::testdata::fixture_dir(name);
-    let topo = Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap());
+    let topo =
+        Arc::new(Topology::build(&tap_engine::testdata::discover_fixture(name).unwrap()).unwrap());
     Engine::new(topo, cfg)
 }
 

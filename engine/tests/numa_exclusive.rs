@@ -4,15 +4,18 @@
 
 use std::sync::Arc;
 use tap_engine::request::NumaPolicy;
-use tap_engine::sysfs::discover_dir;
 use tap_engine::{
     ContainerRequest, CpuSet, Engine, EngineConfig, Outcome, Placement, Reason, SkipReason,
     Topology,
 };
 
 fn engine() -> Engine {
-    let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
-    let topo = Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap());
+    let topo = Arc::new(
+        Topology::build(
+            &tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").unwrap(),
+        )
+        .unwrap(),
+    );
     Engine::new(topo, EngineConfig::default())
 }
 

@@ -3,15 +3,13 @@
 
 use std::sync::Arc;
 use tap_engine::request::Overrides;
-use tap_engine::sysfs::discover_dir;
 use tap_engine::{
     ContainerRequest, CpuSet, Engine, EngineConfig, Level, Outcome, Placement, PolicyKind, Qos,
     Reason, SkipReason, Topology,
 };
 
 fn topo(name: &str) -> Arc<Topology> {
-    let root = tap_engine::testdata::fixture_dir(name);
-    Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap())
+    Arc::new(Topology::build(&tap_engine::testdata::discover_fixture(name).unwrap()).unwrap())
 }
 
 const KP920: &str = "synthetic-2s-4numa-96c-gpu";
@@ -454,12 +452,12 @@ fn a_strict_numa_policy_gets_one_node_or_nothing() {
 fn kunpeng_950_only_uses_clusters_on_part_0xd06_alone() {
     use tap_engine::cpu_model::identify;
     use tap_engine::sysfs::DirSource;
-    use tap_engine::testdata::{fixture_dir, proc_fixture_dir};
+    use tap_engine::testdata::{discover_fixture, fixture, proc_fixture_dir};
     use tap_engine::ClusterAffinityRule;
     let identified = |name: &str| {
-        let mut raw = discover_dir(&fixture_dir(name)).unwrap();
+        let mut raw = discover_fixture(name).unwrap();
         let (sys, proc) = (
-            DirSource::new(fixture_dir(name)),
+            fixture(name).unwrap(),
             DirSource::new(proc_fixture_dir(name)),
         );
         raw.cpu = identify(&sys, &proc, 0).model;

@@ -2,12 +2,15 @@
 //! it had before, other containers' cpusets included.
 
 use std::sync::Arc;
-use tap_engine::sysfs::discover_dir;
 use tap_engine::{ContainerRequest, Engine, EngineConfig, Outcome, Qos, Topology};
 
 fn engine() -> Engine {
-    let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
-    let topo = Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap());
+    let topo = Arc::new(
+        Topology::build(
+            &tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").unwrap(),
+        )
+        .unwrap(),
+    );
     Engine::new(topo, EngineConfig::default())
 }
 

@@ -3,15 +3,17 @@
 //! over an older record, and records are checked against the skip label and usable CPUs.
 
 use std::sync::Arc;
-use tap_engine::sysfs::discover_dir;
-use tap_engine::testdata::fixture_dir;
 use tap_engine::{
     ContainerRequest, CpuSet, Engine, EngineConfig, Existing, Outcome, Placement, Qos, Topology,
 };
 
 fn engine(cfg: EngineConfig) -> Engine {
-    let root = fixture_dir("synthetic-2s-4numa-96c-gpu");
-    let topo = Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap());
+    let topo = Arc::new(
+        Topology::build(
+            &tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").unwrap(),
+        )
+        .unwrap(),
+    );
     Engine::new(topo, cfg)
 }
 

@@ -28,8 +28,7 @@ fn topologies() -> &'static Vec<Arc<Topology>> {
         FIXTURES
             .iter()
             .map(|n| {
-                let raw =
-                    tap_engine::sysfs::discover_dir(&tap_engine::testdata::fixture_dir(n)).unwrap();
+                let raw = tap_engine::testdata::discover_fixture(n).unwrap();
                 Arc::new(Topology::build(&raw).unwrap())
             })
             .collect()

@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use tap_engine::sysfs::{
     discover, discover_dir, discover_dir_with_warnings, discover_with_warnings, Discovery,
-    DiscoveryError, DiscoveryOptions, DiscoveryWarning, MapSource,
+    DiscoveryError, DiscoveryOptions, DiscoveryWarning, FileSource, MapSource,
 };
-use tap_engine::testdata::{fixture_dir, fixture_names};
+use tap_engine::testdata::{fixture, fixture_file, fixture_names, materialised};
 use tap_engine::Topology;
 
 const GPU96: &str = "synthetic-2s-4numa-96c-gpu";
@@ -23,14 +23,10 @@ struct Tree {
 }
 
 impl Tree {
-    fn of(fixture: &str) -> Tree {
+    fn of(name: &str) -> Tree {
         static GPU: OnceLock<MapSource> = OnceLock::new();
-        assert_eq!(fixture, GPU96);
-        let map = GPU.get_or_init(|| {
-            let mut m = MapSource::default();
-            read_into(&fixture_dir(fixture), &mut m);
-            m
-        });
+        assert_eq!(name, GPU96);
+        let map = GPU.get_or_init(|| fixture(name).expect("fixture"));
         Tree { map: map.clone() }
     }
 
@@ -39,14 +35,19 @@ impl Tree {
         self
     }
 
-    /// Removes a file or a directory with everything under it.
+    /// Removes a file, a symlink or a directory with everything under it.
     fn remove(&mut self, rel: &str) -> &mut Self {
         let dir = format!("{rel}/");
-        let before = self.map.files.len();
-        self.map
-            .files
-            .retain(|k, _| k != rel && !k.starts_with(&dir));
-        assert!(self.map.files.len() < before, "{rel} is not in the tree");
+        let gone = |k: &String| k == rel || k.starts_with(&dir);
+        let m = &mut self.map;
+        let before = m.files.len() + m.links.len();
+        m.files.retain(|k, _| !gone(k));
+        m.links.retain(|k, _| !gone(k));
+        m.dirs.retain(|k| !gone(k));
+        assert!(
+            m.files.len() + m.links.len() < before,
+            "{rel} is not in the tree"
+        );
         self
     }
 
@@ -100,21 +101,24 @@ fn read_tree(dir: &Path, prefix: &str, inside: &mut Vec<PathBuf>, m: &mut MapSou
     }
 }
 
-/// A copy of a fixture in a temporary directory, removed on drop: for the tests that delete
+/// A fixture written out to a temporary directory, removed on drop: for the tests that delete
 /// node directories, so that they go through `DirSource`'s listing too.
 struct DiskTree {
     root: PathBuf,
 }
 
 impl DiskTree {
-    fn copy_of(fixture: &str) -> DiskTree {
+    fn copy_of(name: &str) -> DiskTree {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let root = std::env::temp_dir().join(format!(
             "tap-sysfs-checks-{}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
-        copy_dir(&fixture_dir(fixture), &root);
+        fixture(name)
+            .expect("fixture")
+            .write_tree(&root)
+            .expect("write_tree");
         DiskTree { root }
     }
 }
@@ -122,25 +126,6 @@ impl DiskTree {
 impl Drop for DiskTree {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.root);
-    }
-}
-
-/// Copies a tree, symlinks as symlinks (the fixtures' links are relative, so they resolve in
-/// the copy as in the original).
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).expect("mkdir");
-    for e in fs::read_dir(from).expect("read_dir") {
-        let e = e.expect("entry");
-        let target = to.join(e.file_name());
-        let kind = e.file_type().expect("file type");
-        if kind.is_symlink() {
-            let link = fs::read_link(e.path()).expect("read_link");
-            std::os::unix::fs::symlink(link, &target).expect("symlink");
-        } else if kind.is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            fs::copy(e.path(), &target).expect("copy");
-        }
     }
 }
 
@@ -490,27 +475,50 @@ fn every_fixture_discovers_without_warnings() {
     let names = fixture_names().expect("fixtures");
     assert!(names.len() >= 10, "{names:?}");
     for name in names {
-        let d = discover_dir_with_warnings(&fixture_dir(&name))
+        let d = discover_dir_with_warnings(&fixture_file(&name))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(d.warnings, vec![], "{name}");
     }
 }
 
 /// Every fixture keeps the kernel's symlinks (`cpuN/nodeK` to the node's directory, `cpuN/cpufreq`
-/// to its policy) and reads into memory through them: discovery on the copy in memory equals
-/// discovery on disk.
+/// to its policy), in its dump and in its folder on disk, and reads through them: discovery on
+/// the dump in memory, on the folder, and on the folder read into memory through its links
+/// gives the same.
 #[test]
 fn fixtures_read_through_their_symlinks() {
-    let link = fixture_dir(GPU96).join("devices/system/cpu/cpu0/node0");
+    let folder = materialised(GPU96).expect("materialised");
+    let link = folder.join("devices/system/cpu/cpu0/node0");
     let kind = fs::symlink_metadata(&link).expect("cpu0/node0").file_type();
     assert!(kind.is_symlink(), "{} is not a symlink", link.display());
+    let dump = fixture(GPU96).expect("fixture");
+    assert_eq!(
+        dump.links["devices/system/cpu/cpu0/node0"],
+        "../../node/node0"
+    );
+    assert_eq!(
+        dump.read("devices/system/cpu/cpu0/node0/cpulist")
+            .expect("cpulist"),
+        "0-23\n"
+    );
     for name in fixture_names().expect("fixtures") {
+        let folder = materialised(&name).expect("materialised");
         let mut m = MapSource::default();
-        read_into(&fixture_dir(&name), &mut m);
-        let on_disk = discover_dir(&fixture_dir(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        read_into(&folder, &mut m);
+        let on_disk = discover_dir(&folder).unwrap_or_else(|e| panic!("{name}: {e}"));
         let in_memory =
             discover(&m, &DiscoveryOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(in_memory, on_disk, "{name}");
+        let dump = fixture(&name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let from_dump =
+            discover(&dump, &DiscoveryOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(from_dump, on_disk, "{name}");
+        // The dump file is exactly what its tree writes back.
+        let text = fs::read_to_string(fixture_file(&name)).expect("dump");
+        assert!(
+            dump.to_dump() == text,
+            "{name}: the dump does not round-trip"
+        );
         let node_link = m.files.keys().find(|k| {
             k.starts_with("devices/system/cpu/cpu")
                 && k.contains("/node")

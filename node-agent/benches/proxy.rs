@@ -21,7 +21,6 @@ use node_agent::cri_proxy::{serve, unix_channel, CriProxy};
 use node_agent::metrics::Metrics;
 use std::io::{Read, Write};
 use std::sync::Arc;
-use tap_engine::sysfs::discover_dir;
 use tap_engine::{Engine, EngineConfig, Topology};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -117,8 +116,12 @@ impl RuntimeService for Backend {
 }
 
 fn fixture_agent() -> Arc<Agent> {
-    let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
-    let topo = Arc::new(Topology::build(&discover_dir(&root).expect("fixture")).expect("topology"));
+    let topo = Arc::new(
+        Topology::build(
+            &tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").expect("fixture"),
+        )
+        .expect("topology"),
+    );
     Arc::new(Agent::new(
         Engine::new(topo, EngineConfig::default()),
         Arc::new(Metrics::new()),

@@ -182,7 +182,20 @@ pub struct Agent {
     device_source: std::sync::OnceLock<Arc<dyn DeviceSource>>,
     /// Lists the pods the agent holds containers of (set by the runtime mode's ledger).
     pod_lister: std::sync::OnceLock<PodLister>,
+    /// Told the containers a configuration change moved (set by the runtime mode's ledger).
+    change_sink: std::sync::OnceLock<ChangeSink>,
+    /// The next engine call panics (tests of the panic guard's callers).
+    #[cfg(test)]
+    panic_next: std::sync::atomic::AtomicBool,
 }
+
+/// Takes the ids of containers whose cpuset changed outside a runtime hook.
+pub type ChangeSink = Box<dyn Fn(Vec<String>) + Send + Sync>;
+
+/// The placement engine panicked (caught, logged and counted in `tap_errors_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the placement engine failed (a panic, logged)")]
+pub struct EngineFailed;
 
 /// The pods `(namespace, name)` the agent holds containers of.
 pub type PodLister = Box<dyn Fn() -> Vec<(String, String)> + Send + Sync>;
@@ -228,6 +241,9 @@ impl Agent {
             clusters_off_logged: std::sync::atomic::AtomicBool::new(false),
             device_source: std::sync::OnceLock::new(),
             pod_lister: std::sync::OnceLock::new(),
+            change_sink: std::sync::OnceLock::new(),
+            #[cfg(test)]
+            panic_next: std::sync::atomic::AtomicBool::new(false),
         };
         agent.log_clusters_off(&agent.lock());
         agent
@@ -323,7 +339,16 @@ impl Agent {
     fn guarded<T>(&self, hook: &'static str, f: impl FnOnce(&mut Engine) -> T) -> Option<T> {
         let start = Instant::now();
         let mut guard = self.lock();
-        let out = catch_unwind(AssertUnwindSafe(|| f(&mut guard)));
+        let out = catch_unwind(AssertUnwindSafe(|| {
+            #[cfg(test)]
+            if self
+                .panic_next
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+            {
+                panic!("a panic the test asked for");
+            }
+            f(&mut guard)
+        }));
         drop(guard);
         self.metrics.observe_hook(hook, self.mode, start.elapsed());
         match out {
@@ -587,7 +612,8 @@ impl Agent {
     /// Rebuilds the state from what the runtime reports. Returns updates for containers whose
     /// cpuset should change (restored ones, and shared ones around adopted exclusive CPUs).
     /// Containers already known keep their grant.
-    pub fn restore(&self, containers: &[ContainerInfo]) -> Vec<Update> {
+    /// An engine failure (a panic, caught) changes nothing and is an error.
+    pub fn restore(&self, containers: &[ContainerInfo]) -> Result<Vec<Update>, EngineFailed> {
         let report = self.guarded("sync", |e| {
             let existing: Vec<Existing> = containers
                 .iter()
@@ -618,23 +644,47 @@ impl Agent {
                     .store(true, std::sync::atomic::Ordering::Release);
                 // The ledger compares what the runtime holds with the engine in the runtime's
                 // terms (folded onto the host where a fold is set): these name what to compare.
-                self.to_updates(r.updates)
+                Ok(self.to_updates(r.updates))
             }
-            None => Vec::new(),
+            None => Err(EngineFailed),
         }
     }
 
     /// Applies a new policy configuration to containers created from now on (as the engine
     /// puts it in force: [`EngineConfig::in_force`]).
+    /// Shared containers whose cpuset the change moved (reserved CPUs added or given back) go
+    /// to the runtime mode's ledger ([`Agent::set_change_sink`]) to be written.
     pub fn set_config(&self, cfg: EngineConfig) {
         let mut e = self.lock();
         let before = e.config().clone();
-        e.set_config(cfg);
+        let ups = e.set_config(cfg);
         let now = e.config();
         if *now != before {
-            tracing::info!(policy = %now.policy, memory = now.memory_topology, clusters = now.cluster_affinity, "policy configuration changed");
+            tracing::info!(policy = %now.policy, memory = now.memory_topology, clusters = now.cluster_affinity, moved = ups.len(), "policy configuration changed");
         }
         self.log_clusters_off(&e);
+        drop(e);
+        if !ups.is_empty() {
+            if let Some(sink) = self.change_sink.get() {
+                sink(
+                    ups.into_iter()
+                        .map(|u| u.container_id.to_string())
+                        .collect(),
+                );
+            }
+        }
+    }
+
+    /// Makes the next engine call panic inside the guard (tests).
+    #[cfg(test)]
+    pub(crate) fn panic_next(&self) {
+        self.panic_next
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Where containers whose cpuset changed outside a runtime hook go (set once).
+    pub fn set_change_sink(&self, sink: ChangeSink) {
+        let _ = self.change_sink.set(sink);
     }
 
     /// Logs, the first time it happens, why cluster affinity asked for is off on this CPU.
@@ -721,13 +771,11 @@ pub(crate) mod test_sets {
 pub(crate) mod tests {
     use super::test_sets::*;
     use super::*;
-    use tap_engine::sysfs::discover_dir;
 
     /// Fixture `name`'s topology, with the NVIDIA GPU UUIDs of its proc files (where it has
     /// them), as `Flags::load_topology` reads a host.
     fn fixture(name: &str) -> Arc<Topology> {
-        let root = tap_engine::testdata::fixture_dir(name);
-        let mut raw = discover_dir(&root).unwrap();
+        let mut raw = tap_engine::testdata::discover_fixture(name).unwrap();
         let proc = tap_engine::sysfs::DirSource::new(tap_engine::testdata::proc_fixture_dir(name));
         tap_engine::devices::read_nvidia_uuids(&proc, &mut raw.devices);
         Arc::new(Topology::build(&raw).unwrap())
@@ -991,7 +1039,7 @@ pub(crate) mod tests {
         let b = agent("synthetic-2s-4numa-96c-gpu");
         // A new agent has published nothing yet: it is not restored until the runtime's list.
         assert!(!b.restored());
-        assert!(b.restore(&infos).is_empty());
+        assert!(b.restore(&infos).expect("restored").is_empty());
         assert!(b.restored());
         assert_eq!(b.snapshot(), before);
     }

@@ -383,8 +383,7 @@ mod tests {
     }
 
     fn agent_with(fixture: &str, cfg: EngineConfig) -> Agent {
-        let root = tap_engine::testdata::fixture_dir(fixture);
-        let raw = tap_engine::sysfs::discover_dir(&root).expect("fixture");
+        let raw = tap_engine::testdata::discover_fixture(fixture).expect("fixture");
         let topo = Arc::new(Topology::build(&raw).expect("topology"));
         Agent::new(
             Engine::new(topo, cfg),

@@ -201,7 +201,8 @@ pub struct Flags {
     pub verbose: u8,
 
     // ---- kunpeng-tap additions ----
-    /// Root of the sysfs tree to discover the topology from.
+    /// Root of the sysfs tree to discover the topology from: a directory, or a dump file (the
+    /// format of the repository's fixtures/sysfs, read into memory).
     #[arg(
         help_heading = "Policy",
         long,
@@ -388,25 +389,28 @@ impl Flags {
         tap_bin_support::init_logging(self.verbose, self.log_format);
     }
 
-    /// Discovers the topology under `--sysfs-root` (and the NVIDIA GPUs' UUIDs under
-    /// `--proc-root`), identifies the CPU ([`Flags::identify_cpu`]) and builds its model. What
-    /// discovery worked around (asymmetric or short NUMA distance rows, ...) is logged as
-    /// warnings.
+    /// Discovers the topology under `--sysfs-root` (a directory, or a dump file such as the
+    /// repository's fixtures) (and the NVIDIA GPUs' UUIDs under `--proc-root`), identifies the
+    /// CPU ([`Flags::identify_cpu`]) and builds its model. What discovery worked around
+    /// (asymmetric or short NUMA distance rows, ...) is logged as warnings.
     pub fn load_topology(&self) -> anyhow::Result<std::sync::Arc<tap_engine::Topology>> {
         use anyhow::Context;
-        let mut found = tap_engine::sysfs::discover_dir_with_warnings(&self.sysfs_root)
-            .with_context(|| {
-                format!(
-                    "discovering the topology under {}",
-                    self.sysfs_root.display()
-                )
-            })?;
+        use tap_engine::sysfs::{discover_with_warnings, open_root, DiscoveryOptions};
+        let context = || {
+            format!(
+                "discovering the topology under {}",
+                self.sysfs_root.display()
+            )
+        };
+        let sys = open_root(&self.sysfs_root).with_context(context)?;
+        let mut found =
+            discover_with_warnings(&sys, &DiscoveryOptions::default()).with_context(context)?;
         for w in &found.warnings {
             tracing::warn!(sysfs_root = %self.sysfs_root.display(), "sysfs: {w}");
         }
         let proc = tap_engine::sysfs::DirSource::new(&self.proc_root);
         tap_engine::devices::read_nvidia_uuids(&proc, &mut found.raw.devices);
-        found.raw.cpu = self.identify_cpu(&found.raw, &proc);
+        found.raw.cpu = Self::identify_cpu(&found.raw, &sys, &proc);
         let topo =
             tap_engine::Topology::build(&found.raw).context("building the topology model")?;
         Ok(std::sync::Arc::new(topo))
@@ -415,13 +419,12 @@ impl Flags {
     /// The CPU model: the first online CPU's `midr_el1` under `--sysfs-root`, else `cpuinfo`
     /// under `--proc-root`, else unknown (logged, never an error).
     fn identify_cpu(
-        &self,
         raw: &tap_engine::RawTopology,
+        sys: &tap_engine::sysfs::RootSource,
         proc: &tap_engine::sysfs::DirSource,
     ) -> tap_engine::CpuModel {
-        let sys = tap_engine::sysfs::DirSource::new(&self.sysfs_root);
         let first = raw.cpus.first().map_or(0, |c| c.id);
-        let found = tap_engine::cpu_model::identify(&sys, proc, first);
+        let found = tap_engine::cpu_model::identify(sys, proc, first);
         for p in &found.problems {
             tracing::warn!("CPU identification: {p}");
         }

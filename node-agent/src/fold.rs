@@ -180,8 +180,7 @@ mod tests {
 
     #[test]
     fn the_fixture_topology_folds_by_node() {
-        let dir = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
-        let raw = tap_engine::sysfs::discover_dir(&dir).unwrap();
+        let raw = tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").unwrap();
         let topo = Topology::build(&raw).unwrap();
         let f = HostFold::for_topology(&topo, &set("0-1"), &NodeSet::parse("0").unwrap()).unwrap();
         let images: Vec<String> = topo

@@ -6,6 +6,7 @@ pub mod cgroupfs;
 pub mod cri_proxy;
 pub mod docker_proxy;
 pub mod explain;
+pub mod fail_open;
 pub mod flags;
 pub mod fold;
 pub mod kube_link;

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use tap_engine::testdata::{fixture_dir, proc_fixture_dir};
+use tap_engine::testdata::{fixture_file, proc_fixture_dir};
 
 const KP920: &str = "synthetic-2s-4numa-96c-kunpeng920";
 const KP950: &str = "synthetic-1s-2numa-96c-kunpeng950";
@@ -38,7 +38,7 @@ fn cpu_line(out: &str) -> &str {
 
 #[test]
 fn explain_names_both_kunpeng_fixtures_from_midr_el1() {
-    let out = explain(&fixture_dir(KP920), &proc_fixture_dir(KP920), &[]);
+    let out = explain(&fixture_file(KP920), &proc_fixture_dir(KP920), &[]);
     assert_eq!(
         cpu_line(&out),
         "cpu: HiSilicon Kunpeng 920 (implementer 0x48, part 0xd01, variant 0x1, revision 0), \
@@ -49,7 +49,7 @@ fn explain_names_both_kunpeng_fixtures_from_midr_el1() {
         out.lines().nth(1).is_some_and(|l| l.starts_with("cpu: ")),
         "{out}"
     );
-    let out = explain(&fixture_dir(KP950), &proc_fixture_dir(KP950), &[]);
+    let out = explain(&fixture_file(KP950), &proc_fixture_dir(KP950), &[]);
     assert_eq!(
         cpu_line(&out),
         "cpu: HiSilicon Kunpeng 950 (implementer 0x48, part 0xd06, variant 0x0, revision 0), \
@@ -61,7 +61,7 @@ fn explain_names_both_kunpeng_fixtures_from_midr_el1() {
 #[test]
 fn explain_falls_back_to_cpuinfo() {
     let out = explain(
-        &fixture_dir("synthetic-2s-4numa-96c-gpu"),
+        &fixture_file("synthetic-2s-4numa-96c-gpu"),
         &proc_fixture_dir(KP920),
         &[],
     );
@@ -72,7 +72,7 @@ fn explain_falls_back_to_cpuinfo() {
     );
     // Neither: unknown, and the agent still runs.
     let none = Path::new("/nonexistent-proc-root");
-    let out = explain(&fixture_dir("synthetic-2s-4numa-96c-gpu"), none, &[]);
+    let out = explain(&fixture_file("synthetic-2s-4numa-96c-gpu"), none, &[]);
     assert!(
         cpu_line(&out).starts_with("cpu: unknown (no midr_el1"),
         "{out}"
@@ -85,7 +85,7 @@ fn kunpeng_950_only_turns_cluster_pools_off_on_the_920_and_keeps_them_on_the_950
         "--topology-cluster-affinity",
         "--cluster-affinity-rule=kunpeng-950-only",
     ];
-    let out = explain(&fixture_dir(KP920), &proc_fixture_dir(KP920), &rule);
+    let out = explain(&fixture_file(KP920), &proc_fixture_dir(KP920), &rule);
     assert!(!out.contains("[cluster]"), "{out}");
     assert!(
         out.contains(
@@ -104,14 +104,14 @@ fn kunpeng_950_only_turns_cluster_pools_off_on_the_920_and_keeps_them_on_the_950
         "{out}"
     );
 
-    let out = explain(&fixture_dir(KP950), &proc_fixture_dir(KP950), &rule);
+    let out = explain(&fixture_file(KP950), &proc_fixture_dir(KP950), &rule);
     assert!(out.contains("cluster0 [cluster] cpus 0-3"), "{out}");
     assert!(out.contains("cluster affinity true"), "{out}");
     assert!(!out.contains("not shown"), "{out}");
 
     // `any` (the default) keeps today's behaviour: cluster pools on the 920 too.
     let out = explain(
-        &fixture_dir(KP920),
+        &fixture_file(KP920),
         &proc_fixture_dir(KP920),
         &["--topology-cluster-affinity"],
     );

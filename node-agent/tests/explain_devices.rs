@@ -3,11 +3,11 @@
 //! as one of them.
 
 use std::process::{Command, Stdio};
-use tap_engine::testdata::{fixture_dir, proc_fixture_dir};
+use tap_engine::testdata::{fixture_file, proc_fixture_dir};
 
 fn explain(fixture: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_kunpeng-tap"))
-        .arg(format!("--sysfs-root={}", fixture_dir(fixture).display()))
+        .arg(format!("--sysfs-root={}", fixture_file(fixture).display()))
         .arg(format!(
             "--proc-root={}",
             proc_fixture_dir(fixture).display()

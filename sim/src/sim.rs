@@ -41,8 +41,7 @@ impl Machine {
     /// The machine of a fixture in the repository (tests).
     #[cfg(test)]
     pub fn fixture(name: &str) -> Machine {
-        let root = tap_engine::testdata::fixture_dir(name);
-        let raw = tap_engine::sysfs::discover_dir(&root).expect("fixture");
+        let raw = tap_engine::testdata::discover_fixture(name).expect("fixture");
         Machine::new("fixture", &raw).expect("machine")
     }
 

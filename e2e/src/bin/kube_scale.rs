@@ -245,7 +245,9 @@ async fn run(o: &Opts, k: &KubeCluster, topo: Arc<Topology>) -> Result<()> {
                 "kube-scale",
             ));
             // No runtime: the empty state is the truth (the link publishes once restored).
-            agent.restore(&[]);
+            if let Err(e) = agent.restore(&[]) {
+                eprintln!("node {i}: {e}");
+            }
             let opts = LinkOptions {
                 node: node(i),
                 base: EngineConfig::default(),

@@ -6,7 +6,6 @@ use node_agent::ledger::Ledger;
 use node_agent::metrics::Metrics;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tap_engine::sysfs::discover_dir;
 use tap_engine::{Engine, EngineConfig, Topology};
 
 pub fn id(i: usize) -> String {
@@ -32,8 +31,9 @@ fn container(i: usize) -> ContainerInfo {
 
 /// A ledger holding containers `0..n`, each created and committed.
 pub fn ledger(n: usize, rt: &tokio::runtime::Runtime) -> Ledger {
-    let root = tap_engine::testdata::fixture_dir("synthetic-4s-8numa-smt-384t");
-    let topo = Arc::new(Topology::build(&discover_dir(&root).expect("fixture")).expect("topo"));
+    let raw =
+        tap_engine::testdata::discover_fixture("synthetic-4s-8numa-smt-384t").expect("fixture");
+    let topo = Arc::new(Topology::build(&raw).expect("topo"));
     let agent = Agent::new(
         Engine::new(topo, EngineConfig::default()),
         Arc::new(Metrics::new()),

@@ -36,7 +36,9 @@ fn run(flags: Flags) -> anyhow::Result<()> {
         "kube-link",
     ));
     // No runtime: the empty state is the whole truth (no containers to restore).
-    agent.restore(&[]);
+    agent
+        .restore(&[])
+        .context("starting the placement engine")?;
     let rt = tap_bin_support::runtime(tap_bin_support::Threads::Two)
         .context("starting the async runtime")?;
     rt.block_on(async move {

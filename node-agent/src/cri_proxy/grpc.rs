@@ -136,6 +136,7 @@ impl Body for Replay {
 }
 
 /// A unary call read whole: its head, the body bytes and the trailers.
+#[derive(Clone)]
 pub struct Unary<H> {
     pub head: H,
     pub body: Bytes,

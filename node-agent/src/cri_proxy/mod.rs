@@ -24,6 +24,7 @@ pub mod grpc;
 pub use convert::*;
 
 use crate::agent::{runtime_cpus, runtime_nodes, Agent, ContainerInfo, PodInfo, Update};
+use crate::fail_open;
 use crate::flags::Flags;
 use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime, RECONCILE_EVERY};
 use crate::ledger::state_file::StateFile;
@@ -287,6 +288,19 @@ enum Intercept {
     Remove,
 }
 
+impl Intercept {
+    /// The hook's name in spans and metrics.
+    fn hook(self) -> &'static str {
+        match self {
+            Intercept::Create => "create",
+            Intercept::Update => "update",
+            Intercept::Start => "start",
+            Intercept::Stop => "stop",
+            Intercept::Remove => "remove",
+        }
+    }
+}
+
 const RUNTIME_SERVICE: &str = "/runtime.v1.RuntimeService/";
 const IMAGE_SERVICE: &str = "/runtime.v1.ImageService/";
 
@@ -358,43 +372,54 @@ impl CriProxy {
         let method = method_label(path);
         let resp = match intercept_of(path) {
             None => self.inner.upstream.forward(req).await,
-            Some(kind) => {
-                // Runs to the end even if the kubelet gives up waiting: the runtime may have
-                // acted on the call, and the state must follow the runtime. `gone` tells the
-                // call whether the kubelet is still there to hear the answer.
-                let gone = CancellationToken::new();
-                let guard = gone.clone().drop_guard();
-                let p = self.clone();
-                let r =
-                    match tokio::spawn(async move { p.intercepted(kind, req, gone).await }).await {
-                        Ok(r) => r,
-                        Err(e) => error_response(Status::internal(format!("CRI proxy: {e}"))),
-                    };
-                guard.disarm();
-                r
-            }
+            Some(kind) => self.handle_intercepted(kind, req).await,
         };
         self.observe(method, start);
         resp
     }
 
-    async fn intercepted(
+    /// An intercepted call runs on a task of its own, to the end even if the kubelet gives up
+    /// waiting: the runtime may have acted on the call, and the state must follow the
+    /// runtime. `gone` tells the call whether the kubelet is still there to hear the answer.
+    /// If the task fails before the runtime had the call, the call is forwarded unadjusted
+    /// ([`fail_open`]).
+    async fn handle_intercepted(
         &self,
         kind: Intercept,
         req: hyper::Request<Incoming>,
-        gone: CancellationToken,
     ) -> hyper::Response<ProxyBody> {
-        let call = match read_unary(req, MAX_MESSAGE).await {
+        let mut call = match read_unary(req, MAX_MESSAGE).await {
             Ok(c) => c,
             Err(s) => return error_response(s),
         };
-        let hook = match kind {
-            Intercept::Create => "create",
-            Intercept::Update => "update",
-            Intercept::Start => "start",
-            Intercept::Stop => "stop",
-            Intercept::Remove => "remove",
-        };
+        let sent = fail_open::Sent::default();
+        call.head.extensions.insert(sent.clone());
+        let kept = call.clone();
+        let gone = CancellationToken::new();
+        let guard = gone.clone().drop_guard();
+        let p = self.clone();
+        let handler = async move { p.intercepted(kind, call, gone).await };
+        let outcome = fail_open::run(kind.hook(), self.agent().metrics(), &sent, handler).await;
+        guard.disarm();
+        match outcome {
+            fail_open::Outcome::Answered(r) => r,
+            fail_open::Outcome::Forward => {
+                let body = kept.body.clone();
+                reply(self.send(kept, body).await)
+            }
+            fail_open::Outcome::Lost(e) => {
+                error_response(Status::internal(format!("CRI proxy: {e}")))
+            }
+        }
+    }
+
+    async fn intercepted(
+        &self,
+        kind: Intercept,
+        call: Unary<hyper::http::request::Parts>,
+        gone: CancellationToken,
+    ) -> hyper::Response<ProxyBody> {
+        let hook = kind.hook();
         async move {
             match kind {
                 Intercept::Create => self.create_container(call, gone).await,
@@ -436,6 +461,7 @@ impl CriProxy {
         call: Unary<hyper::http::request::Parts>,
         body: bytes::Bytes,
     ) -> Result<Unary<hyper::http::response::Parts>, Status> {
+        fail_open::Sent::mark_in(&call.head.extensions);
         self.inner
             .upstream
             .call(call.into_request(body), MAX_MESSAGE)

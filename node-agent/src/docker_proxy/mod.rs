@@ -16,6 +16,7 @@ pub mod convert;
 pub use convert::*;
 
 use crate::agent::{Agent, Update};
+use crate::fail_open;
 use crate::flags::Flags;
 use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime, RECONCILE_EVERY};
 use crate::ledger::state_file::StateFile;
@@ -121,6 +122,7 @@ impl DockerProxy {
 
     /// Sends one request to dockerd on a fresh connection (upgrades allowed).
     async fn send(&self, req: Request<Body>) -> anyhow::Result<Response<Incoming>> {
+        fail_open::Sent::mark_in(req.extensions());
         let stream = UnixStream::connect(&self.backend)
             .await
             .with_context(|| format!("connecting to {}", self.backend.display()))?;
@@ -308,28 +310,55 @@ impl DockerProxy {
         };
         let resp = match (r, label) {
             (Route::Other, _) | (_, None) => self.pass(req).await,
-            (r, Some(l)) => {
-                // Runs to the end even if the client goes away: the runtime may have acted on
-                // the call, and the ledger must follow it.
-                let p = self.clone();
-                let call = async move {
-                    match r {
-                        Route::Create => p.create(req).await,
-                        Route::Update(id) => p.update(req, &id).await,
-                        Route::Stop(id) | Route::Delete(id) => p.release(req, &id).await,
-                        _ => p.pass(req).await,
-                    }
-                };
-                match tokio::spawn(call.instrument(hook_span(l, "Docker"))).await {
-                    Ok(r) => r,
-                    Err(e) => bad_gateway(&anyhow::anyhow!("Docker proxy: {e}")),
-                }
-            }
+            (r, Some(l)) => self.clone().intercepted(r, l, req).await,
         };
         if let Some(l) = label {
             self.agent().metrics().observe_proxy(l, start.elapsed());
         }
         resp
+    }
+
+    /// An intercepted call, read whole, runs on a task of its own to the end even if the client
+    /// goes away: the runtime may have acted on the call, and the ledger must follow it. If
+    /// the task fails before dockerd had the call, the call is forwarded unadjusted
+    /// ([`fail_open`]).
+    async fn intercepted(
+        self: Arc<Self>,
+        r: Route,
+        hook: &'static str,
+        req: Request<Incoming>,
+    ) -> Response<Body> {
+        let (mut parts, body) = req.into_parts();
+        let sent = fail_open::Sent::default();
+        parts.extensions.insert(sent.clone());
+        let (parts, bytes) = match self.read_body(hook, parts, body).await {
+            Ok(pb) => pb,
+            Err(resp) => return resp,
+        };
+        let kept = (parts.clone(), bytes.clone());
+        let p = self.clone();
+        let call = async move {
+            match r {
+                Route::Create => p.create(parts, bytes).await,
+                Route::Update(id) => p.update(parts, bytes, &id).await,
+                Route::Stop(id) | Route::Delete(id) => p.release(parts, bytes, &id).await,
+                Route::Other => p.forward(parts, bytes).await,
+            }
+        };
+        let call = call.instrument(hook_span(hook, "Docker"));
+        match fail_open::run(hook, self.agent().metrics(), &sent, call).await {
+            fail_open::Outcome::Answered(r) => r,
+            fail_open::Outcome::Forward => self.forward(kept.0, kept.1).await,
+            fail_open::Outcome::Lost(e) => bad_gateway(&anyhow::anyhow!("Docker proxy: {e}")),
+        }
+    }
+
+    /// Sends a body read whole, unchanged.
+    async fn forward(&self, parts: hyper::http::request::Parts, bytes: Bytes) -> Response<Body> {
+        match self.send_body(parts, bytes).await {
+            Ok(r) => r.map(|b| b.boxed()),
+            Err(e) => bad_gateway(&e),
+        }
     }
 
     /// Forwards unchanged; splices the two connections when dockerd upgrades (attach, exec).
@@ -407,12 +436,7 @@ impl DockerProxy {
         self.send(Request::from_parts(parts, full(body))).await
     }
 
-    async fn create(&self, req: Request<Incoming>) -> Response<Body> {
-        let (parts, body) = req.into_parts();
-        let (parts, bytes) = match self.read_body("create", parts, body).await {
-            Ok(pb) => pb,
-            Err(resp) => return resp,
-        };
+    async fn create(&self, parts: hyper::http::request::Parts, bytes: Bytes) -> Response<Body> {
         let name = query_param(parts.uri.query(), "name").unwrap_or_default();
         let mut value = serde_json::from_slice::<Value>(&bytes).ok();
         let labels = value
@@ -479,20 +503,17 @@ impl DockerProxy {
         Response::from_parts(rparts, full(rbytes))
     }
 
-    async fn update(&self, req: Request<Incoming>, id: &str) -> Response<Body> {
+    async fn update(
+        &self,
+        parts: hyper::http::request::Parts,
+        bytes: Bytes,
+        id: &str,
+    ) -> Response<Body> {
         if self.ledger.resolve(id).is_none() || !self.agent().restored() {
-            return self.pass(req).await;
+            return self.forward(parts, bytes).await;
         }
-        let (parts, body) = req.into_parts();
-        let (parts, bytes) = match self.read_body("update", parts, body).await {
-            Ok(pb) => pb,
-            Err(resp) => return resp,
-        };
         let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
-            return match self.send_body(parts, bytes).await {
-                Ok(r) => r.map(|b| b.boxed()),
-                Err(e) => bad_gateway(&e),
-            };
+            return self.forward(parts, bytes).await;
         };
         let ticket = self
             .ledger
@@ -521,14 +542,19 @@ impl DockerProxy {
     }
 
     /// Stop and delete: forward, then release on success (or when already stopped or gone).
-    async fn release(&self, req: Request<Incoming>, id: &str) -> Response<Body> {
-        let why = if req.method() == Method::DELETE {
+    async fn release(
+        &self,
+        parts: hyper::http::request::Parts,
+        bytes: Bytes,
+        id: &str,
+    ) -> Response<Body> {
+        let why = if parts.method == Method::DELETE {
             Release::Removed
         } else {
             Release::Stopped
         };
         let key = self.ledger.resolve(id);
-        let resp = self.pass(req).await;
+        let resp = self.forward(parts, bytes).await;
         let Some(key) = key else {
             return resp;
         };

@@ -5,40 +5,41 @@
 
 use super::nrt::Hugepages;
 use std::path::Path;
+use tap_engine::sysfs::{FileSource, RootSource};
 
-/// Every hugepage size of every NUMA node under `sysfs_root`, ordered by node and size.
+/// Every hugepage size of every NUMA node under `sysfs_root` (a directory or a dump file, as
+/// `--sysfs-root`), ordered by node and size.
 pub fn read(sysfs_root: &Path) -> Vec<Hugepages> {
-    let nodes = sysfs_root.join("devices/system/node");
-    let Ok(dir) = std::fs::read_dir(&nodes) else {
+    let Ok(src) = RootSource::open(sysfs_root) else {
+        return Vec::new();
+    };
+    let nodes = "devices/system/node";
+    let Ok(names) = src.list(nodes) else {
         return Vec::new();
     };
     let mut out = Vec::new();
-    for e in dir.flatten() {
-        let name = e.file_name();
+    for name in names {
         let Some(node) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("node"))
+            .strip_prefix("node")
             .and_then(|n| n.parse::<u32>().ok())
         else {
             continue;
         };
-        out.extend(node_pages(&e.path().join("hugepages"), node));
+        out.extend(node_pages(&src, &format!("{nodes}/{name}/hugepages"), node));
     }
     out.sort_by_key(|h| (h.node, h.size_kb));
     out
 }
 
-fn node_pages(dir: &Path, node: u32) -> Vec<Hugepages> {
-    let Ok(sizes) = std::fs::read_dir(dir) else {
+fn node_pages(src: &RootSource, dir: &str, node: u32) -> Vec<Hugepages> {
+    let Ok(sizes) = src.list(dir) else {
         return Vec::new();
     };
-    let number = |p: &Path| -> Option<u64> { std::fs::read_to_string(p).ok()?.trim().parse().ok() };
+    let number = |p: &str| -> Option<u64> { src.read(p).ok()?.trim().parse().ok() };
     sizes
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name();
+        .iter()
+        .filter_map(|name| {
             let size_kb = name
-                .to_str()?
                 .strip_prefix("hugepages-")?
                 .strip_suffix("kB")?
                 .parse()
@@ -46,8 +47,8 @@ fn node_pages(dir: &Path, node: u32) -> Vec<Hugepages> {
             Some(Hugepages {
                 node,
                 size_kb,
-                total: number(&e.path().join("nr_hugepages"))?,
-                free: number(&e.path().join("free_hugepages"))?,
+                total: number(&format!("{dir}/{name}/nr_hugepages"))?,
+                free: number(&format!("{dir}/{name}/free_hugepages"))?,
             })
         })
         .collect()
@@ -106,6 +107,23 @@ mod tests {
             ]
         );
         assert!(read(&root.join("missing")).is_empty());
+        // The same tree as a dump file (what the repository's fixtures are).
+        let mut tree = tap_engine::sysfs::MapSource::default();
+        for rel in [
+            "node1/hugepages/hugepages-2048kB/nr_hugepages",
+            "node1/hugepages/hugepages-2048kB/free_hugepages",
+            "node1/hugepages/hugepages-1048576kB/nr_hugepages",
+            "node1/hugepages/hugepages-1048576kB/free_hugepages",
+            "node0/hugepages/hugepages-2048kB/nr_hugepages",
+            "node0/hugepages/hugepages-2048kB/free_hugepages",
+            "online",
+        ] {
+            let text = std::fs::read_to_string(root.join(n).join(rel)).expect("read");
+            tree.files.insert(format!("{n}/{rel}"), text);
+        }
+        let dump = root.join("dump");
+        std::fs::write(&dump, tree.to_dump()).expect("write");
+        assert_eq!(read(&dump), got);
         let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -210,8 +210,8 @@ mod tests {
     use tap_engine::{ContainerRequest, EngineConfig, Outcome, Qos, Topology};
 
     fn engine(memory_topology: bool) -> Engine {
-        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
-        let raw = tap_engine::sysfs::discover_dir(&root).expect("fixture");
+        let raw =
+            tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").expect("fixture");
         let topo = Arc::new(Topology::build(&raw).expect("topology"));
         Engine::new(
             topo,

@@ -253,12 +253,15 @@ impl RateLimiter {
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use tap_engine::sysfs::discover_dir;
     use tap_engine::{ContainerRequest, EngineConfig, Qos, Topology};
 
     fn engine() -> Engine {
-        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
-        let topo = Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap());
+        let topo = Arc::new(
+            Topology::build(
+                &tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").unwrap(),
+            )
+            .unwrap(),
+        );
         Engine::new(topo, EngineConfig::default())
     }
 
@@ -332,10 +335,10 @@ mod tests {
     /// A fixture's engine with its CPU identified as the agent does (sysfs, then proc).
     fn identified(name: &str, base: EngineConfig) -> Engine {
         use tap_engine::sysfs::DirSource;
-        use tap_engine::testdata::{fixture_dir, proc_fixture_dir};
-        let mut raw = discover_dir(&fixture_dir(name)).unwrap();
+        use tap_engine::testdata::{discover_fixture, fixture, proc_fixture_dir};
+        let mut raw = discover_fixture(name).unwrap();
         let (sys, proc) = (
-            DirSource::new(fixture_dir(name)),
+            fixture(name).unwrap(),
             DirSource::new(proc_fixture_dir(name)),
         );
         raw.cpu = tap_engine::cpu_model::identify(&sys, &proc, 0).model;

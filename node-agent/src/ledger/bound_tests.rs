@@ -212,3 +212,148 @@ async fn a_refused_resize_that_overlapped_a_write_leaves_the_cpuset_unknown() {
     assert_eq!(rt.writes().len(), 1);
     assert_eq!(l.unconverged(), 0);
 }
+
+/// Reserves CPUs 0-1 through the agent, as the kube link does for a NodeTopology's policy.
+fn reserve_0_1(a: &Agent) {
+    let mut cfg = a.config();
+    cfg.reserved = CpuSet::parse("0-1").expect("cpus");
+    a.set_config(cfg);
+}
+
+/// A policy change that reserves CPUs moves the shared containers off them at once and the
+/// loop writes their cgroups; after a restart the grants are the same whether the change
+/// comes before the first restore or after it.
+#[tokio::test]
+async fn a_policy_reserving_cpus_moves_shared_containers_in_either_order() {
+    let m = Mount::v1("ledger-policy");
+    let fs = Arc::new(Cgroupfs::detect(m.path()).expect("cgroupfs"));
+    let w = CgroupWriter(fs.clone());
+    let running = Ledger::shared(agent(), None);
+    let keys = ["s0", "s1", "s2", "s3"];
+    let mut shared = Vec::new();
+    for k in keys {
+        shared.push(started(&running, &m, container(k, "burstable", 2, 4)).await);
+    }
+    running.converge_once(&w).await;
+    let reserved = CpuSet::parse("0-1").expect("cpus");
+    let cpus_of =
+        |dir: &std::path::PathBuf| CpuSet::parse(&read(dir, "cpuset.cpus")).expect("cpus");
+    assert!(
+        cpus_of(&shared[0]).intersects(&reserved),
+        "s0 starts on CPUs 0-1"
+    );
+    // What a restarted agent lists: the containers with their cpusets and records.
+    let snap = running.agent().snapshot();
+    let listed: Vec<Listed> = keys
+        .iter()
+        .zip(&shared)
+        .map(|(k, dir)| {
+            let mut info = container(k, "burstable", 2, 4);
+            info.cpus = Some(cpus_of(dir));
+            info.annotations
+                .insert(GRANT_KEY.into(), snap.record(k).expect("record"));
+            Listed {
+                runtime_id: hex_id(k),
+                info,
+            }
+        })
+        .collect();
+
+    reserve_0_1(running.agent());
+    running.converge_once(&w).await;
+    for dir in &shared {
+        assert!(
+            !cpus_of(dir).intersects(&reserved),
+            "{} holds {}",
+            dir.display(),
+            cpus_of(dir)
+        );
+    }
+    assert_eq!(running.unconverged(), 0);
+
+    let change_first = Ledger::shared(agent(), None);
+    reserve_0_1(change_first.agent());
+    change_first.restore(listed.clone(), change_first.now());
+    let restore_first = Ledger::shared(agent(), None);
+    restore_first.restore(listed, restore_first.now());
+    reserve_0_1(restore_first.agent());
+    let grants = |l: &Ledger| {
+        let snap = l.agent().snapshot();
+        keys.map(|k| snap.grant(k).map(|g| g.cpus))
+    };
+    assert_eq!(grants(&change_first), grants(&restore_first));
+    assert_eq!(grants(&running), grants(&restore_first));
+}
+
+/// A runtime that lists fixed containers (for the comparison's logic; dockerd is in the e2e
+/// tier).
+struct Fixed(Vec<Listed>);
+
+#[async_trait::async_trait]
+impl Writer for Fixed {
+    async fn write_cpuset(&self, _: &Update) -> Result<(), WriteError> {
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl super::runtime::Runtime for Fixed {
+    async fn list(&self) -> anyhow::Result<Vec<Listed>> {
+        Ok(self.0.clone())
+    }
+
+    async fn live(&self) -> anyhow::Result<Vec<super::runtime::LiveId>> {
+        Ok(self
+            .0
+            .iter()
+            .map(|l| super::runtime::LiveId {
+                key: l.info.id.clone(),
+                runtime_id: l.runtime_id.clone(),
+                running: true,
+            })
+            .collect())
+    }
+}
+
+/// A name reused behind a proxy between two comparisons (the container removed and another
+/// made under its name on the runtime itself) is the new container from the next comparison
+/// on: its grant follows its own resources and writes go to its runtime id.
+#[tokio::test]
+async fn a_name_reused_behind_the_proxy_is_taken_as_the_new_container() {
+    let l = Ledger::new(agent(), None);
+    created(&l, container("k", "burstable", 2, 4), "old-id").await;
+    let mut reused = container("k", "burstable", 8, 8);
+    reused.cpus = CpuSet::parse("0-23").ok();
+    let rt = Fixed(vec![Listed {
+        runtime_id: "new-id".into(),
+        info: reused,
+    }]);
+    let report = l
+        .reconcile_with(&rt, Listing::Ids)
+        .await
+        .expect("reconcile");
+    assert_eq!((report.released, report.adopted), (1, 1), "{report:?}");
+    assert_eq!(l.resolve("new-id").as_deref(), Some("k"));
+    assert_eq!(l.resolve("old-id"), None);
+    let g = l.agent().snapshot().grant("k").cloned().expect("granted");
+    assert_eq!(g.request_milli, 8000, "the new container's resources");
+}
+
+/// A restore the engine fails (a panic, caught) is an error, so the proxy's start-up tries it
+/// again and does not report ready while nothing was restored.
+#[tokio::test]
+async fn a_restore_the_engine_fails_is_an_error_and_the_next_one_restores() {
+    let l = Ledger::new(agent(), None);
+    let mut c = container("k", "burstable", 2, 4);
+    c.cpus = CpuSet::parse("0-23").ok();
+    let rt = Fixed(vec![Listed {
+        runtime_id: "id-k".into(),
+        info: c,
+    }]);
+    l.agent().panic_next();
+    assert!(l.restore_from(&rt).await.is_err());
+    assert!(!l.agent().restored());
+    assert_eq!(l.restore_from(&rt).await.expect("restored"), 1);
+    assert!(l.agent().restored());
+    assert!(l.agent().snapshot().grant("k").is_some());
+}

@@ -170,13 +170,28 @@ enum LastWrite {
     TimedOut,
 }
 
+/// Whether a loop write for a container is out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum LoopWrite {
+    #[default]
+    Idle,
+    Out,
+}
+
+/// Whether the order in which the runtime applied a container's last writes is known.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Order {
+    #[default]
+    Known,
+    /// A loop write and a hook's own call overlapped.
+    Unknown,
+}
+
 /// An entry's writes: the loop's own and the hooks' forwarded calls.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Flight {
-    /// A loop write for this container is out.
-    writing: bool,
-    /// A loop write and a hook's own call overlapped: their order at the runtime is unknown.
-    overlap: bool,
+    loop_write: LoopWrite,
+    order: Order,
     /// Hooks' own calls for this container out now (a start and a resize may overlap).
     hooks_out: u32,
     /// Failed writes in a row, how the last ended, and when the next may go.
@@ -189,8 +204,8 @@ impl Flight {
     /// A hook forwards a call that sets this container's cpuset.
     pub(super) fn hook_write_begins(&mut self) {
         self.hooks_out = self.hooks_out.saturating_add(1);
-        if self.writing {
-            self.overlap = true;
+        if self.loop_write == LoopWrite::Out {
+            self.order = Order::Unknown;
         }
     }
 
@@ -216,12 +231,11 @@ impl Flight {
             // Another hook's call is still out: its answer settles what the runtime holds.
             return None;
         }
-        let overlapped = if self.writing {
-            self.overlap
-        } else {
-            std::mem::take(&mut self.overlap)
+        let order = match self.loop_write {
+            LoopWrite::Out => self.order,
+            LoopWrite::Idle => std::mem::take(&mut self.order),
         };
-        if overlapped {
+        if order == Order::Unknown {
             None
         } else {
             sent
@@ -230,7 +244,7 @@ impl Flight {
 
     /// A write of the loop's or a hook's is out.
     pub(super) fn busy(&self) -> bool {
-        self.writing || self.hook_writing()
+        self.loop_write == LoopWrite::Out || self.hook_writing()
     }
 
     fn retry_delay(&self) -> Duration {
@@ -375,8 +389,8 @@ impl Ledger {
                 continue;
             };
             if let Some(e) = b.entries.get_mut(key.as_str()) {
-                e.flight.writing = true;
-                e.flight.overlap = false;
+                e.flight.loop_write = LoopWrite::Out;
+                e.flight.order = Order::Known;
             }
             due.writes.push(Dispatch { key, seq, update });
         }
@@ -390,9 +404,10 @@ impl Ledger {
         let Some(e) = b.entries.get_mut(d.key.as_str()) else {
             return;
         };
-        e.flight.writing = false;
+        e.flight.loop_write = LoopWrite::Idle;
         // A hook's call overlapped this write and was answered first: not trusted either.
-        let overlapped = !e.flight.hook_writing() && std::mem::take(&mut e.flight.overlap);
+        let overlapped =
+            !e.flight.hook_writing() && std::mem::take(&mut e.flight.order) == Order::Unknown;
         match result {
             Ok(()) => {
                 tracing::info!(container = %d.update.container_id, cpus = %d.update.cpus, "cpuset updated");
@@ -402,7 +417,7 @@ impl Ledger {
                 let current = e.seq == d.seq && matches!(e.state, State::Committed);
                 if e.flight.hook_writing() {
                     // A hook's call for it is out too: order unknown until it is answered.
-                    e.flight.overlap = true;
+                    e.flight.order = Order::Unknown;
                 } else if current && !overlapped {
                     e.applied = Some(Applied::new(d.update.cpus, d.update.mems));
                 } else {

@@ -313,12 +313,19 @@ impl Ledger {
     }
 
     /// A shared ledger that also tells its agent which pods it holds (the NodeResourceTopology's
-    /// pod fingerprint): what the runtime modes use.
+    /// pod fingerprint) and takes the containers a policy change moved: what the runtime
+    /// modes use.
     pub fn shared(agent: Arc<Agent>, file: Option<StateFile>) -> Arc<Ledger> {
         let ledger = Arc::new(Ledger::new(agent, file));
         let weak = Arc::downgrade(&ledger);
         ledger.agent.set_pod_lister(Box::new(move || {
             weak.upgrade().map(|l| l.pods()).unwrap_or_default()
+        }));
+        let dirty = Arc::downgrade(&ledger.dirty);
+        ledger.agent.set_change_sink(Box::new(move |ids| {
+            if let Some(d) = dirty.upgrade() {
+                d.mark(ids);
+            }
         }));
         ledger
     }

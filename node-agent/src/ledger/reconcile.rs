@@ -116,8 +116,8 @@ impl Ledger {
         }
     }
 
-    /// Step 1: entries the runtime does not have (or, at a session start, whose grant it never
-    /// applied), and at a session start grants the book does not know (a decision that came
+    /// Step 1: entries the runtime does not have (or has under another runtime id, or, at a
+    /// session start, whose grant it never applied), and at a session start grants the book does not know (a decision that came
     /// too late). Returns the neighbours whose cpusets change.
     fn release_missing(
         &self,
@@ -149,9 +149,21 @@ impl Ledger {
         let never_applied = |l: &Listed| {
             session && l.info.cpus.is_none() && !l.info.annotations.contains_key(GRANT_KEY)
         };
+        // The key listed under another runtime id: the container the book knows is gone and a
+        // new one took its name (behind a proxy); the new one is adopted in step 2.
+        let replaced = |k: &str, l: &Listed| {
+            !l.runtime_id.is_empty()
+                && b.entries
+                    .get(k)
+                    .and_then(|e| e.runtime_id.as_deref())
+                    .is_some_and(|r| r != l.runtime_id)
+        };
         let stale: Vec<String> = settled
             .chain(orphans)
-            .filter(|k| live.get(k.as_str()).is_none_or(|l| never_applied(l)))
+            .filter(|k| {
+                live.get(k.as_str())
+                    .is_none_or(|l| never_applied(l) || replaced(k, l))
+            })
             .collect();
         let mut touched = Vec::new();
         for k in stale {
@@ -200,12 +212,12 @@ impl Ledger {
                 i
             })
             .collect();
-        let mut touched: Vec<String> = self
-            .agent
-            .restore(&infos)
-            .into_iter()
-            .map(|u| u.container_id)
-            .collect();
+        // The engine failed (logged and counted): nothing is booked, the next comparison
+        // adopts them.
+        let Ok(ups) = self.agent.restore(&infos) else {
+            return Vec::new();
+        };
+        let mut touched: Vec<String> = ups.into_iter().map(|u| u.container_id).collect();
         let seq = self.now();
         for (l, info) in unknown.iter().zip(infos) {
             report.adopted += 1;

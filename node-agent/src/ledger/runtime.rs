@@ -56,6 +56,11 @@ impl Ledger {
         let listed = bounded("listing the runtime's containers", rt.list()).await?;
         let n = listed.len();
         let report = self.restore(listed, since);
+        // The engine failed (a panic, logged and counted): not restored, so the proxy stays
+        // not ready and forwards calls unadjusted while the restore is tried again.
+        if !self.agent().restored() {
+            anyhow::bail!("the placement engine failed to rebuild the state");
+        }
         tracing::info!(
             adopted = report.adopted,
             released = report.released,
@@ -73,6 +78,16 @@ impl Ledger {
             .is_none_or(|e| matches!(e.state, super::State::Stopped))
     }
 
+    /// Whether the book knows `l`'s key under another runtime id: the container it knows was
+    /// removed and another took its name.
+    fn replaced(&self, l: &LiveId) -> bool {
+        let b = self.book();
+        b.entries
+            .get(l.key.as_str())
+            .and_then(|e| e.runtime_id.as_deref())
+            .is_some_and(|r| !l.runtime_id.is_empty() && r != l.runtime_id)
+    }
+
     /// One comparison with the runtime: the cheap list, and the full one when the runtime has
     /// running containers the ledger lacks or when `how` asks for a read-back.
     pub async fn reconcile_with(
@@ -85,7 +100,9 @@ impl Ledger {
         // Only a running container is adopted here: one that is merely created and unknown is a
         // create the ledger rolled back (the runtime gave up on it, or its caller did), which
         // the kubelet will remove; it is adopted at start-up only.
-        let lacking = live.iter().any(|l| l.running && self.lacks(&l.key));
+        let lacking = live
+            .iter()
+            .any(|l| (l.running && self.lacks(&l.key)) || self.replaced(l));
         let full = lacking || how == Listing::Live;
         // What the comparison covers: running containers, and created ones the book has.
         let kept: HashSet<String> = live

@@ -5,12 +5,15 @@ use crate::agent::test_sets::*;
 use crate::agent::{PodInfo, Update};
 use crate::metrics::Metrics;
 use tap_engine::request::{GRANT_KEY, SKIP_KEY};
-use tap_engine::sysfs::discover_dir;
 use tap_engine::{Engine, EngineConfig, Topology};
 
 pub(super) fn agent() -> Arc<Agent> {
-    let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
-    let topo = Arc::new(Topology::build(&discover_dir(&root).unwrap()).unwrap());
+    let topo = Arc::new(
+        Topology::build(
+            &tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").unwrap(),
+        )
+        .unwrap(),
+    );
     Arc::new(Agent::new(
         Engine::new(topo, EngineConfig::default()),
         Arc::new(Metrics::new()),

@@ -27,7 +27,7 @@ use crate::agent::{Agent, ContainerInfo, Update};
 use crate::cgroupfs::Cgroupfs;
 use crate::flags::{CgroupWrites, Flags};
 use crate::ledger::state_file::StateFile;
-use crate::ledger::{hook_span, Ledger, Listed, Release};
+use crate::ledger::{hook_span, Ledger, Listed, Release, Ticket};
 use async_trait::async_trait;
 use connection::Connection;
 use lazy::{LazyEvent, LazyHooks, LazyStop};
@@ -142,10 +142,8 @@ impl NriPlugin {
     /// update of a container containerd is still creating or starting deadlocked containerd
     /// 1.7's NRI in the churn test (its NRI lock and the container's status lock, taken in
     /// opposite orders), so none is sent before.
-    fn confirm_create(&self, id: &str) {
-        if let Some(t) = self.creates.take(id) {
-            self.ledger.commit_create(t, Some(id.to_string()));
-        }
+    fn confirm_create(&self, id: &str) -> bool {
+        self.creates.take_into(&self.ledger, id)
     }
 
     /// PostStartContainer: the create is confirmed; a container started after its create was
@@ -180,12 +178,46 @@ impl NriPlugin {
     }
 
     /// A resize containerd applied (PostUpdateContainer): its ticket is committed (or the
-    /// create of a container first seen in an update).
-    fn confirm_resize(&self, id: &str) {
-        if let Some(t) = self.resizes.take(id) {
-            self.ledger.commit_update(t);
+    /// create of a container first seen in an update). Returns whether a call was held.
+    fn confirm_resize(&self, id: &str) -> bool {
+        let resized = match self.resizes.take(id) {
+            Some(t) => {
+                self.ledger.commit_update(t);
+                true
+            }
+            None => false,
+        };
+        resized | self.confirm_create(id)
+    }
+
+    /// PostUpdateContainer: the resize is confirmed. One confirmed after it was given up (more
+    /// than the confirm timeout: its grant rolled back while the cgroup took the new
+    /// resources) is placed again from the resources the container has now, so the books
+    /// follow what containerd applied.
+    async fn on_updated(&self, req: &LazyEvent) {
+        let id = req.encoded.container_id.as_str();
+        if self.confirm_resize(id) || self.ledger.resolve(id).is_none() {
+            return;
         }
-        self.confirm_create(id);
+        let c = match req.encoded.container() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(container = %id, "cannot decode an updated container: {e}");
+                self.agent
+                    .metrics()
+                    .count_error("update", crate::metrics::ErrorKind::Input);
+                return;
+            }
+        };
+        let Some(r) = c.linux.resources.as_ref().cloned() else {
+            return;
+        };
+        tracing::warn!(container = %id, "a resize confirmed after it was given up; placed again with the resources it has now");
+        let ticket = self
+            .ledger
+            .begin_update(id, move |i| convert::apply_resources(i, &r))
+            .await;
+        self.ledger.commit_update(ticket);
     }
 }
 
@@ -249,7 +281,8 @@ impl NriPlugin {
     /// the request's context under its NRI lock, so one for a container whose shim hangs
     /// would hold every Pod operation on the node.
     fn neighbour_updates(&self) -> Vec<proto::ContainerUpdate> {
-        if self.slot.path() == WritePath::Cgroup {
+        // Nobody applies the answer of a closed session: what is due stays due.
+        if self.slot.path() == WritePath::Cgroup || self.session.is_cancelled() {
             return Vec::new();
         }
         let ups = self.ledger.claim_for_answer();
@@ -268,44 +301,34 @@ impl NriPlugin {
         if id.is_empty() {
             return Ok(UpdateContainerResponse::new());
         }
-        let mut resp = UpdateContainerResponse::new();
         // A resize of this container still unconfirmed was refused: containerd confirms an
         // update before it answers the kubelet, and the kubelet retries only after that.
         if let Some(older) = self.resizes.take(&id) {
             self.ledger.abort(older);
         }
-        let adj = if self.ledger.resolve(&id).is_none() {
-            // Not seen yet (created before a restart and missed by the sync): placed now, and
-            // committed when containerd confirms the update (PostUpdateContainer).
-            let ticket = self.ledger.begin_create(info).await;
-            let adj = ticket.adjustment.clone();
-            let unconfirmed = (Unconfirmed::Create, self.confirm.create);
-            self.creates
-                .hold(&self.ledger, id.clone(), ticket, unconfirmed);
-            adj
-        } else {
-            let r = req.linux_resources.clone();
-            let ticket = self
-                .ledger
-                .begin_update(&id, move |i| {
-                    if let Some(r) = r.as_ref() {
-                        convert::apply_resources(i, r);
-                    }
-                })
-                .await;
-            let adj = ticket.adjustment.clone();
-            // Committed when containerd confirms it applied the update (PostUpdateContainer).
-            self.resizes.hold(
-                &self.ledger,
-                id.clone(),
-                ticket,
-                (Unconfirmed::Resize, self.confirm.resize),
-            );
-            adj
+        let (ticket, what) = self
+            .place_update(info, req.linux_resources.into_option())
+            .await;
+        let adj = ticket.adjustment.clone();
+        if self.session.is_cancelled() {
+            // As for a create: nobody applies this answer, the grant stays as it was.
+            tracing::warn!(container = %id, "an update of a closed NRI session; left unchanged");
+            self.agent
+                .metrics()
+                .count_error("update", crate::metrics::ErrorKind::StaleSession);
+            self.ledger.abort(ticket);
+            return Ok(UpdateContainerResponse::new());
+        }
+        // Committed when containerd confirms it applied the update (PostUpdateContainer).
+        let (pending, timeout) = match what {
+            Unconfirmed::Create => (&self.creates, self.confirm.create),
+            Unconfirmed::Resize => (&self.resizes, self.confirm.resize),
         };
+        pending.hold(&self.ledger, id.clone(), ticket, (what, timeout));
+        let mut resp = UpdateContainerResponse::new();
         if let Some(cpus) = adj.cpus {
             let own = Update {
-                container_id: id.clone(),
+                container_id: id,
                 cpus,
                 mems: adj.mems,
             };
@@ -313,6 +336,27 @@ impl NriPlugin {
         }
         resp.update.extend(self.neighbour_updates());
         Ok(resp)
+    }
+
+    /// An UpdateContainer's decision: a resize, or the create of a container not seen yet
+    /// (created before a restart and missed by the sync).
+    async fn place_update(
+        &self,
+        info: ContainerInfo,
+        resources: Option<proto::LinuxResources>,
+    ) -> (Ticket, Unconfirmed) {
+        if self.ledger.resolve(&info.id).is_none() {
+            return (self.ledger.begin_create(info).await, Unconfirmed::Create);
+        }
+        let ticket = self
+            .ledger
+            .begin_update(&info.id, move |i| {
+                if let Some(r) = resources.as_ref() {
+                    convert::apply_resources(i, r);
+                }
+            })
+            .await;
+        (ticket, Unconfirmed::Resize)
     }
 
     async fn on_stop_container(&self, req: LazyStop) -> ttrpc::Result<StopContainerResponse> {
@@ -463,7 +507,9 @@ impl LazyHooks for NriPlugin {
                 hook_span("create", "NRI").in_scope(|| self.on_started(&req));
             }
             Ok(Event::POST_UPDATE_CONTAINER) => {
-                hook_span("update", "NRI").in_scope(|| self.confirm_resize(id));
+                self.on_updated(&req)
+                    .instrument(hook_span("update", "NRI"))
+                    .await;
             }
             Ok(e) => tracing::debug!(event = ?e, "NRI state change"),
             Err(v) => tracing::debug!(event = v, "unknown NRI state change"),
@@ -622,14 +668,12 @@ mod tests {
     use futures_util::StreamExt;
     use proto::nri_ttrpc::{create_runtime, PluginClient, Runtime};
     use proto::{RegisterPluginRequest, StateChangeEvent, StopContainerRequest};
-    use tap_engine::sysfs::discover_dir;
     use tap_engine::{Engine, EngineConfig, Topology};
     use ttrpc::r#async::transport::{Listener, Socket};
     use ttrpc::r#async::{Client, Server};
 
     fn test_agent() -> Arc<Agent> {
-        let root = tap_engine::testdata::fixture_dir("synthetic-2s-4numa-96c-gpu");
-        let raw = discover_dir(&root).unwrap();
+        let raw = tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").unwrap();
         let topo = Arc::new(Topology::build(&raw).unwrap());
         Arc::new(Agent::new(
             Engine::new(topo, EngineConfig::default()),
@@ -860,31 +904,13 @@ mod tests {
         c.cpus = tap_engine::CpuSet::parse("0-23").ok();
         reconcile(&plugin.ledger, &[c], plugin.ledger.now());
         let before = agent.snapshot().grant("c").cloned().expect("restored");
-        let resize = |cpus: u64| {
-            let mut req = UpdateContainerRequest::new();
-            req.pod = Some(pod()).into();
-            req.container = Some(burstable("c", 0)).into();
-            let mut r = req.container.linux.resources.clone().unwrap();
-            r.cpu
-                .mut_or_insert_default()
-                .shares
-                .mut_or_insert_default()
-                .value = cpus * 1024;
-            r.cpu
-                .mut_or_insert_default()
-                .quota
-                .mut_or_insert_default()
-                .value = (cpus * 100_000) as i64;
-            req.linux_resources = Some(r).into();
-            req
-        };
         // Refused: containerd never confirms; after the timeout the old grant is back.
-        let _ = plugin.on_update_container(resize(40)).await.unwrap();
+        let _ = plugin.on_update_container(resize("c", 40)).await.unwrap();
         assert_ne!(agent.snapshot().grant("c"), Some(&before), "reserved");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(agent.snapshot().grant("c"), Some(&before), "rolled back");
         // Confirmed: kept.
-        let _ = plugin.on_update_container(resize(40)).await.unwrap();
+        let _ = plugin.on_update_container(resize("c", 40)).await.unwrap();
         // containerd's PostUpdateContainer.
         plugin.confirm_resize("c");
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -892,12 +918,90 @@ mod tests {
         assert_eq!(after.request_milli, 40_000);
         // The kubelet retries a resize containerd refused (no confirmation yet): the retry is
         // placed and confirmed, not passed over as "busy".
-        let _ = plugin.on_update_container(resize(20)).await.unwrap();
-        let _ = plugin.on_update_container(resize(30)).await.unwrap();
+        let _ = plugin.on_update_container(resize("c", 20)).await.unwrap();
+        let _ = plugin.on_update_container(resize("c", 30)).await.unwrap();
         plugin.confirm_resize("c");
         tokio::time::sleep(Duration::from_millis(200)).await;
         let retried = agent.snapshot().grant("c").cloned().expect("granted");
         assert_eq!(retried.request_milli, 30_000);
+    }
+
+    /// An UpdateContainer giving container `id` a Burstable `cpus` CPUs.
+    fn resize(id: &str, cpus: u64) -> UpdateContainerRequest {
+        let mut req = UpdateContainerRequest::new();
+        req.pod = Some(pod()).into();
+        req.container = Some(burstable(id, 0)).into();
+        let mut r = req.container.linux.resources.clone().unwrap_or_default();
+        let cpu = r.cpu.mut_or_insert_default();
+        cpu.shares.mut_or_insert_default().value = cpus * 1024;
+        cpu.quota.mut_or_insert_default().value = (cpus * 100_000) as i64;
+        req.linux_resources = Some(r).into();
+        req
+    }
+
+    /// An update that arrives on a closed session (containerd gave up on the plugin) is
+    /// answered unchanged: nobody applies it, so the grant stays and nothing waits for a
+    /// confirmation that cannot come.
+    #[tokio::test]
+    async fn an_update_of_a_closed_session_changes_nothing() {
+        let agent = test_agent();
+        let plugin = NriPlugin::new(agent.clone());
+        let mut c = convert::container_info(Some(&pod()), &burstable("c", 0));
+        c.cpus = tap_engine::CpuSet::parse("0-23").ok();
+        reconcile(&plugin.ledger, &[c], plugin.ledger.now());
+        let before = agent.snapshot().grant("c").cloned().expect("restored");
+        plugin.session.cancel();
+        let resp = plugin.on_update_container(resize("c", 40)).await.unwrap();
+        assert!(resp.update.is_empty(), "{:?}", resp.update);
+        assert_eq!(agent.snapshot().grant("c"), Some(&before));
+        assert!(plugin.resizes.is_empty(), "nothing held");
+        // Nor is a container first seen in an update placed.
+        let resp = plugin.on_update_container(resize("new", 4)).await.unwrap();
+        assert!(resp.update.is_empty());
+        assert!(agent.snapshot().grant("new").is_none());
+        assert!(plugin.creates.is_empty());
+    }
+
+    /// A resize containerd applies after its confirm timeout (the books rolled it back) is
+    /// placed again when PostUpdateContainer comes: the books follow the container's resources.
+    #[tokio::test]
+    async fn a_resize_confirmed_late_is_placed_with_the_resources_it_has() {
+        let agent = test_agent();
+        let mut plugin = NriPlugin::new(agent.clone());
+        plugin.confirm.resize = Duration::from_millis(50);
+        let mut c = convert::container_info(Some(&pod()), &burstable("c", 0));
+        c.cpus = tap_engine::CpuSet::parse("0-23").ok();
+        reconcile(&plugin.ledger, &[c], plugin.ledger.now());
+        let before = agent.snapshot().grant("c").cloned().expect("restored");
+        let mut resized = burstable("c", 0);
+        let cpu = resized
+            .linux
+            .mut_or_insert_default()
+            .resources
+            .mut_or_insert_default()
+            .cpu
+            .mut_or_insert_default();
+        cpu.shares.mut_or_insert_default().value = 40 * 1024;
+        cpu.quota.mut_or_insert_default().value = 40 * 100_000;
+        let mut req = UpdateContainerRequest::new();
+        req.pod = Some(pod()).into();
+        req.container = Some(burstable("c", 0)).into();
+        req.linux_resources = resized.linux.resources.clone();
+        plugin.on_update_container(req).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(agent.snapshot().grant("c"), Some(&before), "rolled back");
+        // containerd applied it after all.
+        let mut evt = StateChangeEvent::new();
+        evt.event = Event::POST_UPDATE_CONTAINER.into();
+        evt.pod = Some(pod()).into();
+        evt.container = Some(resized).into();
+        let evt = LazyEvent::decode(protobuf::Message::write_to_bytes(&evt).unwrap()).unwrap();
+        plugin.state_change(evt).await.unwrap();
+        let after = agent.snapshot().grant("c").cloned().expect("granted");
+        assert_eq!(
+            after.request_milli, 40_000,
+            "placed with the applied resources"
+        );
     }
 
     /// Holding a create costs no task of its own: one sweeper serves every held call, and a

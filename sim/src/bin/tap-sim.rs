@@ -17,8 +17,8 @@ use tap_sim::trace::Trace;
     about = "Replay a workload trace against a fixture topology and compare placement policies"
 )]
 struct Args {
-    /// sysfs root of the machine (e.g. a folder under fixtures/sysfs), as the agent's
-    /// `--sysfs-root`; `--sysfs` is kept as an alias.
+    /// sysfs root of the machine (a folder, or a dump file such as fixtures/sysfs/*), as the
+    /// agent's `--sysfs-root`; `--sysfs` is kept as an alias.
     #[arg(long, alias = "sysfs")]
     sysfs_root: PathBuf,
     /// Trace file (JSON, see docs/sim.md). Without it a trace is generated.
