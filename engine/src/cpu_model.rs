@@ -9,7 +9,7 @@
 //! The reference builds cluster pools only on CPU part 0xd06 (which it calls Kunpeng 950);
 //! [`ClusterAffinityRule::Kunpeng950Only`] is that rule, [`ClusterAffinityRule::Any`] ours.
 
-use crate::sysfs::FileSource;
+use crate::source::FileSource;
 use std::fmt;
 
 /// HiSilicon's implementer code.

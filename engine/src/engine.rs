@@ -6,11 +6,11 @@ use crate::cpuset::CpuSet;
 use crate::grant::Grant;
 use crate::grants::Grants;
 use crate::policy::{Policies, Policy};
-use crate::rebalance::UsageHint;
 use crate::request::{ContainerRequest, Hyperthreads, PolicyKind};
 use crate::state::{Parts, StateView};
 use crate::topology::{PoolId, Topology};
 use crate::updates::CpusetUpdates;
+use crate::usage_hint::UsageHint;
 use shared_index::SharedIndex;
 use std::sync::Arc;
 
@@ -23,6 +23,7 @@ mod charge;
 mod hint;
 mod reinstate;
 mod relocate;
+pub use relocate::RelocateError;
 mod restore;
 mod shared_index;
 #[cfg(test)]

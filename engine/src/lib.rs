@@ -3,6 +3,9 @@
 //! - [`cpuset`], [`nodeset`]: CPU and NUMA node sets in the kernel's list syntax.
 //! - [`cpu_model`]: which CPU this is (MIDR_EL1, `/proc/cpuinfo`), and the cluster affinity
 //!   rule that depends on it.
+//! - [`source`]: where sysfs files come from (a directory, or a dump file in memory).
+//! - [`pci`]: PCI devices and what each is to placement (GPU, NPU, console display).
+//! - [`raw`]: what discovery reads off a machine, before a model is built from it.
 //! - [`topology`]: the machine model and its pool tree.
 //! - [`devices`]: which PCI devices are GPUs or NPUs, and which one a container's device
 //!   environment names.
@@ -16,6 +19,7 @@
 //! - [`engine`]: the allocation state and its operations (create, update, remove, restore).
 //! - [`rebalance`]: usage-aware rebalancing: which shared containers to move between NUMA
 //!   nodes when their measured use is unbalanced ([`Engine::relocate`] moves one).
+//! - [`usage_hint`]: measured usage per NUMA node that new shared containers may be placed by.
 //! - [`grant`]: one container's allocation and its record for restart recovery.
 //! - [`testdata`]: where the sysfs fixtures are (tests, benches).
 
@@ -24,18 +28,23 @@ pub mod cpu_picker;
 pub mod cpuset;
 pub mod devices;
 pub mod engine;
+pub(crate) mod fit;
 pub mod grant;
 pub(crate) mod grants;
 pub mod nodeset;
+pub mod pci;
 pub mod policy;
+pub mod raw;
 pub mod rebalance;
 pub mod request;
+pub mod source;
 pub mod state;
 pub mod sysfs;
 pub mod testdata;
 pub mod topology;
 pub mod types;
 pub mod updates;
+pub mod usage_hint;
 
 pub use cpu_model::{ClusterAffinityRule, CpuModel};
 pub use cpuset::CpuSet;
@@ -50,8 +59,8 @@ pub use request::{ContainerRequest, CoreGrain, Overrides, PolicyKind, Qos};
 pub use state::StateView;
 pub use topology::{Level, MemoryKind, Pool, PoolId, RawTopology, Topology};
 pub use types::{
-    CacheAffinity, CpusetUpdate, EngineConfig, Existing, Outcome, Placement, Reason, Rebalance,
-    ReservedAccess, ReservedAnnotation, ReservedRefusal, ResourcePriority, RestoreReport, Site,
-    SkipReason, Unhonoured,
+    CacheAffinity, EngineConfig, Existing, Outcome, Placement, Reason, Rebalance, ReservedAccess,
+    ReservedAnnotation, ReservedRefusal, ResourcePriority, RestoreReport, Site, SkipReason,
+    Unhonoured,
 };
-pub use updates::{CpusetUpdates, UpdateRef};
+pub use updates::{CpusetUpdate, CpusetUpdates, UpdateRef};

@@ -23,7 +23,6 @@
 //! [`RebalanceConfig::usage_aware`] is the set of settings measured in docs/sim.md.
 
 mod config;
-mod fit;
 mod hint;
 #[cfg(test)]
 mod hint_tests;
@@ -32,15 +31,16 @@ mod report;
 #[cfg(test)]
 mod tests;
 
+pub use crate::engine::RelocateError;
+pub use crate::usage_hint::UsageHint;
 pub use config::{BalanceBy, CooldownWaiver, PlaceBy, RebalanceConfig};
-pub(crate) use fit::{fits, Pending, Shift};
-pub use hint::UsageHint;
 pub use nodes::numa_pools;
 pub use report::{report, NodeUsage, UsageReport};
 
 use nodes::{node_pos, Nodes};
 
 use crate::engine::Engine;
+use crate::fit::{fits, Pending, Shift};
 use crate::grant::Grant;
 use crate::state::StateView;
 use crate::topology::PoolId;
@@ -75,21 +75,6 @@ pub struct Move {
     pub from: PoolId,
     pub to: PoolId,
     pub why: MoveReason,
-}
-
-/// Why [`Engine::relocate`](crate::Engine::relocate) refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RelocateError {
-    #[error("container {0} has no grant")]
-    UnknownContainer(String),
-    #[error("container {0} holds exclusive CPUs: only shared containers move")]
-    Exclusive(String),
-    #[error("container {0} runs on the reserved CPUs: only containers on the pools move")]
-    Reserved(String),
-    #[error("pool {0} does not exist")]
-    NoSuchPool(PoolId),
-    #[error("container {id} does not fit pool {pool} (request, memory, or size)")]
-    DoesNotFit { id: String, pool: PoolId },
 }
 
 /// The rebalancer's state between rounds.

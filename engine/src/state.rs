@@ -7,9 +7,9 @@ use crate::cpuset::CpuSet;
 use crate::grant::Grant;
 use crate::grants::Grants;
 use crate::nodeset::NodeSet;
-use crate::rebalance::UsageHint;
 use crate::topology::{PoolId, Topology};
 use crate::types::{EngineConfig, NodeLoad, PoolLoad};
+use crate::usage_hint::UsageHint;
 
 // The two CPU sets are copied in (small, fixed-size): the hot checks then read them one
 // pointer away, as they did from the engine itself.

@@ -13,20 +13,17 @@
 //! - `error`: [`DiscoveryError`] and [`DiscoveryWarning`].
 
 mod checks;
-mod dump;
 mod error;
 mod parse;
-mod source;
 
 use crate::cpuset::{CpuSet, MAX_IDS};
-use crate::devices::is_accelerator_class;
 use crate::nodeset::MAX_NODES;
-use crate::topology::{PciDevice, RawCpu, RawNode, RawTopology};
+use crate::pci::{is_accelerator_class, PciDevice};
+use crate::raw::{RawCpu, RawNode, RawTopology};
+pub use crate::source::{DirSource, DumpError, FileSource, MapSource, RootSource, DUMP_MAGIC};
 use checks::NodeFiles;
-pub use dump::{DumpError, DUMP_MAGIC};
 pub use error::{DiscoveryError, DiscoveryWarning};
 use parse::{cpus_error, dir_id, malformed, parse_id, parse_memtotal, Id};
-pub use source::{DirSource, FileSource, MapSource, RootSource};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;

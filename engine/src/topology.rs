@@ -14,81 +14,12 @@ mod build;
 mod memory;
 use crate::cpu_model::CpuModel;
 use crate::cpuset::CpuSet;
-use crate::devices::DeviceKind;
 use crate::nodeset::NodeSet;
+pub use crate::pci::PciDevice;
+pub use crate::raw::{RawCpu, RawNode, RawTopology};
 pub use memory::MemoryKind;
 use serde::Serialize;
 use std::fmt;
-
-/// One online CPU as discovery saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawCpu {
-    pub id: usize,
-    pub package: u32,
-    pub die: u32,
-    /// Identity of the CPU's cluster: CPUs with equal values share a cluster.
-    /// `None` where the kernel reports no clusters.
-    pub cluster: Option<u64>,
-    /// Identity of the CPU's core: CPUs with equal values are hyperthreads of one core.
-    pub core: u64,
-    pub numa: Option<u32>,
-    /// Identity of the CPU's last-level (L3) cache: CPUs with equal values share it. `None`
-    /// without cache information.
-    pub llc: Option<u64>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawNode {
-    pub id: u32,
-    pub cpus: CpuSet,
-    pub memory_bytes: u64,
-    /// Distances to every node, as `node<id>/distance` lists them (same order as node ids in
-    /// `RawTopology::nodes` sorted ascending).
-    pub distances: Vec<u32>,
-    /// Read bandwidth from the node's nearest initiators in MB/s, where the firmware's HMAT
-    /// tells it (`node<id>/access0/initiators/read_bandwidth`): tells HBM from PMEM/CXL.
-    pub read_bandwidth: Option<u64>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct PciDevice {
-    /// PCI address, e.g. `0000:3b:00.0`.
-    pub address: String,
-    /// Class code, e.g. 0x030000 (VGA), 0x030200 (3D controller), 0x120000 (processing
-    /// accelerator).
-    pub class: u32,
-    pub vendor: u32,
-    pub device: u32,
-    pub numa_node: Option<u32>,
-    /// The GPU's UUID (`GPU-…`) where the driver tells it (NVIDIA:
-    /// [`crate::devices::read_nvidia_uuids`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub uuid: Option<String>,
-}
-
-impl PciDevice {
-    /// What the device is: see [`crate::devices::classify`].
-    pub fn kind(&self) -> DeviceKind {
-        crate::devices::classify(self.class, self.vendor, self.device)
-    }
-
-    /// A GPU: a display or 3D controller (class 0x03) of any vendor, but not a console display
-    /// (a server BMC's VGA, a virtual machine's emulated one).
-    pub fn is_gpu(&self) -> bool {
-        self.kind() == DeviceKind::Gpu
-    }
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RawTopology {
-    pub cpus: Vec<RawCpu>,
-    pub nodes: Vec<RawNode>,
-    pub devices: Vec<PciDevice>,
-    /// CPUs the kernel isolates (`isolcpus`): never put in a shared pool.
-    pub isolated: CpuSet,
-    /// The CPU model ([`crate::cpu_model::identify`]; unknown unless the caller sets it).
-    pub cpu: CpuModel,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -257,6 +188,11 @@ impl Topology {
 
     pub fn node(&self, id: u32) -> Option<&NumaNode> {
         self.nodes.iter().find(|n| n.id == id)
+    }
+
+    /// The position in [`Topology::nodes`] of NUMA node `id`.
+    pub fn node_position(&self, id: usize) -> Option<usize> {
+        self.nodes.iter().position(|n| n.id as usize == id)
     }
 
     pub fn node_of_cpu(&self, cpu: usize) -> Option<u32> {

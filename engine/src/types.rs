@@ -7,9 +7,9 @@ use crate::cpuset::CpuSet;
 use crate::nodeset::NodeSet;
 use crate::request::{ContainerRequest, CoreGrain, PolicyKind};
 use crate::topology::{Level, MemoryKind, PoolId};
+pub use crate::updates::CpusetUpdate;
 use crate::updates::CpusetUpdates;
 use std::fmt;
-use std::sync::Arc;
 
 /// Which device affinity outranks free CPU capacity when the two disagree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -327,17 +327,6 @@ impl fmt::Display for Reason {
             Reason::Reserved => f.write_str("system daemon: the reserved CPUs"),
         }
     }
-}
-
-/// A cpuset change for another container, caused by this decision (exclusive CPUs taken or
-/// returned). The runtime layer applies it (NRI update, CRI UpdateContainerResources, docker
-/// update).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CpusetUpdate {
-    /// Shared with the engine's own key: handing out hundreds of updates allocates nothing.
-    pub container_id: Arc<str>,
-    pub cpus: CpuSet,
-    pub mems: Option<NodeSet>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,9 +6,19 @@
 
 use crate::cpuset::CpuSet;
 use crate::nodeset::NodeSet;
-use crate::types::CpusetUpdate;
 use std::fmt;
 use std::sync::Arc;
+
+/// A cpuset change for another container, caused by this decision (exclusive CPUs taken or
+/// returned). The runtime layer applies it (NRI update, CRI UpdateContainerResources, docker
+/// update).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpusetUpdate {
+    /// Shared with the engine's own key: handing out hundreds of updates allocates nothing.
+    pub container_id: Arc<str>,
+    pub cpus: CpuSet,
+    pub mems: Option<NodeSet>,
+}
 
 /// Cpuset updates of other containers, in the order they were added.
 #[derive(Clone, Default)]

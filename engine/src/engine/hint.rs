@@ -3,7 +3,7 @@
 
 use super::Engine;
 use crate::grant::Grant;
-use crate::rebalance::UsageHint;
+use crate::usage_hint::UsageHint;
 
 impl Engine {
     /// Places new shared containers by measured usage as well as by requests (`Some`), or by

@@ -2,12 +2,27 @@
 //! its grant is re-charged to the target exactly as if it had been removed and created there.
 
 use super::{CpusetUpdate, Engine};
+use crate::fit::{fits, Pending, Shift};
 use crate::grant::Grant;
 use crate::nodeset::NodeSet;
-use crate::rebalance::{fits, Pending, RelocateError, Shift};
 use crate::request::PolicyKind;
 use crate::topology::PoolId;
 use std::sync::Arc;
+
+/// Why [`Engine::relocate`] refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RelocateError {
+    #[error("container {0} has no grant")]
+    UnknownContainer(String),
+    #[error("container {0} holds exclusive CPUs: only shared containers move")]
+    Exclusive(String),
+    #[error("container {0} runs on the reserved CPUs: only containers on the pools move")]
+    Reserved(String),
+    #[error("pool {0} does not exist")]
+    NoSuchPool(PoolId),
+    #[error("container {id} does not fit pool {pool} (request, memory, or size)")]
+    DoesNotFit { id: String, pool: PoolId },
+}
 
 impl Engine {
     /// Moves the shared grant of `id` to pool `to` (for a `numa-aware` grant: to the NUMA

@@ -140,5 +140,5 @@ pub fn numa_pools(topo: &Topology) -> Vec<Option<PoolId>> {
 
 /// The position in the topology's node list of NUMA node `id`.
 pub(super) fn node_pos(topo: &Topology, id: usize) -> Option<usize> {
-    topo.nodes.iter().position(|n| n.id as usize == id)
+    topo.node_position(id)
 }

@@ -4,7 +4,7 @@
 use super::error::{DiscoveryError, DiscoveryWarning};
 use crate::cpuset::CpuSet;
 use crate::nodeset::NodeSet;
-use crate::topology::RawNode;
+use crate::raw::RawNode;
 
 /// A NUMA node as read, with the files its facts came from.
 pub(super) struct NodeFiles {

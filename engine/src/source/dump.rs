@@ -19,7 +19,7 @@
 //! `\ no newline at end of file` after the last of them when the file does not end with one.
 //! Lines starting with `#` between entries are comments.
 
-use super::source::MapSource;
+use super::MapSource;
 use std::io;
 use std::path::Path;
 
@@ -195,7 +195,7 @@ fn cut(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sysfs::FileSource;
+    use crate::source::FileSource;
 
     const DUMP: &str = "# tap sysfs dump 1\n\
         file a/empty\n\
@@ -232,7 +232,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tap-dump-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         m.write_tree(&dir).unwrap();
-        let disk = crate::sysfs::DirSource::new(&dir);
+        let disk = crate::source::DirSource::new(&dir);
         assert_eq!(disk.read("c/d").unwrap(), "1\n");
         assert_eq!(disk.read("a/noeol").unwrap(), "x\ny");
         assert_eq!(disk.list("b").unwrap(), m.list("b").unwrap());

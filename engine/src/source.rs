@@ -1,6 +1,9 @@
 //! Where sysfs files come from: a directory on disk, or an in-memory tree (a dump file's
 //! content, or a tree a test builds).
 
+mod dump;
+
+pub use dump::{DumpError, DUMP_MAGIC};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io;
 use std::ops::Bound;
