@@ -547,20 +547,40 @@ pub(super) async fn one_shared_per_node(l: &Ledger) -> Vec<ContainerInfo> {
     out
 }
 
-/// The CPUs of every exclusive grant, and the cpuset the runtime double would hold for every
-/// container after the loop ran: no shared container may hold an exclusive CPU.
-fn assert_no_shared_on_exclusive(l: &Ledger) {
+/// What the runtime double holds for each container, by runtime id: its create answer's
+/// cpuset, then every update sent to it (by the loop or on an answer), in order.
+#[derive(Default)]
+struct Held(HashMap<String, CpuSet>);
+
+impl Held {
+    fn answered(&mut self, runtime_id: &str, cpus: Option<CpuSet>) {
+        if let Some(c) = cpus {
+            self.0.insert(runtime_id.to_string(), c);
+        }
+    }
+
+    fn applied(&mut self, ups: &[Update]) {
+        for u in ups {
+            self.0.insert(u.container_id.clone(), u.cpus);
+        }
+    }
+}
+
+/// No shared container holds a CPU of an exclusive grant in what the runtime double holds
+/// (what was answered and written, not the engine's books).
+fn assert_no_shared_on_exclusive(l: &Ledger, held: &Held) {
     let e = l.agent().snapshot();
     let taken = *e.taken();
-    for (id, g) in e.grants() {
-        if !g.is_exclusive() {
-            assert!(
-                !g.cpus.intersects(&taken),
-                "shared {id} holds exclusive CPUs: {} vs {}",
-                g.cpus,
-                taken
-            );
-        }
+    let b = l.book();
+    for (key, g) in e.grants().filter(|(_, g)| !g.is_exclusive()) {
+        let rid = b.entries.get(key).and_then(|e| e.runtime_id.clone());
+        let rid = rid.as_deref().unwrap_or(key);
+        let holds = held.0.get(rid);
+        assert!(holds.is_some(), "the runtime holds nothing for {key}");
+        assert!(
+            holds.is_some_and(|h| !h.intersects(&taken)),
+            "shared {key} holds {holds:?}, exclusive CPUs are {taken}"
+        );
     }
 }
 
@@ -572,16 +592,19 @@ async fn a_shared_create_in_flight_while_an_exclusive_one_commits_is_shrunk_afte
     let l = Ledger::new(agent(), None);
     let rt = Recorder::default();
     // Fill NUMA nodes 1-3 so the shared create and the exclusive one meet on node 0.
+    let mut held = Held::default();
     for i in 1..4 {
-        let _ = created(
+        let adj = created(
             &l,
             container(&format!("f{i}"), "burstable", 20, 24),
             &format!("idf{i}"),
         )
         .await;
+        held.answered(&format!("idf{i}"), adj.cpus);
     }
     let s = l.begin_create(container("s", "burstable", 2, 4)).await;
     let sent = s.adjustment.cpus.expect("placed");
+    held.answered("ids", Some(sent));
     let g = l.begin_create(container("g", "guaranteed", 4, 4)).await;
     let exclusive = g.adjustment.cpus.expect("exclusive");
     assert!(sent.intersects(&exclusive), "{sent} / {exclusive}");
@@ -600,7 +623,8 @@ async fn a_shared_create_in_flight_while_an_exclusive_one_commits_is_shrunk_afte
     assert_eq!(to_s.len(), 1, "{:?}", rt.writes());
     assert!(!to_s[0].cpus.intersects(&exclusive));
     assert!(l.pending_updates().is_empty());
-    assert_no_shared_on_exclusive(&l);
+    held.applied(&rt.writes());
+    assert_no_shared_on_exclusive(&l, &held);
 }
 
 /// Finding 3: an update the runtime refuses is not forgotten: the container stays dirty and
@@ -671,7 +695,10 @@ async fn a_write_overlapping_a_resize_is_not_trusted() {
 async fn writes_wait_for_a_start_under_way() {
     let l = Ledger::new(agent(), None);
     let rt = Recorder::default();
-    let _ = one_shared_per_node(&l).await;
+    let mut held = Held::default();
+    for (i, c) in one_shared_per_node(&l).await.into_iter().enumerate() {
+        held.answered(&format!("ids{i}"), c.cpus);
+    }
     // Each shared container's start is out (the one the exclusive create shrinks among them).
     let keys: Vec<String> = (0..4)
         .map(|i| l.begin_start(&format!("ids{i}")).expect("in the book"))
@@ -686,7 +713,8 @@ async fn writes_wait_for_a_start_under_way() {
     l.converge_once(&rt).await;
     assert_eq!(rt.writes().len(), 1, "{:?}", rt.writes());
     assert!(l.pending_updates().is_empty());
-    assert_no_shared_on_exclusive(&l);
+    held.applied(&rt.writes());
+    assert_no_shared_on_exclusive(&l, &held);
 }
 
 /// A loop write already out when a start begins may land in the spec the start has read, or
@@ -859,9 +887,11 @@ async fn without_calls_of_its_own_an_exclusive_create_shrinks_its_neighbours_on_
     let stop = tokio_util::sync::CancellationToken::new();
     let worker = tokio::spawn(l.clone().converge(w.clone(), stop.clone()));
     let mut shared = Vec::new();
+    let mut held = Held::default();
     for i in 0..4 {
         let key = format!("s{i}");
         let adj = created(&l, container(&key, "burstable", 2, 4), &format!("ids{i}")).await;
+        held.answered(&format!("ids{i}"), adj.cpus);
         shared.push(adj.cpus.expect("placed"));
     }
     assert!(l.claim_for_answer().is_empty(), "nothing due yet");
@@ -877,7 +907,8 @@ async fn without_calls_of_its_own_an_exclusive_create_shrinks_its_neighbours_on_
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     assert!(w.0.writes().is_empty(), "the loop sent nothing of its own");
     assert_eq!(l.unconverged(), 0);
-    assert_no_shared_on_exclusive(&l);
+    held.applied(&on_answer);
+    assert_no_shared_on_exclusive(&l, &held);
     // Removing it gives the CPUs back on the next answer (a StopContainer's).
     l.release("idg", Release::Stopped);
     let back = l.claim_for_answer();
