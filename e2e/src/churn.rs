@@ -170,10 +170,35 @@ pub fn soak_seconds() -> Duration {
     )
 }
 
-/// Seeded rounds (`round(seed, n)`: a churn and a check at rest) for [`soak_seconds`].
+/// The seeds the soak runs first, one round each: `TAP_CHURN_SEEDS`, a list (`11,17`), a
+/// range (`1-40`) or both (`1-5,9`); none when unset.
+pub fn soak_seeds() -> Result<Vec<u64>> {
+    let spec = std::env::var("TAP_CHURN_SEEDS").unwrap_or_default();
+    let mut out = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || anyhow::anyhow!("TAP_CHURN_SEEDS: {part:?} is not a seed or a range a-b");
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (u64, u64) = (
+            a.trim().parse().map_err(|_| bad())?,
+            b.trim().parse().map_err(|_| bad())?,
+        );
+        if a > b || b - a > 10_000 {
+            return Err(bad());
+        }
+        out.extend(a..=b);
+    }
+    Ok(out)
+}
+
+/// Seeded rounds (`round(seed, n)`: a churn and a check at rest): the seeds of
+/// [`soak_seeds`], then more for [`soak_seconds`].
 pub async fn soak(mut round: impl AsyncFnMut(u64, u64) -> Result<()>) -> Result<()> {
     let (until, t0) = (soak_seconds(), Instant::now());
     let mut n = 0u64;
+    for s in soak_seeds()? {
+        n += 1;
+        round(s, n).await?;
+    }
     while t0.elapsed() < until {
         n += 1;
         round(seed().wrapping_add(n), n).await?;

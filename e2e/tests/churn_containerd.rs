@@ -142,11 +142,13 @@ async fn phases(ctd: &mut Containerd, dir: &Path, mode: Mode) -> Result<()> {
 }
 
 impl Run {
-    /// More seeded churn rounds, each checked at rest, for [`churn::soak_seconds`].
+    /// More seeded churn rounds ([`churn::soak_seeds`], then for [`churn::soak_seconds`]),
+    /// each at rest within the bound.
     async fn soak(&mut self, agent: &TapAgent) -> Result<()> {
         churn::soak(async |seed, n| {
             self.churn(seed).await?;
-            self.at_rest(&format!("soak round {n}"), agent).await?;
+            self.bounded(&format!("soak round {n} (seed {seed})"), agent)
+                .await?;
             Ok(())
         })
         .await
