@@ -92,13 +92,14 @@ fn promtool_run(args: &[&str], dir: &Path) -> (bool, String) {
 /// The series names the agent (in a proxy mode, where all of them exist) and the operator
 /// export, each family touched so that it has a sample.
 fn exported() -> BTreeSet<String> {
+    use node_agent::hook::Hook;
     use node_agent::metrics::{ErrorKind, Metrics};
     let m = Metrics::for_mode("Docker");
-    m.count_error("create", ErrorKind::Refused);
+    m.count_error(Hook::Create, ErrorKind::Refused);
     m.count_placement("numa", false);
     m.count_reconcile(true);
     m.count_cpuset_write("refused");
-    m.observe_hook("create", "Docker", Duration::from_micros(5));
+    m.observe_hook(Hook::Create, "Docker", Duration::from_micros(5));
     m.observe_proxy("/v1.41/containers/create", Duration::from_micros(5));
     let op = tap_operator::metrics::Metrics::new();
     op.observe("node", Duration::from_millis(1), false);

@@ -6,6 +6,7 @@
 //! (the container starts unchanged), a log line and a metric, never an error to the runtime.
 
 pub use crate::fold::HostFold;
+use crate::hook::Hook;
 use crate::metrics::Metrics;
 
 pub mod rebalance;
@@ -283,13 +284,7 @@ impl Agent {
     }
 
     /// Offers a note about `c` (never blocks; a full queue drops it, counted).
-    fn note(
-        &self,
-        hook: &'static str,
-        c: &ContainerInfo,
-        kind: crate::notes::Kind,
-        message: String,
-    ) {
+    fn note(&self, hook: Hook, c: &ContainerInfo, kind: crate::notes::Kind, message: String) {
         if c.pod.name.is_empty() || !self.notes.attached() {
             return;
         }
@@ -336,7 +331,7 @@ impl Agent {
     }
 
     /// Runs `f` on the engine; a panic inside becomes `None` with a log line and a metric.
-    fn guarded<T>(&self, hook: &'static str, f: impl FnOnce(&mut Engine) -> T) -> Option<T> {
+    fn guarded<T>(&self, hook: Hook, f: impl FnOnce(&mut Engine) -> T) -> Option<T> {
         let start = Instant::now();
         let mut guard = self.lock();
         let out = catch_unwind(AssertUnwindSafe(|| {
@@ -359,7 +354,7 @@ impl Agent {
                     .map(|s| s.to_string())
                     .or_else(|| p.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
-                tracing::error!(hook, %msg, "placement engine failed; leaving the container unchanged");
+                tracing::error!(hook = hook.as_str(), %msg, "placement engine failed; leaving the container unchanged");
                 self.metrics
                     .count_error(hook, crate::metrics::ErrorKind::Panic);
                 None
@@ -373,7 +368,7 @@ impl Agent {
         for w in &warnings {
             tracing::warn!(pod = %c.pod.name, namespace = %c.pod.namespace, container = %c.name, "{w}");
             self.metrics
-                .count_error("create", crate::metrics::ErrorKind::Annotation);
+                .count_error(Hook::Create, crate::metrics::ErrorKind::Annotation);
         }
         let qos = c
             .qos
@@ -461,14 +456,14 @@ impl Agent {
 
     fn adjustment(
         &self,
-        hook: &'static str,
+        hook: Hook,
         c: &ContainerInfo,
         out: Option<(Outcome, Option<String>)>,
     ) -> Adjustment {
         match out {
             Some((Outcome::Placed(p), record)) => {
                 tracing::info!(
-                    hook,
+                    hook = hook.as_str(),
                     container = %c.id,
                     name = %c.name,
                     pod = %c.pod.name,
@@ -499,7 +494,7 @@ impl Agent {
                 }
                 self.note(hook, c, crate::notes::Kind::Placed, msg);
                 if let Some(u) = p.unhonoured {
-                    tracing::warn!(hook, container = %c.id, name = %c.name, pod = %c.pod.name, "not honoured: {u}");
+                    tracing::warn!(hook = hook.as_str(), container = %c.id, name = %c.name, pod = %c.pod.name, "not honoured: {u}");
                     self.metrics
                         .count_error(hook, crate::metrics::ErrorKind::Unhonoured(u));
                     self.note(hook, c, crate::notes::Kind::NotHonoured, u.to_string());
@@ -512,7 +507,7 @@ impl Agent {
                 }
             }
             Some((Outcome::Skipped(why), _)) => {
-                tracing::info!(hook, container = %c.id, name = %c.name, pod = %c.pod.name, "not adjusted: {why}");
+                tracing::info!(hook = hook.as_str(), container = %c.id, name = %c.name, pod = %c.pod.name, "not adjusted: {why}");
                 match why {
                     tap_engine::SkipReason::NoCapacity => {
                         let msg = format!("left on all CPUs: {why}");
@@ -545,18 +540,18 @@ impl Agent {
     /// A container is being created. Everything that reads the runtime's input runs inside
     /// the panic guard.
     pub fn create(&self, c: &ContainerInfo) -> Adjustment {
-        let out = self.guarded("create", |e| {
+        let out = self.guarded(Hook::Create, |e| {
             let req = self.request_of(c);
             let o = e.create(&req);
             let rec = e.record(&req.id);
             (o, rec)
         });
-        self.adjustment("create", c, out)
+        self.adjustment(Hook::Create, c, out)
     }
 
     /// A container's resources changed.
     pub fn update(&self, c: &ContainerInfo) -> Adjustment {
-        let out = self.guarded("update", |e| {
+        let out = self.guarded(Hook::Update, |e| {
             let req = self.request_of(c);
             if req.overrides.skip && e.grant(&req.id).is_none() {
                 return (Outcome::Skipped(tap_engine::SkipReason::OptedOut), None);
@@ -565,7 +560,7 @@ impl Agent {
             let rec = e.record(&req.id);
             (o, rec)
         });
-        self.adjustment("update", c, out)
+        self.adjustment(Hook::Update, c, out)
     }
 
     /// The grant a container has now (to undo a change the runtime refuses).
@@ -577,7 +572,7 @@ impl Agent {
     /// none). Returns cpuset updates of containers whose cpuset must change for it.
     pub fn reinstate(&self, id: &str, previous: Option<Grant>) -> Vec<Update> {
         let ups = self
-            .guarded("rollback", |e| e.reinstate(id, previous))
+            .guarded(Hook::Rollback, |e| e.reinstate(id, previous))
             .unwrap_or_default();
         self.to_updates(ups)
     }
@@ -605,7 +600,9 @@ impl Agent {
 
     /// A container stopped or was removed (idempotent).
     pub fn remove(&self, id: &str) -> Vec<Update> {
-        let ups = self.guarded("remove", |e| e.remove(id)).unwrap_or_default();
+        let ups = self
+            .guarded(Hook::Remove, |e| e.remove(id))
+            .unwrap_or_default();
         self.to_updates(ups)
     }
 
@@ -614,7 +611,7 @@ impl Agent {
     /// Containers already known keep their grant.
     /// An engine failure (a panic, caught) changes nothing and is an error.
     pub fn restore(&self, containers: &[ContainerInfo]) -> Result<Vec<Update>, EngineFailed> {
-        let report = self.guarded("sync", |e| {
+        let report = self.guarded(Hook::Sync, |e| {
             let existing: Vec<Existing> = containers
                 .iter()
                 .map(|c| Existing {

@@ -8,6 +8,7 @@
 //! error and retries, as after any runtime error; the periodic comparison picks up what the
 //! runtime did.
 
+use crate::hook::Hook;
 use crate::metrics::{ErrorKind, Metrics};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,7 +48,7 @@ pub enum Outcome<R> {
 }
 
 /// Runs `handler` on a task of its own and says what to do with the call if it panics.
-pub async fn run<R, H>(hook: &'static str, metrics: &Metrics, sent: &Sent, handler: H) -> Outcome<R>
+pub async fn run<R, H>(hook: Hook, metrics: &Metrics, sent: &Sent, handler: H) -> Outcome<R>
 where
     R: Send + 'static,
     H: Future<Output = R> + Send + 'static,
@@ -59,13 +60,13 @@ where
     metrics.count_error(hook, ErrorKind::Panic);
     if sent.is_set() {
         tracing::error!(
-            hook,
+            hook = hook.as_str(),
             "the proxy failed after the runtime had the call: {err}"
         );
         Outcome::Lost(err.to_string())
     } else {
         tracing::error!(
-            hook,
+            hook = hook.as_str(),
             "the proxy failed before the runtime had the call; forwarded unadjusted: {err}"
         );
         Outcome::Forward
@@ -80,10 +81,10 @@ mod tests {
     async fn a_handler_that_fails_before_sending_forwards_the_call_and_after_sending_does_not() {
         let m = Metrics::new();
         let sent = Sent::default();
-        let answered = run("create", &m, &sent, async { 7 }).await;
+        let answered = run(Hook::Create, &m, &sent, async { 7 }).await;
         assert!(matches!(answered, Outcome::Answered(7)));
 
-        let early = run("create", &m, &sent, async {
+        let early = run(Hook::Create, &m, &sent, async {
             #[allow(clippy::panic)]
             if true {
                 panic!("before sending");
@@ -95,7 +96,7 @@ mod tests {
 
         let mut ext = hyper::http::Extensions::new();
         ext.insert(sent.clone());
-        let late = run("create", &m, &sent, async move {
+        let late = run(Hook::Create, &m, &sent, async move {
             Sent::mark_in(&ext);
             #[allow(clippy::panic)]
             if true {

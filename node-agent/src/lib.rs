@@ -9,6 +9,7 @@ pub mod explain;
 pub mod fail_open;
 pub mod flags;
 pub mod fold;
+pub mod hook;
 pub mod kube_link;
 pub mod kubelet_config;
 pub mod ledger;

@@ -10,10 +10,12 @@
 mod rebalance;
 pub use rebalance::{NumaLabels, RebalanceMetrics};
 
+use crate::hook::Hook;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -29,13 +31,13 @@ use tap_engine::{EngineConfig, Level};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HookLabels {
-    pub hook: String,
-    pub mode: String,
+    pub hook: Hook,
+    pub mode: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MethodLabels {
-    pub method: String,
+    pub method: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -46,8 +48,8 @@ pub struct ZoneLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
-    pub hook: String,
-    pub kind: String,
+    pub hook: Hook,
+    pub kind: ErrorKind,
 }
 
 /// What went wrong, for `tap_errors_total{kind}` (every problem is failed open).
@@ -100,6 +102,12 @@ pub enum ErrorKind {
     Unhonoured(tap_engine::Unhonoured),
 }
 
+impl EncodeLabelValue for ErrorKind {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
 impl ErrorKind {
     /// The `kind` label.
     pub fn as_str(self) -> &'static str {
@@ -132,7 +140,7 @@ impl ErrorKind {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
-    pub result: String,
+    pub result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -436,38 +444,26 @@ impl Metrics {
         }
     }
 
-    pub fn observe_hook(&self, hook: &str, mode: &str, d: Duration) {
+    pub fn observe_hook(&self, hook: Hook, mode: &'static str, d: Duration) {
         self.hook_request_duration
-            .get_or_create(&HookLabels {
-                hook: hook.to_string(),
-                mode: mode.to_string(),
-            })
+            .get_or_create(&HookLabels { hook, mode })
             .observe(d.as_secs_f64());
     }
 
-    pub fn observe_proxy(&self, method: &str, d: Duration) {
+    pub fn observe_proxy(&self, method: &'static str, d: Duration) {
         self.proxy_request_duration
-            .get_or_create(&MethodLabels {
-                method: method.to_string(),
-            })
+            .get_or_create(&MethodLabels { method })
             .observe(d.as_secs_f64());
     }
 
-    pub fn count_error(&self, hook: &str, kind: ErrorKind) {
-        self.errors
-            .get_or_create(&ErrorLabels {
-                hook: hook.to_string(),
-                kind: kind.as_str().to_string(),
-            })
-            .inc();
+    pub fn count_error(&self, hook: Hook, kind: ErrorKind) {
+        self.errors.get_or_create(&ErrorLabels { hook, kind }).inc();
     }
 
     /// One cpuset write of the convergence loop ended (`ok` or an error kind).
-    pub fn count_cpuset_write(&self, result: &str) {
+    pub fn count_cpuset_write(&self, result: &'static str) {
         self.cpuset_writes
-            .get_or_create(&ResultLabels {
-                result: result.to_string(),
-            })
+            .get_or_create(&ResultLabels { result })
             .inc();
     }
 
@@ -475,9 +471,7 @@ impl Metrics {
     pub fn count_readback(&self, result: &'static str, n: u64) {
         if n > 0 {
             self.cpuset_readbacks
-                .get_or_create(&ResultLabels {
-                    result: result.to_string(),
-                })
+                .get_or_create(&ResultLabels { result })
                 .inc_by(n);
         }
     }
@@ -486,7 +480,7 @@ impl Metrics {
     pub fn count_reconcile(&self, ok: bool) {
         self.reconciles
             .get_or_create(&ResultLabels {
-                result: if ok { "ok" } else { "error" }.to_string(),
+                result: if ok { "ok" } else { "error" },
             })
             .inc();
     }
@@ -638,12 +632,12 @@ mod tests {
     #[test]
     fn reference_metric_names_are_exported() {
         let m = Metrics::for_mode("Containerd");
-        m.observe_hook("create", "NRI", Duration::from_micros(5));
+        m.observe_hook(Hook::Create, "NRI", Duration::from_micros(5));
         m.observe_proxy(
             "/runtime.v1.RuntimeService/Version",
             Duration::from_micros(50),
         );
-        m.count_error("create", crate::metrics::ErrorKind::Annotation);
+        m.count_error(Hook::Create, crate::metrics::ErrorKind::Annotation);
         let text = m.render();
         for name in [
             "tap_proxy_up",
@@ -664,12 +658,12 @@ mod tests {
     #[test]
     fn documented_metric_names_are_the_exported_ones() {
         let m = Metrics::for_mode("Docker");
-        m.count_error("create", crate::metrics::ErrorKind::Annotation);
+        m.count_error(Hook::Create, crate::metrics::ErrorKind::Annotation);
         m.count_placement("numa", false);
         m.count_reconcile(true);
         m.count_cpuset_write("ok");
         m.count_readback("corrected", 1);
-        m.observe_hook("create", "Docker", Duration::from_micros(5));
+        m.observe_hook(Hook::Create, "Docker", Duration::from_micros(5));
         m.observe_proxy("/v1.41/containers/create", Duration::from_micros(5));
         m.set_cpu_info(&tap_engine::CpuModel::unknown());
         let round = tap_engine::rebalance::UsageReport {

@@ -2,6 +2,7 @@
 //! container went and why, or why it was left alone), handed to a bounded queue that never
 //! blocks the hook. `kube_link` turns the notes into Events on the Pod (`kubectl describe pod`).
 
+use crate::hook::Hook;
 use std::sync::OnceLock;
 use tokio::sync::mpsc;
 
@@ -25,7 +26,7 @@ pub enum Kind {
 pub struct Note {
     pub kind: Kind,
     /// `create` or `update`.
-    pub hook: &'static str,
+    pub hook: Hook,
     pub pod_uid: String,
     pub pod_name: String,
     pub namespace: String,
@@ -92,7 +93,7 @@ mod tests {
     fn note(msg: &str) -> Note {
         Note {
             kind: Kind::Placed,
-            hook: "create",
+            hook: crate::hook::Hook::Create,
             pod_uid: "u".into(),
             pod_name: "p".into(),
             namespace: "default".into(),

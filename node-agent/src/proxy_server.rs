@@ -1,6 +1,7 @@
 //! What the two proxy modes share around their protocol: the socket they listen on, rebuilding
 //! the state from the runtime before serving, and the accept loop with a bounded graceful stop.
 
+use crate::hook::Hook;
 use crate::metrics::Metrics;
 use anyhow::Context;
 use std::future::Future;
@@ -96,7 +97,7 @@ where
             }
             Err(e) => {
                 tracing::warn!("cannot rebuild state from {runtime} yet: {e:#}");
-                metrics.count_error("sync", crate::metrics::ErrorKind::Runtime);
+                metrics.count_error(Hook::Sync, crate::metrics::ErrorKind::Runtime);
                 tokio::select! {
                     _ = shutdown.cancelled() => return false,
                     _ = tokio::time::sleep(delay) => {}
@@ -150,7 +151,7 @@ where
                 bound_s = RESTORE_BOUND.as_secs(),
                 "the runtime has not answered the restore yet; serving, and forwarding every call unadjusted until it does"
             );
-            metrics.count_error("sync", crate::metrics::ErrorKind::NotReady);
+            metrics.count_error(Hook::Sync, crate::metrics::ErrorKind::NotReady);
             Startup::Restoring(task)
         }
     }

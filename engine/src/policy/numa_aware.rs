@@ -37,8 +37,16 @@ impl Policy for NumaAware {
     }
 }
 
-/// Ranking key of a multi-node set: has room for the request, free capacity, lower start id.
-type SetKey = (bool, i128, std::cmp::Reverse<u32>);
+/// How a multi-node set ranks: compared field by field in this order, larger is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct SetRank {
+    /// Room for the request.
+    holds_request: bool,
+    /// Free request capacity, milli-CPUs.
+    free: i128,
+    /// The lower id of the node the set starts from.
+    lower_start: std::cmp::Reverse<u32>,
+}
 
 /// One NUMA node as numa-aware sees it.
 #[derive(Clone, Copy)]
@@ -172,7 +180,7 @@ fn place(
     // whose capacity (and memory) holds the size, then the most free capacity.
     let mut by_dist: Vec<NodeFig> = Vec::with_capacity(nodes.len());
     for k in 2..=nodes.len() {
-        let mut best: Option<(SetKey, NodeSet)> = None;
+        let mut best: Option<(SetRank, NodeSet)> = None;
         for start in &nodes {
             let Some(sn) = topo.node(start.id) else {
                 continue;
@@ -193,7 +201,11 @@ fn place(
             for n in set_nodes {
                 set.insert(n.id as usize);
             }
-            let key = (free >= req_milli, free, std::cmp::Reverse(start.id));
+            let key = SetRank {
+                holds_request: free >= req_milli,
+                free,
+                lower_start: std::cmp::Reverse(start.id),
+            };
             if best.as_ref().is_none_or(|(bk, _)| key > *bk) {
                 best = Some((key, set));
             }

@@ -94,21 +94,37 @@ fn fits(e: &StateView<'_>, pool: PoolId, req_milli: u64, mem: Option<u64>) -> bo
     true
 }
 
-/// Ranking key of a fitting pool; larger is better.
-type Key = (
-    bool,
-    bool,
-    i64,
-    (Locality, bool, i64),
-    bool,
-    u32,
-    bool,
-    i128,
-    i128,
-    i64,
-    i128,
-    i64,
-);
+/// How a fitting pool ranks: compared field by field in this order, larger is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct PoolRank {
+    /// Not the root: the machine's root pool is the last resort.
+    below_root: bool,
+    /// On a NUMA node of the container's devices, with `gpu-first`.
+    device_first: bool,
+    /// The rebalancer's usage term (0 without a usage hint).
+    usage: i64,
+    /// How close to one NUMA node the pool keeps the container.
+    locality: Locality,
+    /// On a NUMA node of the container's devices, with `cpu-first`: after locality, before
+    /// balance.
+    device_late: bool,
+    /// The balance term of the pool's NUMA nodes.
+    balance: i64,
+    /// Room for the container's CPU limit.
+    holds_limit: bool,
+    /// Deeper (smaller) pools first.
+    depth: u32,
+    /// Request room left after the limit.
+    room_after_limit: i128,
+    /// Limit room left after the limit.
+    limit_room_after: i128,
+    /// Fewer containers (negated count).
+    fewer_containers: i64,
+    /// A busier parent (negated free room), packing siblings.
+    busier_parent: i128,
+    /// The lower pool id (negated).
+    lower_id: i64,
+}
 
 fn rank(
     e: &StateView<'_>,
@@ -118,32 +134,31 @@ fn rank(
     device_nodes: &NodeSet,
     prio: ResourcePriority,
     by: Rank,
-) -> Key {
+) -> PoolRank {
     let free = free_milli(e, p.id);
-    let (at, balance) = locality(e, memo, p, free >= i128::from(limit));
+    let (locality, balance) = locality(e, memo, p, free >= i128::from(limit));
     let limit = i128::from(limit);
     let device = !device_nodes.is_empty() && p.numa_nodes.intersects(device_nodes);
-    let (dev_first, dev_late) = match prio {
+    let (device_first, device_late) = match prio {
         ResourcePriority::GpuFirst => (device, false),
         ResourcePriority::CpuFirst => (false, device),
     };
-    // Device affinity (`cpu-first`) before balance: among the nodes, the device's.
-    let local = (at, dev_late, balance);
     let parent_free = p.parent.map(|q| free_milli(e, q)).unwrap_or(0);
-    (
-        p.id != 0,
-        dev_first,
-        by.usage_key(e, p),
-        local,
-        free >= limit,
-        p.depth,
-        dev_late,
-        free - limit,
-        limit_room(e, p.id) - limit,
-        -i64::from(e.pool_load(p.id).containers),
-        -parent_free,
-        -(p.id as i64),
-    )
+    PoolRank {
+        below_root: p.id != 0,
+        device_first,
+        usage: by.usage_key(e, p),
+        locality,
+        device_late,
+        balance,
+        holds_limit: free >= limit,
+        depth: p.depth,
+        room_after_limit: free - limit,
+        limit_room_after: limit_room(e, p.id) - limit,
+        fewer_containers: -i64::from(e.pool_load(p.id).containers),
+        busier_parent: -parent_free,
+        lower_id: -(p.id as i64),
+    }
 }
 
 /// The locality and balance terms of pool `p` (balance 0 where it does not count: a pool
@@ -364,7 +379,7 @@ fn place(
         // has two threads): another count fits no pool, so none is tried (each try would walk
         // the pool's cores for nothing).
         let possible = grain != CoreGrain::WholeCores || n % topo.core_size_gcd() == 0;
-        let mut ranked: Vec<(Key, PoolId)> = Vec::with_capacity(topo.pools.len());
+        let mut ranked: Vec<(PoolRank, PoolId)> = Vec::with_capacity(topo.pools.len());
         ranked.extend(
             topo.pools
                 .iter()
@@ -392,7 +407,7 @@ fn place(
         };
     }
 
-    let mut best: Option<(Key, PoolId)> = None;
+    let mut best: Option<(PoolRank, PoolId)> = None;
     for p in &topo.pools {
         if !candidate(p) {
             continue;
@@ -423,7 +438,7 @@ fn place(
 /// The first pool in ranking order that `give` answers for. The best pool nearly always
 /// does: it is found in one pass, and the others are sorted only when it does not.
 fn best_first<T>(
-    ranked: &mut [(Key, PoolId)],
+    ranked: &mut [(PoolRank, PoolId)],
     mut give: impl FnMut(PoolId) -> Option<T>,
 ) -> Option<T> {
     let best = (0..ranked.len()).max_by_key(|&i| ranked[i].0)?;

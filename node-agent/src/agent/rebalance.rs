@@ -7,6 +7,7 @@
 //! inside the engine's lock).
 
 use super::{Agent, ContainerInfo};
+use crate::hook::Hook;
 use std::collections::HashSet;
 use tap_engine::rebalance::{
     report, BalanceBy, Move, MoveReason, Rebalancer, UsageReport, UsageSample,
@@ -107,7 +108,7 @@ impl Agent {
             usage_milli as f64 / 1000.0
         );
         tracing::info!(container = %c.id, pod = %c.pod.name, namespace = %c.pod.namespace, "rebalanced: {msg}");
-        self.note("rebalance", c, crate::notes::Kind::Rebalanced, msg);
+        self.note(Hook::Rebalance, c, crate::notes::Kind::Rebalanced, msg);
     }
 }
 

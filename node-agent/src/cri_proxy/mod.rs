@@ -26,6 +26,7 @@ pub use convert::*;
 use crate::agent::{runtime_cpus, runtime_nodes, Agent, ContainerInfo, PodInfo, Update};
 use crate::fail_open;
 use crate::flags::Flags;
+use crate::hook::Hook;
 use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime, RECONCILE_EVERY};
 use crate::ledger::state_file::StateFile;
 use crate::ledger::{hook_span, Ledger, Listed, Release, WriteError, Writer};
@@ -271,7 +272,7 @@ fn listed<T>(id: &str, status: Result<T, Status>) -> anyhow::Result<Option<T>> {
 }
 
 impl CriProxy {
-    fn observe(&self, method: &str, start: Instant) {
+    fn observe(&self, method: &'static str, start: Instant) {
         self.agent()
             .metrics()
             .observe_proxy(method, start.elapsed());
@@ -290,13 +291,13 @@ enum Intercept {
 
 impl Intercept {
     /// The hook's name in spans and metrics.
-    fn hook(self) -> &'static str {
+    fn hook(self) -> Hook {
         match self {
-            Intercept::Create => "create",
-            Intercept::Update => "update",
-            Intercept::Start => "start",
-            Intercept::Stop => "stop",
-            Intercept::Remove => "remove",
+            Intercept::Create => Hook::Create,
+            Intercept::Update => Hook::Update,
+            Intercept::Start => Hook::Start,
+            Intercept::Stop => Hook::Stop,
+            Intercept::Remove => Hook::Remove,
         }
     }
 }
@@ -436,7 +437,7 @@ impl CriProxy {
     /// The message of an intercepted call, or why it is forwarded without a look.
     fn decode_call<M: Message + Default>(
         &self,
-        hook: &str,
+        hook: Hook,
         call: &Unary<hyper::http::request::Parts>,
     ) -> Option<M> {
         let decoded = call
@@ -500,7 +501,7 @@ impl CriProxy {
         gone: CancellationToken,
     ) -> hyper::Response<ProxyBody> {
         let original = call.body.clone();
-        let Some(req) = self.decode_call::<cri::CreateContainerRequest>("create", &call) else {
+        let Some(req) = self.decode_call::<cri::CreateContainerRequest>(Hook::Create, &call) else {
             return reply(self.send(call, original).await);
         };
         // An unknown sandbox is forwarded unmodified.
@@ -551,7 +552,7 @@ impl CriProxy {
                     ledger
                         .agent()
                         .metrics()
-                        .count_error("create", crate::metrics::ErrorKind::Abandoned);
+                        .count_error(Hook::Create, crate::metrics::ErrorKind::Abandoned);
                     ledger.release(&key, Release::Stopped);
                 }
             }
@@ -566,7 +567,8 @@ impl CriProxy {
         call: Unary<hyper::http::request::Parts>,
     ) -> hyper::Response<ProxyBody> {
         let original = call.body.clone();
-        let Some(req) = self.decode_call::<cri::UpdateContainerResourcesRequest>("update", &call)
+        let Some(req) =
+            self.decode_call::<cri::UpdateContainerResourcesRequest>(Hook::Update, &call)
         else {
             return reply(self.send(call, original).await);
         };
@@ -600,7 +602,7 @@ impl CriProxy {
         let original = call.body.clone();
         let ledger = &self.inner.ledger;
         let started = self
-            .decode_call::<cri::StartContainerRequest>("start", &call)
+            .decode_call::<cri::StartContainerRequest>(Hook::Start, &call)
             .and_then(|r| ledger.begin_start(&r.container_id));
         let res = self.send(call, original).await;
         if let Some(key) = started {
@@ -617,7 +619,7 @@ impl CriProxy {
         let original = call.body.clone();
         // StopContainerRequest and RemoveContainerRequest both carry the id as field 1.
         let id = self
-            .decode_call::<cri::RemoveContainerRequest>("remove", &call)
+            .decode_call::<cri::RemoveContainerRequest>(Hook::Remove, &call)
             .map(|r| r.container_id);
         let res = self.send(call, original).await;
         if let Some(id) = id {

@@ -18,6 +18,7 @@ pub use convert::*;
 use crate::agent::{Agent, Update};
 use crate::fail_open;
 use crate::flags::Flags;
+use crate::hook::Hook;
 use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime, RECONCILE_EVERY};
 use crate::ledger::state_file::StateFile;
 use crate::ledger::{hook_span, Ledger, Listed, Release, WriteError, Writer};
@@ -302,10 +303,10 @@ impl DockerProxy {
         let start = Instant::now();
         let r = route(req.method(), req.uri().path());
         let label = match &r {
-            Route::Create => Some("create"),
-            Route::Update(_) => Some("update"),
-            Route::Stop(_) => Some("stop"),
-            Route::Delete(_) => Some("delete"),
+            Route::Create => Some(Hook::Create),
+            Route::Update(_) => Some(Hook::Update),
+            Route::Stop(_) => Some(Hook::Stop),
+            Route::Delete(_) => Some(Hook::Delete),
             Route::Other => None,
         };
         let resp = match (r, label) {
@@ -313,7 +314,9 @@ impl DockerProxy {
             (r, Some(l)) => self.clone().intercepted(r, l, req).await,
         };
         if let Some(l) = label {
-            self.agent().metrics().observe_proxy(l, start.elapsed());
+            self.agent()
+                .metrics()
+                .observe_proxy(l.as_str(), start.elapsed());
         }
         resp
     }
@@ -325,7 +328,7 @@ impl DockerProxy {
     async fn intercepted(
         self: Arc<Self>,
         r: Route,
-        hook: &'static str,
+        hook: Hook,
         req: Request<Incoming>,
     ) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
@@ -398,7 +401,7 @@ impl DockerProxy {
     /// unmodified) or cannot be read.
     async fn read_body(
         &self,
-        hook: &'static str,
+        hook: Hook,
         parts: hyper::http::request::Parts,
         body: Incoming,
     ) -> Result<(hyper::http::request::Parts, Bytes), Response<Body>> {

@@ -4,6 +4,7 @@
 //! (`events.k8s.io/v1`) and folds a repeat of the same event within minutes into a series; a
 //! token bucket bounds the writes per node, and notes beyond it are dropped and counted.
 
+use crate::hook::Hook;
 use crate::metrics::Metrics;
 use crate::notes::{Kind, Note};
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -40,7 +41,7 @@ pub fn event(n: &Note) -> Event {
         },
         reason: n.reason().into(),
         note: Some(n.text()),
-        action: if n.hook == "update" {
+        action: if n.hook == Hook::Update {
             "Resize".into()
         } else {
             "Place".into()
@@ -122,7 +123,7 @@ pub async fn publish(
 mod tests {
     use super::*;
 
-    fn note(kind: Kind, hook: &'static str) -> Note {
+    fn note(kind: Kind, hook: Hook) -> Note {
         Note {
             kind,
             hook,
@@ -136,7 +137,7 @@ mod tests {
 
     #[test]
     fn events_regard_the_container_of_the_pod() {
-        let n = note(Kind::Placed, "create");
+        let n = note(Kind::Placed, Hook::Create);
         let r = regarding(&n);
         assert_eq!(r.kind.as_deref(), Some("Pod"));
         assert_eq!(r.uid.as_deref(), Some("uid-1"));
@@ -149,7 +150,7 @@ mod tests {
             e.note.as_deref(),
             Some("container app: cpus 24-47 (numa1): fits numa")
         );
-        let w = event(&note(Kind::FailedOpen, "update"));
+        let w = event(&note(Kind::FailedOpen, Hook::Update));
         assert_eq!(
             (w.type_, w.reason.as_str(), w.action.as_str()),
             (EventType::Warning, "TopologyNotPlaced", "Resize")

@@ -19,6 +19,7 @@
 
 use super::{Applied, Book, Ledger, State};
 use crate::agent::Update;
+use crate::hook::Hook;
 use backon::BackoffBuilder;
 use futures_util::StreamExt;
 use std::collections::BTreeSet;
@@ -456,7 +457,7 @@ impl Ledger {
                     retry_in_ms = delay.as_millis() as u64,
                     "cpuset update failed: {err}"
                 );
-                self.agent.metrics().count_error("update", err.kind());
+                self.agent.metrics().count_error(Hook::Update, err.kind());
                 self.agent.metrics().count_cpuset_write(err.kind().as_str());
             }
         }

@@ -11,6 +11,7 @@
 //! does it go to a blocking thread under the deadline.
 
 use crate::agent::Agent;
+use crate::hook::Hook;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,13 +42,7 @@ impl Deadline {
         self.budget_ms.store(ms, Ordering::Relaxed);
     }
 
-    pub async fn run<T, F, L>(
-        &self,
-        agent: &Arc<Agent>,
-        hook: &'static str,
-        f: F,
-        on_late: L,
-    ) -> Option<T>
+    pub async fn run<T, F, L>(&self, agent: &Arc<Agent>, hook: Hook, f: F, on_late: L) -> Option<T>
     where
         T: Send + 'static,
         F: FnOnce(&Agent) -> T + Send + 'static,
@@ -65,7 +60,7 @@ impl Deadline {
             Ok(Ok(v)) => Some(v),
             Ok(Err(e)) => {
                 tracing::error!(
-                    hook,
+                    hook = hook.as_str(),
                     "decision failed: {e}; leaving the container unchanged"
                 );
                 agent
@@ -75,7 +70,7 @@ impl Deadline {
             }
             Err(_) => {
                 tracing::error!(
-                    hook,
+                    hook = hook.as_str(),
                     budget_ms = budget.as_millis() as u64,
                     "decision missed its deadline; answering without adjustment"
                 );
@@ -98,7 +93,7 @@ impl Deadline {
     /// Runs `f` here; the deadline is a watchdog: a decision that took longer than the budget
     /// is answered as a missed one (none, and its result to `on_late`), as if it had run on a
     /// blocking thread.
-    fn inline<T, F, L>(&self, agent: &Arc<Agent>, hook: &'static str, f: F, on_late: L) -> Option<T>
+    fn inline<T, F, L>(&self, agent: &Arc<Agent>, hook: Hook, f: F, on_late: L) -> Option<T>
     where
         F: FnOnce(&Agent) -> T,
         L: FnOnce(&Agent, T),
@@ -110,7 +105,7 @@ impl Deadline {
             return Some(v);
         }
         tracing::error!(
-            hook,
+            hook = hook.as_str(),
             budget_ms = budget.as_millis() as u64,
             took_ms = started.elapsed().as_millis() as u64,
             "decision took longer than its deadline; answering without adjustment"
@@ -133,9 +128,9 @@ enum Placement {
 }
 
 impl Placement {
-    fn of(hook: &str) -> Placement {
+    fn of(hook: Hook) -> Placement {
         match hook {
-            "create" | "update" => Placement::Inline,
+            Hook::Create | Hook::Update => Placement::Inline,
             _ => Placement::Blocking,
         }
     }

@@ -32,6 +32,7 @@ pub use converge::{Channel, DirtyQueue, WriteError, Writer};
 pub use reconcile::Listing;
 
 use crate::agent::{Adjustment, Agent, ContainerInfo, PodInfo};
+use crate::hook::Hook;
 use crate::pod_resources::{ContainerRef, PodResourcesError};
 use deadline::Deadline;
 use kept::Kept;
@@ -52,10 +53,10 @@ pub const DEVICE_LOOKUP_MAX: Duration = Duration::from_millis(250);
 /// knows them, the Pod, its namespace and the container. At the default level it is off: a
 /// span per hook was a fifth of the agent's CPU per container start (docs/start-path.md,
 /// fifth part), and the lines a user sees at info and above name the container themselves.
-pub fn hook_span(hook: &'static str, mode: &'static str) -> tracing::Span {
+pub fn hook_span(hook: Hook, mode: &'static str) -> tracing::Span {
     tracing::debug_span!(
         "hook",
-        hook,
+        hook = hook.as_str(),
         mode,
         pod = tracing::field::Empty,
         namespace = tracing::field::Empty,
@@ -402,7 +403,7 @@ impl Ledger {
     }
 
     /// Runs `f` under the deadline (see [`deadline`]).
-    pub async fn decide<T, F, L>(&self, hook: &'static str, f: F, on_late: L) -> Option<T>
+    pub async fn decide<T, F, L>(&self, hook: Hook, f: F, on_late: L) -> Option<T>
     where
         T: Send + 'static,
         F: FnOnce(&Agent) -> T + Send + 'static,
@@ -434,7 +435,7 @@ impl Ledger {
         let dirty = self.dirty.clone();
         let adjustment = self
             .decide(
-                "create",
+                Hook::Create,
                 move |a| a.create(&info),
                 move |a, late: Adjustment| {
                     if !late.is_empty() {
@@ -446,7 +447,7 @@ impl Ledger {
                 },
             )
             .await
-            .unwrap_or_else(|| self.failed_open("create", &key));
+            .unwrap_or_else(|| self.failed_open(Hook::Create, &key));
         // The neighbours the decision changed may be written now (NRI carries them on this
         // very answer); a refused create marks them again when it is undone.
         let neighbours = adjustment.updates.iter().map(|u| u.container_id.clone());
@@ -460,7 +461,7 @@ impl Ledger {
 
     /// The answer of a decision that failed (its error was logged without the container: the
     /// hook span is off at the default level): says which container runs unadjusted.
-    fn failed_open(&self, hook: &'static str, key: &str) -> Adjustment {
+    fn failed_open(&self, hook: Hook, key: &str) -> Adjustment {
         let b = self.book();
         let (pod, namespace, name) = match b.entries.get(key) {
             Some(e) => (
@@ -470,7 +471,7 @@ impl Ledger {
             ),
             None => ("", "", ""),
         };
-        tracing::warn!(hook, container = %key, name, pod, namespace, "left unadjusted: the decision failed");
+        tracing::warn!(hook = hook.as_str(), container = %key, name, pod, namespace, "left unadjusted: the decision failed");
         Adjustment::default()
     }
 
@@ -505,7 +506,7 @@ impl Ledger {
                 tracing::warn!(container = %info.id, pod = %info.pod.name, namespace = %info.pod.namespace, "no device hints from the kubelet: {e}");
                 self.agent
                     .metrics()
-                    .count_error("create", crate::metrics::ErrorKind::PodResources);
+                    .count_error(Hook::Create, crate::metrics::ErrorKind::PodResources);
             }
             Err(_) => {}
         }
@@ -630,7 +631,7 @@ impl Ledger {
                 tracing::warn!(container = %key, "an update while another change is in flight; forwarded unchanged");
                 self.agent
                     .metrics()
-                    .count_error("update", crate::metrics::ErrorKind::Busy);
+                    .count_error(Hook::Update, crate::metrics::ErrorKind::Busy);
                 return pass(key);
             }
             let mut info = e.info.info();
@@ -652,7 +653,7 @@ impl Ledger {
         let late_key = key.clone();
         let adjustment = self
             .decide(
-                "update",
+                Hook::Update,
                 move |a| a.update(&info),
                 move |_, late: Adjustment| {
                     let neighbours = late.updates.into_iter().map(|u| u.container_id);
@@ -660,7 +661,7 @@ impl Ledger {
                 },
             )
             .await
-            .unwrap_or_else(|| self.failed_open("update", &key));
+            .unwrap_or_else(|| self.failed_open(Hook::Update, &key));
         Ticket {
             key,
             phase: Phase::Update,
@@ -803,7 +804,7 @@ fn state_write_failed(agent: &Agent, e: state_file::StateFileError) {
     tracing::warn!("cannot store the grant records: {e}");
     agent
         .metrics()
-        .count_error("update", crate::metrics::ErrorKind::State);
+        .count_error(Hook::Update, crate::metrics::ErrorKind::State);
 }
 
 #[cfg(test)]

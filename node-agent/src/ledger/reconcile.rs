@@ -4,6 +4,7 @@
 use super::state_file::Records;
 use super::{Applied, Book, Ledger, Listed, ReconcileReport, State};
 use crate::agent::ContainerInfo;
+use crate::hook::Hook;
 use std::collections::HashMap;
 use tap_engine::request::GRANT_KEY;
 
@@ -51,7 +52,7 @@ impl Ledger {
                     );
                     self.agent
                         .metrics()
-                        .count_error("sync", crate::metrics::ErrorKind::State);
+                        .count_error(Hook::Sync, crate::metrics::ErrorKind::State);
                     Records::new()
                 }
             };

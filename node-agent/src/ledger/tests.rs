@@ -3,6 +3,7 @@
 use super::*;
 use crate::agent::test_sets::*;
 use crate::agent::{PodInfo, Update};
+use crate::hook::Hook;
 use crate::metrics::Metrics;
 use tap_engine::request::{GRANT_KEY, SKIP_KEY};
 use tap_engine::{Engine, EngineConfig, Topology};
@@ -416,7 +417,7 @@ fn the_placed_line_names_the_container_and_at_debug_the_hook_span_too() {
             let l = Ledger::new(agent(), None);
             let t = l
                 .begin_create(container("spanned", "burstable", 4, 8))
-                .instrument(hook_span("create", "test"))
+                .instrument(hook_span(Hook::Create, "test"))
                 .await;
             l.commit_create(t, Some("id".into()));
         });
@@ -453,7 +454,7 @@ fn the_placed_line_names_the_container_and_at_debug_the_hook_span_too() {
         .with_max_level(tracing::Level::INFO)
         .finish();
     tracing::subscriber::with_default(info, || {
-        assert!(hook_span("create", "test").is_disabled());
+        assert!(hook_span(Hook::Create, "test").is_disabled());
     });
 }
 
@@ -572,7 +573,7 @@ fn assert_no_shared_on_exclusive(l: &Ledger, held: &Held) {
     let e = l.agent().snapshot();
     let taken = *e.taken();
     let b = l.book();
-    for (key, g) in e.grants().filter(|(_, g)| !g.is_exclusive()) {
+    for (key, _) in e.grants().filter(|(_, g)| !g.is_exclusive()) {
         let rid = b.entries.get(key).and_then(|e| e.runtime_id.clone());
         let rid = rid.as_deref().unwrap_or(key);
         let holds = held.0.get(rid);

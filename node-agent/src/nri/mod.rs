@@ -26,6 +26,7 @@ pub mod proto;
 use crate::agent::{Agent, ContainerInfo, Update};
 use crate::cgroupfs::Cgroupfs;
 use crate::flags::{CgroupWrites, Flags};
+use crate::hook::Hook;
 use crate::ledger::state_file::StateFile;
 use crate::ledger::{hook_span, Ledger, Listed, Release, Ticket};
 use async_trait::async_trait;
@@ -160,7 +161,7 @@ impl NriPlugin {
                 tracing::warn!(container = %id, "cannot decode a started container: {e}");
                 self.agent
                     .metrics()
-                    .count_error("create", crate::metrics::ErrorKind::Input);
+                    .count_error(Hook::Create, crate::metrics::ErrorKind::Input);
                 return;
             }
         };
@@ -205,7 +206,7 @@ impl NriPlugin {
                 tracing::warn!(container = %id, "cannot decode an updated container: {e}");
                 self.agent
                     .metrics()
-                    .count_error("update", crate::metrics::ErrorKind::Input);
+                    .count_error(Hook::Update, crate::metrics::ErrorKind::Input);
                 return;
             }
         };
@@ -237,7 +238,7 @@ impl NriPlugin {
             tracing::warn!("CreateContainer without a container id; leaving it unchanged");
             self.agent
                 .metrics()
-                .count_error("create", crate::metrics::ErrorKind::Input);
+                .count_error(Hook::Create, crate::metrics::ErrorKind::Input);
             return Ok(resp);
         }
         let id = info.id.clone();
@@ -250,7 +251,7 @@ impl NriPlugin {
             tracing::warn!(container = %id, "a create of a closed NRI session; its grant is released");
             self.agent
                 .metrics()
-                .count_error("create", crate::metrics::ErrorKind::StaleSession);
+                .count_error(Hook::Create, crate::metrics::ErrorKind::StaleSession);
             self.ledger.abort(ticket);
             return Ok(CreateContainerResponse::new());
         }
@@ -315,7 +316,7 @@ impl NriPlugin {
             tracing::warn!(container = %id, "an update of a closed NRI session; left unchanged");
             self.agent
                 .metrics()
-                .count_error("update", crate::metrics::ErrorKind::StaleSession);
+                .count_error(Hook::Update, crate::metrics::ErrorKind::StaleSession);
             self.ledger.abort(ticket);
             return Ok(UpdateContainerResponse::new());
         }
@@ -437,7 +438,7 @@ impl proto::Plugin for NriPlugin {
         let _ = self
             .ledger
             .decide(
-                "sync",
+                Hook::Sync,
                 move |_| reconcile(&ledger, &infos, since),
                 |_, _| {},
             )
@@ -467,7 +468,7 @@ impl proto::Plugin for NriPlugin {
     ) -> ttrpc::Result<CreateContainerResponse> {
         let _handling = Handling::new(&self.slot);
         self.on_create_container(req)
-            .instrument(hook_span("create", "NRI"))
+            .instrument(hook_span(Hook::Create, "NRI"))
             .await
     }
 
@@ -478,7 +479,7 @@ impl proto::Plugin for NriPlugin {
     ) -> ttrpc::Result<UpdateContainerResponse> {
         let _handling = Handling::new(&self.slot);
         self.on_update_container(req)
-            .instrument(hook_span("update", "NRI"))
+            .instrument(hook_span(Hook::Update, "NRI"))
             .await
     }
 }
@@ -489,7 +490,7 @@ impl LazyHooks for NriPlugin {
     async fn stop_container(&self, req: LazyStop) -> ttrpc::Result<StopContainerResponse> {
         let _handling = Handling::new(&self.slot);
         self.on_stop_container(req)
-            .instrument(hook_span("stop", "NRI"))
+            .instrument(hook_span(Hook::Stop, "NRI"))
             .await
     }
 
@@ -498,17 +499,18 @@ impl LazyHooks for NriPlugin {
         let id = req.encoded.container_id.as_str();
         match req.event {
             Ok(Event::REMOVE_CONTAINER) => {
-                hook_span("remove", "NRI").in_scope(|| self.ledger.release(id, Release::Removed));
+                hook_span(Hook::Remove, "NRI")
+                    .in_scope(|| self.ledger.release(id, Release::Removed));
             }
             Ok(Event::STOP_CONTAINER) => {
-                hook_span("stop", "NRI").in_scope(|| self.ledger.release(id, Release::Stopped));
+                hook_span(Hook::Stop, "NRI").in_scope(|| self.ledger.release(id, Release::Stopped));
             }
             Ok(Event::POST_START_CONTAINER) => {
-                hook_span("create", "NRI").in_scope(|| self.on_started(&req));
+                hook_span(Hook::Create, "NRI").in_scope(|| self.on_started(&req));
             }
             Ok(Event::POST_UPDATE_CONTAINER) => {
                 self.on_updated(&req)
-                    .instrument(hook_span("update", "NRI"))
+                    .instrument(hook_span(Hook::Update, "NRI"))
                     .await;
             }
             Ok(e) => tracing::debug!(event = ?e, "NRI state change"),
@@ -1102,7 +1104,7 @@ mod tests {
         let out = plugin
             .ledger
             .decide(
-                "create",
+                Hook::Create,
                 |_| {
                     std::thread::sleep(Duration::from_millis(300));
                     7
@@ -1132,7 +1134,7 @@ mod tests {
         plugin.ledger.set_budget(Duration::from_millis(100));
         let here = std::thread::current().id();
         let inline = plugin.ledger.decide(
-            "create",
+            Hook::Create,
             move |_| std::thread::current().id() == here,
             |_, _| {},
         );
@@ -1149,7 +1151,7 @@ mod tests {
         let started = std::time::Instant::now();
         let out = plugin
             .ledger
-            .decide("create", |a| a.inspect(|_| 1), |_, _| {})
+            .decide(Hook::Create, |a| a.inspect(|_| 1), |_, _| {})
             .await;
         assert_eq!(out, None, "the engine was held past the deadline");
         assert!(

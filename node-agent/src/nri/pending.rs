@@ -7,6 +7,7 @@
 //! most a second), so a call is given up at most a tick after its timeout; with nothing held it
 //! sleeps until the next hold.
 
+use crate::hook::Hook;
 use crate::ledger::{Ledger, Ticket};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -177,6 +178,6 @@ fn give_up(ledger: &Ledger, id: &str, h: Held) {
     ledger
         .agent()
         .metrics()
-        .count_error("update", crate::metrics::ErrorKind::Unconfirmed);
+        .count_error(Hook::Update, crate::metrics::ErrorKind::Unconfirmed);
     ledger.abort(h.ticket);
 }

@@ -9,6 +9,7 @@ use crate::agent::rebalance::{opts_out, Measured};
 use crate::agent::ContainerInfo;
 use crate::cgroupfs::index::CgroupIndex;
 use crate::flags::Flags;
+use crate::hook::Hook;
 use crate::ledger::Ledger;
 use crate::metrics::ErrorKind;
 use std::collections::HashSet;
@@ -181,7 +182,9 @@ pub async fn run(ledger: Arc<Ledger>, opts: LoopOptions, shutdown: CancellationT
             // A panic in a round: logged, counted, the next round starts over.
             Err(e) => {
                 tracing::error!("rebalancing round failed: {e}");
-                agent.metrics().count_error("rebalance", ErrorKind::Panic);
+                agent
+                    .metrics()
+                    .count_error(Hook::Rebalance, ErrorKind::Panic);
             }
         }
     }
