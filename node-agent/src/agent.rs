@@ -185,6 +185,9 @@ pub struct Agent {
     pod_lister: std::sync::OnceLock<PodLister>,
     /// Told the containers a configuration change moved (set by the runtime mode's ledger).
     change_sink: std::sync::OnceLock<ChangeSink>,
+    /// The NUMA nodes of this node's DRA devices (kept by the kube link, read with the
+    /// kubelet's device allocation).
+    dra: Arc<crate::pod_resources::dra::DraTopology>,
     /// The next engine call panics (tests of the panic guard's callers).
     #[cfg(test)]
     panic_next: std::sync::atomic::AtomicBool,
@@ -243,6 +246,7 @@ impl Agent {
             device_source: std::sync::OnceLock::new(),
             pod_lister: std::sync::OnceLock::new(),
             change_sink: std::sync::OnceLock::new(),
+            dra: Arc::default(),
             #[cfg(test)]
             panic_next: std::sync::atomic::AtomicBool::new(false),
         };
@@ -677,6 +681,11 @@ impl Agent {
     pub(crate) fn panic_next(&self) {
         self.panic_next
             .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The NUMA nodes of this node's DRA devices.
+    pub fn dra_topology(&self) -> &Arc<crate::pod_resources::dra::DraTopology> {
+        &self.dra
     }
 
     /// Where containers whose cpuset changed outside a runtime hook go (set once).

@@ -18,6 +18,7 @@
 //! Nothing here can stop a container from starting: API errors are logged and retried.
 //! Decisions are pure functions in [`policy`] and [`status`]; this file is the I/O.
 
+pub mod dra_slices;
 pub mod events;
 pub mod fingerprint;
 pub mod hugepages;
@@ -45,7 +46,7 @@ pub use policy::{CachedPolicy, ConfigSource};
 pub const STATUS_MIN_INTERVAL: Duration = Duration::from_secs(5);
 /// The shortest time between two status writes when only the usage changed (zones' allocation,
 /// container count): under container churn a node writes at most once per this interval, so N
-/// nodes send at most N / 15 writes per second (docs/scale.md).
+/// nodes send at most N / 15 writes per second (docs/design/scale.md).
 pub const USAGE_MIN_INTERVAL: Duration = Duration::from_secs(15);
 /// How long the NodeResourceTopology loop waits after building an object that had not changed.
 const NRT_BUILD_EVERY: Duration = Duration::from_secs(5);
@@ -393,8 +394,15 @@ async fn serve(link: Arc<Link>, client: kube::Client, shutdown: CancellationToke
         }
     };
 
+    let dra_watch = dra_slices::watch(
+        client.clone(),
+        node.clone(),
+        link.agent.dra_topology().clone(),
+    );
+
     tokio::select! {
         _ = watch => {}
+        _ = dra_watch => {}
         _ = writer => {}
         _ = nrt_writer => {}
         _ = event_writer => {}

@@ -78,7 +78,8 @@ fn run(flags: Flags) -> anyhow::Result<()> {
         let shutdown = tap_bin_support::shutdown_on_signal();
         // (The client's channel needs the runtime: made in it.)
         if !flags.pod_resources_socket.as_os_str().is_empty() {
-            let client = KubeletPodResources::new(&flags.pod_resources_socket);
+            let dra = agent.dra_topology().clone();
+            let client = KubeletPodResources::new(&flags.pod_resources_socket, dra);
             agent.set_device_source(Arc::new(client));
         }
         if !flags.metrics_bind_address.is_empty() {

@@ -2,6 +2,7 @@
 //! kubelet's default since 1.34), `List` where `Get` is not served (older kubelets, or the
 //! `KubeletPodResourcesGet` gate off), remembered for the process.
 
+use super::dra::DraTopology;
 use super::proto::{self, GetPodResourcesRequest, ListPodResourcesRequest};
 use super::{
     container_devices, count_zone_devices, ContainerRef, DeviceSource, KubeletDevice,
@@ -10,6 +11,7 @@ use super::{
 use hyper_util::rt::TokioIo;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -23,6 +25,8 @@ pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
 pub struct KubeletPodResources {
     socket: PathBuf,
+    /// Where this node's DRA devices are (kept by the kube link).
+    dra: Arc<DraTopology>,
     channel: Channel,
     /// `Get` answered "not served": use `List` from now on.
     get_unserved: AtomicBool,
@@ -31,7 +35,7 @@ pub struct KubeletPodResources {
 impl KubeletPodResources {
     /// A client of the socket at `socket`; connects at the first call (and again after the
     /// kubelet restarts). Call it inside the async runtime (the channel's worker is spawned).
-    pub fn new(socket: &Path) -> KubeletPodResources {
+    pub fn new(socket: &Path, dra: Arc<DraTopology>) -> KubeletPodResources {
         let path = socket.to_path_buf();
         let channel = Endpoint::from_static("http://[::]:50051")
             .connect_timeout(CONNECT_TIMEOUT)
@@ -41,6 +45,7 @@ impl KubeletPodResources {
             }));
         KubeletPodResources {
             socket: socket.to_path_buf(),
+            dra,
             channel,
             get_unserved: AtomicBool::new(false),
         }
@@ -139,7 +144,7 @@ impl DeviceSource for KubeletPodResources {
             return Err(PodResourcesError::NoSocket(self.socket.clone()));
         }
         match self.pod(c).await? {
-            Some(p) => Ok(container_devices(&p, c.container)),
+            Some(p) => Ok(container_devices(&p, c.container, &self.dra)),
             None => Err(PodResourcesError::PodNotListed(format!(
                 "{}/{}",
                 c.namespace, c.pod

@@ -8,6 +8,7 @@
 //! the error logged and counted); a host without the socket costs one `stat`.
 
 pub mod client;
+pub mod dra;
 pub mod proto;
 
 use std::fmt;
@@ -131,8 +132,14 @@ pub fn count_zone_devices(
         .collect()
 }
 
-/// The devices of one container of a pod's resources, one entry per device id.
-pub fn container_devices(pod: &proto::PodResources, container: &str) -> Vec<KubeletDevice> {
+/// The devices of one container of a pod's resources, one entry per device id: device-plugin
+/// devices with the NUMA nodes their plugin reported, then DRA devices (resource: the driver,
+/// id: `<pool>/<device>`) with the NUMA node their ResourceSlice names in `dra`.
+pub fn container_devices(
+    pod: &proto::PodResources,
+    container: &str,
+    dra: &dra::DraTopology,
+) -> Vec<KubeletDevice> {
     let Some(c) = pod.containers.iter().find(|c| c.name == container) else {
         return Vec::new();
     };
@@ -152,6 +159,22 @@ pub fn container_devices(pod: &proto::PodResources, container: &str) -> Vec<Kube
             });
         }
     }
+    let claimed = c
+        .dynamic_resources
+        .iter()
+        .flat_map(|r| r.claim_resources.iter());
+    out.extend(claimed.map(|r| {
+        let d = dra::DraDevice {
+            driver: r.driver_name.clone(),
+            pool: r.pool_name.clone(),
+            device: r.device_name.clone(),
+        };
+        KubeletDevice {
+            numa_nodes: dra.numa_node(&d).into_iter().collect(),
+            id: format!("{}/{}", d.pool, d.device),
+            resource: d.driver,
+        }
+    }));
     out
 }
 

@@ -1,7 +1,7 @@
 //! The messages of the kubelet's pod-resources API (`k8s.io/kubelet/pkg/apis/podresources/v1`,
 //! service `v1.PodResourcesLister`) the agent reads: written out by hand from the API's
 //! field numbers, so no code generator or `protoc` is needed to build. Fields the agent does
-//! not read (CPU ids, memory, dynamic resources) are left out; prost skips them on decode.
+//! not read (CPU ids, memory, a claim's CDI devices) are left out; prost skips them on decode.
 
 /// `ListPodResourcesRequest`: empty.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -43,6 +43,30 @@ pub struct ContainerResources {
     pub name: String,
     #[prost(message, repeated, tag = "2")]
     pub devices: Vec<ContainerDevices>,
+    #[prost(message, repeated, tag = "5")]
+    pub dynamic_resources: Vec<DynamicResource>,
+}
+
+/// `DynamicResource`: the devices of one ResourceClaim the container uses (DRA).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DynamicResource {
+    #[prost(string, tag = "2")]
+    pub claim_name: String,
+    #[prost(string, tag = "3")]
+    pub claim_namespace: String,
+    #[prost(message, repeated, tag = "4")]
+    pub claim_resources: Vec<ClaimResource>,
+}
+
+/// `ClaimResource`: one allocated device, named as its driver's ResourceSlice names it.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ClaimResource {
+    #[prost(string, tag = "2")]
+    pub driver_name: String,
+    #[prost(string, tag = "3")]
+    pub pool_name: String,
+    #[prost(string, tag = "4")]
+    pub device_name: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

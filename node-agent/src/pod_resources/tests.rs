@@ -19,6 +19,7 @@ fn pod() -> PodResources {
             ContainerResources {
                 name: "side".into(),
                 devices: vec![dev("example.com/nic", &["nic-0"], &[0])],
+                dynamic_resources: Vec::new(),
             },
             ContainerResources {
                 name: "app".into(),
@@ -28,6 +29,7 @@ fn pod() -> PodResources {
                     // A negative id from outside is no node.
                     dev("example.com/odd", &["y"], &[-1, 3]),
                 ],
+                dynamic_resources: Vec::new(),
             },
         ],
     }
@@ -35,18 +37,18 @@ fn pod() -> PodResources {
 
 #[test]
 fn devices_of_the_named_container_only_one_per_id() {
-    let d = container_devices(&pod(), "app");
+    let d = container_devices(&pod(), "app", &Default::default());
     let ids: Vec<&str> = d.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(ids, ["accel-2", "accel-3", "x", "y"]);
     assert_eq!(d[0].numa_nodes, [1]);
     assert!(d[2].numa_nodes.is_empty());
     assert_eq!(d[3].numa_nodes, [3]);
-    assert!(container_devices(&pod(), "missing").is_empty());
+    assert!(container_devices(&pod(), "missing", &Default::default()).is_empty());
 }
 
 #[test]
 fn the_event_phrase_names_each_device_and_its_node() {
-    let d = container_devices(&pod(), "app");
+    let d = container_devices(&pod(), "app", &Default::default());
     assert_eq!(
         describe(&d[1..3]),
         "example.com/accel accel-3 (NUMA 1), example.com/other x (no NUMA node)"
@@ -90,4 +92,53 @@ fn zone_devices_count_allocatable_and_allocated_per_node() {
     assert_eq!(row(0, "example.com/wide"), Some((1, 0)));
     assert_eq!(row(1, "example.com/wide"), Some((1, 0)));
     assert_eq!(z.len(), 4, "{z:?}");
+}
+
+/// A DRA claim's devices come after the device-plugin ones, each with the NUMA node its
+/// ResourceSlice names (none where no slice of this node names it).
+#[test]
+fn claimed_dra_devices_take_their_numa_node_from_the_slices() {
+    use super::dra::{DraDevice, DraTopology, SliceDevices};
+    let mut p = pod();
+    p.containers[1].dynamic_resources = vec![DynamicResource {
+        claim_name: "accel".into(),
+        claim_namespace: "ns".into(),
+        claim_resources: vec![
+            ClaimResource {
+                driver_name: "accel.example.com".into(),
+                pool_name: "node-a".into(),
+                device_name: "accel-1".into(),
+            },
+            ClaimResource {
+                driver_name: "accel.example.com".into(),
+                pool_name: "node-a".into(),
+                device_name: "unpublished".into(),
+            },
+        ],
+    }];
+    let dra = DraTopology::default();
+    let accel = DraDevice {
+        driver: "accel.example.com".into(),
+        pool: "node-a".into(),
+        device: "accel-1".into(),
+    };
+    dra.put(
+        "slice",
+        SliceDevices {
+            devices: vec![(accel, Some(2))],
+        },
+    );
+    let d = container_devices(&p, "app", &dra);
+    let tail: Vec<String> = d[4..].iter().map(|d| d.to_string()).collect();
+    assert_eq!(
+        tail,
+        [
+            "accel.example.com node-a/accel-1 (NUMA 2)",
+            "accel.example.com node-a/unpublished (no NUMA node)"
+        ]
+    );
+    // As the kubelet sends it: field 5 of ContainerResources.
+    let bytes = prost::Message::encode_to_vec(&p);
+    let back: PodResources = prost::Message::decode(bytes.as_slice()).expect("decode");
+    assert_eq!(back, p);
 }
