@@ -7,11 +7,11 @@
 #         operation against their baseline (hack/bench-ir.sh)
 #   arm64: builds the agent for aarch64 (static musl) in a Debian trixie chroot and runs the
 #         engine's and the agent's tests under qemu-user, and the arm64 agent's --explain
-#         against the amd64 one (hack/build-arm64.sh --agent-only --test; root)
+#         against the amd64 one (hack/build-arm64.sh --agent-only --test --dev-agent; root)
 #   e2e:  installs and starts real components (hack/e2e/*.sh) and runs the e2e tier (TAP_E2E=1);
 #         with TAP_CONTAINERD2_VERSIONS set, also the containerd2 tier's tests for those versions
 #   containerd2: builds containerd 2.x (hack/e2e/setup-containerd2.sh; TAP_CONTAINERD2_VERSIONS,
-#         default "v2.3.7 v2.4.2") and runs the NRI tests against each (docs/nri.md, "containerd
+#         default "v2.3.7 v2.4.2") and runs the NRI tests against each (docs/design/nri.md, "containerd
 #         versions tested")
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ unit() {
   bash hack/check-rust-version.sh
   cargo fmt --all --check
   cargo clippy --workspace --all-targets -- -D warnings
-  # The product never panics on its own (docs/reliability.md): its libraries and binaries,
+  # The product never panics on its own (docs/design/reliability.md): its libraries and binaries,
   # tests excluded, may not unwrap, expect, panic, todo or unimplemented.
   cargo clippy -p tap-engine -p tap-api -p tap-bin-support -p node-agent -p tap-operator \
     --lib --bins -- -D warnings -D clippy::unwrap_used -D clippy::expect_used \
@@ -57,9 +57,11 @@ deny() {
 }
 
 arm64() {
-  # The amd64 agent the --explain comparison uses: the dev build the unit tier has made (a
-  # release build would add about 7 min to a cold CI run).
-  bash hack/build-arm64.sh --agent-only --test --amd64-profile dev
+  # The agent checked, run and compared is the aarch64 tests' own build (static musl, dev
+  # profile): the release build added about 17 min to a cold run and nothing its tests check
+  # (`bash hack/build-arm64.sh` builds the release binaries). The amd64 agent of the --explain
+  # comparison: the dev build the unit tier has made.
+  bash hack/build-arm64.sh --agent-only --test --dev-agent --amd64-profile dev
 }
 
 e2e() {
@@ -72,7 +74,7 @@ e2e() {
   done
   # The churn tests also run four seeded rounds after their phases, each at rest within the
   # bound (seeds that once ended on a shared container still holding an exclusive CPU); a
-  # longer soak: TAP_CHURN_SEEDS=1-40 (docs/reliability.md).
+  # longer soak: TAP_CHURN_SEEDS=1-40 (docs/design/reliability.md).
   TAP_E2E=1 TAP_CHURN_SEEDS="${TAP_CHURN_SEEDS-11,17,29,33}" cargo test -p tap-e2e -- --test-threads=1
   if [ -n "${TAP_CONTAINERD2_VERSIONS:-}" ]; then
     containerd2
