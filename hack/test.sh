@@ -29,6 +29,8 @@ unit() {
   # incompatible_msrv, below, checks the workspace's own code against it).
   bash hack/check-rust-version.sh
   cargo fmt --all --check
+  # Every relative link of the README, the CHANGELOG, docs/ and the chart's README resolves.
+  python3 hack/check-md-links.py
   cargo clippy --workspace --all-targets -- -D warnings
   # The product never panics on its own (docs/design/reliability.md): its libraries and binaries,
   # tests excluded, may not unwrap, expect, panic, todo or unimplemented.

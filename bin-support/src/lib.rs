@@ -82,7 +82,7 @@ pub enum Threads {
     /// All tasks on the thread that starts the runtime (blocking work still goes to the
     /// blocking pool): the node agent, whose hooks take microseconds and whose CPU per
     /// container start is mostly waking threads and handing messages between them
-    /// (docs/start-path.md).
+    /// (docs/design/start-path.md).
     One,
     /// Two worker threads: the operator and the kube link, which serve many objects at once.
     Two,

@@ -1,4 +1,4 @@
-//! The fault matrix of the CRI proxy mode (docs/reliability.md) on a real containerd 1.7:
+//! The fault matrix of the CRI proxy mode (docs/design/reliability.md) on a real containerd 1.7:
 //! every create the runtime accepts succeeds whatever the agent meets, and after each fault
 //! (and an agent restart) the agent's accounting equals what the runtime holds.
 

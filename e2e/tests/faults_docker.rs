@@ -1,4 +1,4 @@
-//! The fault matrix of the Docker proxy mode (docs/reliability.md) on a real dockerd: every
+//! The fault matrix of the Docker proxy mode (docs/design/reliability.md) on a real dockerd: every
 //! create reaches dockerd whatever the agent meets, and after each fault (and an agent
 //! restart) the agent's accounting equals what dockerd holds.
 

@@ -1,4 +1,4 @@
-//! The fault matrix of the NRI mode (docs/reliability.md) on a real containerd 1.7: creates
+//! The fault matrix of the NRI mode (docs/design/reliability.md) on a real containerd 1.7: creates
 //! keep succeeding while the agent is killed, the runtime is killed, the API server is
 //! unreachable or the NRI socket talks garbage, and afterwards the agent's accounting equals
 //! what the runtime holds.

@@ -1154,14 +1154,14 @@ fn install_path(kubeconfig: &std::path::Path, work: &std::path::Path) {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    // The TopologyPolicy example of docs/install.md is valid against the installed CRD.
-    let install_md =
-        std::fs::read_to_string(workspace_root().join("docs/install.md")).expect("docs/install.md");
+    // The TopologyPolicy example of docs/user/install.md is valid against the installed CRD.
+    let install_md = std::fs::read_to_string(workspace_root().join("docs/user/install.md"))
+        .expect("docs/user/install.md");
     let example = install_md
         .split("```yaml\n")
         .find(|b| b.starts_with("apiVersion: tap.kunpeng.io/v1alpha1\nkind: TopologyPolicy"))
         .and_then(|b| b.split("```").next())
-        .expect("TopologyPolicy example in docs/install.md");
+        .expect("TopologyPolicy example in docs/user/install.md");
     let ex = work.join("policy.yaml");
     std::fs::write(&ex, example).unwrap();
     kc(&["apply", "--validate=strict", "-f", &ex.to_string_lossy()]);

@@ -1,5 +1,5 @@
 //! NRI plugin mode against a real containerd 1.7 (NRI v0.6.1) with runc, or the containerd 2.x
-//! that `TAP_CONTAINERD_ROOT` names (docs/nri.md, "containerd versions tested").
+//! that `TAP_CONTAINERD_ROOT` names (docs/design/nri.md, "containerd versions tested").
 //!
 //! The agent runs as an external NRI plugin with a fixture topology
 //! (synthetic-2s-4numa-96c-gpu: 4 NUMA nodes, 0-23 / 24-47 / 48-71 / 72-95) and

@@ -4,7 +4,7 @@
 //! accounts all 1,000 in its metrics. Then the runtime goes away and comes back: the agent
 //! reconnects and a Synchronize listing the same containers (with the cpusets and grant records it gave
 //! them) changes nothing and leaves it accounting 1,000.
-//! (The memory this costs is measured by `tap-nri-memory`, docs/scale.md.)
+//! (The memory this costs is measured by `tap-nri-memory`, docs/design/scale.md.)
 
 use anyhow::{ensure, Context, Result};
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The NUMA guest tier: the agent on a real kernel with real NUMA nodes (docs/numa-vm.md).
+//! The NUMA guest tier: the agent on a real kernel with real NUMA nodes (docs/design/numa-vm.md).
 //!
 //! `x86_numa_guest` boots one x86 guest (TCG) of 8 vCPUs in 2 sockets of 2 NUMA nodes (512 MiB
 //! each, distances 10/12/20) and runs this same test binary in it (`in_guest`, ignored on the

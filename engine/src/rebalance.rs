@@ -20,7 +20,7 @@
 //! With [`PlaceBy::Usage`], [`Rebalancer::hint`] also turns the round's usage into a
 //! [`UsageHint`] for [`Engine::set_usage_hint`](crate::Engine::set_usage_hint): new shared
 //! containers then go to the least busy NUMA node among the places that fit them.
-//! [`RebalanceConfig::usage_aware`] is the set of settings measured in docs/sim.md.
+//! [`RebalanceConfig::usage_aware`] is the set of settings measured in docs/measurements/sim.md.
 
 mod config;
 mod hint;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds containerd 2.x releases for the NRI e2e tests (docs/nri.md, "containerd versions
+# Builds containerd 2.x releases for the NRI e2e tests (docs/design/nri.md, "containerd versions
 # tested"): `bash hack/e2e/setup-containerd2.sh [VERSION...]` (default: $TAP_CONTAINERD2_VERSIONS,
 # else the versions below). Each is built from its Go module with `go install` (no binary
 # downloads), static (CGO_ENABLED=0: no btrfs snapshotter, which needs cgo and which the tests do

@@ -39,7 +39,7 @@ fi
 
 unavailable() {
   echo "setup-nri-plugins: cannot build $MOD $NRI_PLUGINS_VERSION from the Go module proxy: $*" >&2
-  echo "setup-nri-plugins: the start-path benchmark skips row (d) (docs/start-path.md)" >&2
+  echo "setup-nri-plugins: the start-path benchmark skips row (d) (docs/design/start-path.md)" >&2
   if [ "${TAP_REQUIRE_NRI_PLUGINS:-}" = "1" ]; then exit 1; fi
   exit 0
 }

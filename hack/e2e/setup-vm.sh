@@ -4,7 +4,7 @@
 # (linux-image-*-amd64) unpacked with `dpkg -x` under /var/cache/kunpeng-tap/vm/x86, with the
 # modules the guest's init loads (virtio, 9p, overlay). No root image is built: the guest mounts
 # the host's / read-only over 9p with an overlay on top and runs the host's own containerd, runc
-# and test binaries (docs/numa-vm.md). The busybox of the guest's initramfs is the one
+# and test binaries (docs/design/numa-vm.md). The busybox of the guest's initramfs is the one
 # setup-containerd.sh unpacks (run first: hack/test.sh runs the setup scripts in name order).
 # The kernel comes from a private apt configuration whose archive is read from the system's own
 # apt configuration (no host is written here). Idempotent; quick when cached.

@@ -653,7 +653,7 @@ mod tests {
         }
     }
 
-    /// The names docs/troubleshooting.md, README.md and the other docs use are the names
+    /// The names docs/user/troubleshooting.md, README.md and the other docs use are the names
     /// exported: counters carry `_total` (OpenMetrics), so `tap_errors` alone is not a series.
     #[test]
     fn documented_metric_names_are_the_exported_ones() {
@@ -689,12 +689,12 @@ mod tests {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let mut checked = 0;
         for doc in [
-            "docs/troubleshooting.md",
-            "docs/install.md",
-            "docs/nri.md",
-            "docs/reliability.md",
-            "docs/rebalance.md",
-            "docs/metrics.md",
+            "docs/user/troubleshooting.md",
+            "docs/user/install.md",
+            "docs/design/nri.md",
+            "docs/design/reliability.md",
+            "docs/design/rebalance.md",
+            "docs/user/metrics.md",
             "README.md",
         ] {
             let text = std::fs::read_to_string(root.join(doc)).unwrap_or_default();

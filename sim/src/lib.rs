@@ -1,6 +1,6 @@
 //! `tap-sim`: replays a workload trace against a fixture topology and compares placement
 //! quality of no pinning, the kubelet's static CPU manager, and the kunpeng-tap policies.
-//! See `docs/sim.md` for the trace format, the metrics and the measured results.
+//! See `docs/design/sim.md` for the trace format, the metrics and the measured results.
 
 pub mod floor;
 pub mod gen;

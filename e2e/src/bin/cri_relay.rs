@@ -6,7 +6,7 @@
 //! runtime as the agent runs (`tap_bin_support::Threads::One`). It decodes nothing, places
 //! nothing, keeps no state and lists nothing. The start-path benchmark runs it as row (g):
 //! what relaying costs a CRI proxy on this stack, under the proxy's own work
-//! (docs/start-path.md).
+//! (docs/design/start-path.md).
 //!
 //! When it ends (SIGTERM or Ctrl-C) it prints one line `tap-cri-relay calls: total=N
 //! create=N start=N`, so the benchmark can check that every container went through it.

@@ -1,6 +1,6 @@
 //! `tap-kube-scale`: how many writes per second N agents' NodeTopology status reporting sends
 //! to a real kube-apiserver, idle and under container churn. A measurement program, not a test
-//! (docs/scale.md):
+//! (docs/design/scale.md):
 //!
 //! ```text
 //! bash hack/e2e/setup-kube.sh      # kube-apiserver, kubectl, etcd (once)

@@ -1,5 +1,5 @@
 //! `tap-nri-hop`: the CPU an NRI plugin spends per container start and per removal, measured
-//! without containerd (docs/start-path.md, "The hop alone"). A measurement program, not a test:
+//! without containerd (docs/design/start-path.md, "The hop alone"). A measurement program, not a test:
 //!
 //! ```text
 //! cargo build --release -p node-agent --bin kunpeng-tap

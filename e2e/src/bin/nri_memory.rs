@@ -1,5 +1,5 @@
 //! `tap-nri-memory`: the resident memory of the release `kunpeng-tap` agent in NRI mode as it
-//! comes to know 1,000 containers. A measurement program, not a test (docs/scale.md):
+//! comes to know 1,000 containers. A measurement program, not a test (docs/design/scale.md):
 //!
 //! ```text
 //! cargo build --release -p node-agent --bin kunpeng-tap

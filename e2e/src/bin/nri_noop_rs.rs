@@ -7,7 +7,7 @@
 //! the agent does (`nri::lazy`: StopContainer and state changes only to the container's id)
 //! and answers every call with an empty response. The start-path benchmark runs it as row
 //! (f): what the NRI hop costs a plugin on this stack, under the agent's own work
-//! (docs/start-path.md).
+//! (docs/design/start-path.md).
 //!
 //! It counts the calls it answered and prints them when it ends (SIGTERM, Ctrl-C, the
 //! runtime's Shutdown or a closed connection), one line `tap-nri-noop calls: create=N ...`,

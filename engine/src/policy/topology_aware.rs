@@ -247,7 +247,7 @@ impl Locality {
 /// least two thirds of the largest node's CPUs (usable). On one node such a container alone makes that node the
 /// fullest by limits for its life; spread over a pool of several nodes it weighs on each by its
 /// share. A node that holds its limit still comes first (a container the size of an empty node
-/// goes there). Measured on tap-sim's seeds 1-40 (docs/sim.md, issue 25): worst imbalance by
+/// goes there). Measured on tap-sim's seeds 1-40 (docs/measurements/sim.md, issue 25): worst imbalance by
 /// limit 1.21-1.23 without, 1.17-1.18 with, 99.2% or more within one NUMA node where one fits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Lump {

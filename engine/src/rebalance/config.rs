@@ -70,7 +70,7 @@ impl Default for RebalanceConfig {
 
 impl RebalanceConfig {
     /// The settings with which `tap-sim --rebalance` meets (or comes nearest to) issue 22's
-    /// goal on the largest fixture (docs/sim.md): new shared containers placed by measured
+    /// goal on the largest fixture (docs/measurements/sim.md): new shared containers placed by measured
     /// usage, acting on the first round above 1.10, a 20-tick cooldown waived off an
     /// oversubscribed node, at most 2 moves a round. The default stays as it was (no usage
     /// placement, threshold 1.15, 3 rounds, 60 ticks). The node agent's `--rebalance=usage`

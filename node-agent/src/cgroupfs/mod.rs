@@ -3,7 +3,7 @@
 //! found by the container's id, [`index`]).
 //!
 //! The convergence loop writes here where the runtime offers no safe call of its own (NRI on
-//! containerd before 2.4: docs/reliability.md), and every mode reads here what a
+//! containerd before 2.4: docs/design/reliability.md), and every mode reads here what a
 //! container really runs with (the read-back), since a runtime's own record of it (its spec)
 //! can differ from the cgroup.
 

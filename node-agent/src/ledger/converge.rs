@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 /// The longest a cpuset write may take before it counts as failed (a hung shim). Short: a
 /// healthy runtime answers in milliseconds, and containerd 1.7 holds other containers'
-/// creates and starts while an update waits on a hung shim (docs/reliability.md).
+/// creates and starts while an update waits on a hung shim (docs/design/reliability.md).
 pub const WRITE_DEADLINE: Duration = Duration::from_secs(2);
 /// The shortest wait before a write that timed out is tried again (each try may hold the
 /// runtime's other work for up to [`WRITE_DEADLINE`]).

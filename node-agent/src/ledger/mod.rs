@@ -51,7 +51,7 @@ pub const DEVICE_LOOKUP_MAX: Duration = Duration::from_millis(250);
 /// The span of one hook (a create, update, stop or remove as a mode sees it): with
 /// `TAP_LOG=debug` every log line of the hook carries the hook, the mode and, once the ledger
 /// knows them, the Pod, its namespace and the container. At the default level it is off: a
-/// span per hook was a fifth of the agent's CPU per container start (docs/start-path.md,
+/// span per hook was a fifth of the agent's CPU per container start (docs/design/start-path.md,
 /// fifth part), and the lines a user sees at info and above name the container themselves.
 pub fn hook_span(hook: Hook, mode: &'static str) -> tracing::Span {
     tracing::debug_span!(
@@ -164,7 +164,7 @@ pub enum Release {
 /// names it the same (NRI) and both sides of `ids` are the same `Arc<str>`. Entries are boxed:
 /// a map's table keeps up to twice as many slots as entries (it doubles when 7/8 full), and
 /// a table of entries in place (1.2 KB each then) took 2.1 MB at 1,000 containers; boxed
-/// entries of 768 bytes and their table take 0.8 MB (docs/scale.md, issue 25).
+/// entries of 768 bytes and their table take 0.8 MB (docs/design/scale.md, issue 25).
 #[derive(Default)]
 struct Book {
     entries: HashMap<Arc<str>, Box<Entry>>,

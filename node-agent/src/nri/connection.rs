@@ -1,7 +1,7 @@
 //! One NRI connection as a plugin holds it: the Unix socket to the runtime, the multiplexer
 //! over it ([`mux`]), our ttrpc server of a `Plugin` service on connection 1 and the
 //! runtime's client on connection 2. The agent's sessions (`nri::run`) and the no-op
-//! plugin of the start-path benchmark (`tap-nri-noop`, row (f) of docs/start-path.md) open it
+//! plugin of the start-path benchmark (`tap-nri-noop`, row (f) of docs/design/start-path.md) open it
 //! the same way, so the benchmark measures the agent's own transport.
 
 use super::{mux, proto};

@@ -1,5 +1,5 @@
 //! `tap-sim`: placement quality of no pinning, the kubelet's static CPU manager and the
-//! kunpeng-tap policies on a workload trace. See docs/sim.md.
+//! kunpeng-tap policies on a workload trace. See docs/design/sim.md.
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -21,7 +21,7 @@ struct Args {
     /// agent's `--sysfs-root`; `--sysfs` is kept as an alias.
     #[arg(long, alias = "sysfs")]
     sysfs_root: PathBuf,
-    /// Trace file (JSON, see docs/sim.md). Without it a trace is generated.
+    /// Trace file (JSON, see docs/design/sim.md). Without it a trace is generated.
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Generator seed.
@@ -55,7 +55,7 @@ struct Args {
     seeds: Option<String>,
     /// --seeds: after the table, what keeps the imbalance by request up, per seed and engine
     /// policy: how long the most loaded node held more requests than CPUs, the share of the
-    /// excess from those moments, and what that node held then (docs/sim.md, issue 25).
+    /// excess from those moments, and what that node held then (docs/measurements/sim.md, issue 25).
     #[arg(long, requires = "seeds")]
     imbalance_profile: bool,
     /// Usage-aware rebalancing (issue 22): instead of the comparison table, topology-aware and
@@ -326,7 +326,7 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// `--rebalance`: the usage-aware rebalancing comparison (see docs/sim.md, issue 22).
+/// `--rebalance`: the usage-aware rebalancing comparison (see docs/design/sim.md, issue 22).
 fn rebalance(args: &Args, m: &Machine) -> Result<()> {
     let seeds = match &args.seeds {
         Some(list) => tap_sim::seeds::parse_seeds(list)

@@ -40,7 +40,7 @@ fn the_rebalancer_moves_only_the_moved_and_lowers_the_imbalance() {
 /// Placement by usage takes effect only with the rebalancer (it hands the hint), and moves
 /// stay clean. Whether it lowers the imbalance depends on the machine and the load: on this
 /// small fixture it does not for topology-aware (1.100 by requests, 1.115 by usage, seed 5),
-/// on the largest one it does (docs/sim.md), so that is not asserted here.
+/// on the largest one it does (docs/measurements/sim.md), so that is not asserted here.
 #[test]
 fn placing_by_usage_changes_placements_only_with_the_rebalancer() {
     let m = machine();

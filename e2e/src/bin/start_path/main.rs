@@ -1,5 +1,5 @@
 //! Start-path benchmark: what a placement plugin adds to CreateContainer + StartContainer on a
-//! real containerd 1.7 with runc (docs/start-path.md).
+//! real containerd 1.7 with runc (docs/design/start-path.md).
 //!
 //! For every setup, a fresh private containerd (NRI on; tap_e2e::containerd) gets a few Pod
 //! sandboxes and then `--containers` busybox `sleep` containers, created and started one after
@@ -518,7 +518,7 @@ fn main() -> Result<()> {
                 'd',
                 format!(
                     "{} is absent; hack/e2e/setup-nri-plugins.sh builds it where the Go module \
-                     proxy serves all of it (docs/start-path.md says why it does not today)",
+                     proxy serves all of it (docs/design/start-path.md says why it does not today)",
                     args.nri_plugins.display()
                 ),
             )),
