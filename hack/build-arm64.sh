@@ -315,8 +315,14 @@ if [ "$dev_agent" = 1 ]; then
   # The tests' build makes the agent too (its integration tests run it).
   phase "tests under qemu (build, the agent included)"
   cargo_t test --no-run "${TEST_ARGS[@]}"
-  cp "$CACHE/target/$TARGET/debug/kunpeng-tap" "$OUT/kunpeng-tap"
+  test_dir=debug
+  [ "${TAP_ARM64_TEST_PROFILE:-test}" != release ] || test_dir=release
+  cp "$CACHE/target/$TARGET/$test_dir/kunpeng-tap" "$OUT/kunpeng-tap"
   bins=(kunpeng-tap)
+  if [ -n "$copy_to" ]; then
+    mkdir -p "$copy_to"
+    cp "$OUT/kunpeng-tap" "$copy_to/kunpeng-tap"
+  fi
 else
   phase "build kunpeng-tap"
   cargo_t build --release -p node-agent --bin kunpeng-tap

@@ -134,8 +134,9 @@ impl Engine {
         self.clusters_off.as_ref()
     }
 
-    /// Changes the policy settings for containers placed from now on; existing grants stay.
-    /// Reserved CPUs apply at once to the usable set. Taken through [`EngineConfig::in_force`].
+    /// Changes the policy settings for containers placed from now on (taken through
+    /// [`EngineConfig::in_force`]); existing grants keep their pools. Reserved CPUs apply at once
+    /// to the usable set.
     /// Shared grants follow the CPUs the new configuration makes usable or reserved at once:
     /// returns the updates for those whose cpuset changed (as a restore under the new
     /// configuration would give them, so the order of a restore and a change does not matter).

@@ -613,7 +613,8 @@ impl Agent {
     /// Rebuilds the state from what the runtime reports. Returns updates for containers whose
     /// cpuset should change (restored ones, and shared ones around adopted exclusive CPUs).
     /// Containers already known keep their grant.
-    /// An engine failure (a panic, caught) changes nothing and is an error.
+    /// An engine failure (a panic, caught) is an error; the engine may hold part of the
+    /// restore then (a panic is not undone).
     pub fn restore(&self, containers: &[ContainerInfo]) -> Result<Vec<Update>, EngineFailed> {
         let report = self.guarded(Hook::Sync, |e| {
             let existing: Vec<Existing> = containers

@@ -15,7 +15,6 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -49,7 +48,9 @@ pub struct ZoneLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub hook: Hook,
-    pub kind: ErrorKind,
+    /// [`ErrorKind::as_str`]: one series per label text (an `Unhonoured` control's payload,
+    /// such as a whole-cores size, does not make series of its own).
+    pub kind: &'static str,
 }
 
 /// What went wrong, for `tap_errors_total{kind}` (every problem is failed open).
@@ -100,12 +101,6 @@ pub enum ErrorKind {
     /// a per-Pod control the placement could not honour (placed without it): the control's
     /// own label (`whole_cores`, `sibling_pair`, ...).
     Unhonoured(tap_engine::Unhonoured),
-}
-
-impl EncodeLabelValue for ErrorKind {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        std::fmt::Write::write_str(encoder, self.as_str())
-    }
 }
 
 impl ErrorKind {
@@ -457,6 +452,7 @@ impl Metrics {
     }
 
     pub fn count_error(&self, hook: Hook, kind: ErrorKind) {
+        let kind = kind.as_str();
         self.errors.get_or_create(&ErrorLabels { hook, kind }).inc();
     }
 
@@ -612,6 +608,24 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: Arc<Metrics>) -> anyhow:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A control's payload (a whole-cores size) makes no series of its own: two sizes count
+    /// on one line.
+    #[test]
+    fn one_series_per_error_kind_label() {
+        let m = Metrics::for_mode("NRI");
+        for cpus in [4, 6] {
+            let u = tap_engine::Unhonoured::WholeCores { cpus };
+            m.count_error(Hook::Create, ErrorKind::Unhonoured(u));
+        }
+        let text = m.render();
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("whole_cores")).collect();
+        assert_eq!(
+            lines,
+            [r#"tap_errors_total{hook="create",kind="whole_cores"} 2"#],
+            "{text}"
+        );
+    }
 
     #[test]
     fn a_proxy_is_ready_once_restored_and_bound() {

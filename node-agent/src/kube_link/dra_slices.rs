@@ -30,6 +30,7 @@ pub fn slice_devices(slice: &ResourceSlice) -> SliceDevices {
         (dev, numa)
     });
     SliceDevices {
+        generation: spec.pool.generation,
         devices: devices.collect(),
     }
 }

@@ -90,6 +90,14 @@ pub struct Listed {
     pub info: ContainerInfo,
 }
 
+/// How a committed update's cpuset reached the runtime.
+enum Sent {
+    /// On the hook's answer (the runtime applied it as it handled the call).
+    TheAnswer,
+    /// Not at all: the runtime holds what it reported (unknown: `None`).
+    Nothing(Option<Applied>),
+}
+
 /// The cpuset and memory nodes a runtime holds for a container (no memory nodes and an empty
 /// set of them are the same).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -671,6 +679,17 @@ impl Ledger {
 
     /// The runtime applied the update (with the ticket's cpuset, if it carried one).
     pub fn commit_update(&self, t: Ticket) {
+        self.commit_update_as(t, Sent::TheAnswer);
+    }
+
+    /// Commits an update whose cpuset nobody sent: what the runtime holds is what it reports
+    /// (`cpus`, `mems`; unknown without a cpuset), so the loop writes what differs.
+    pub fn commit_unsent_update(&self, t: Ticket, cpus: Option<CpuSet>, mems: Option<NodeSet>) {
+        let held = cpus.map(|c| Applied::new(c, mems));
+        self.commit_update_as(t, Sent::Nothing(held));
+    }
+
+    fn commit_update_as(&self, t: Ticket, how: Sent) {
         let mut b = self.book();
         if t.phase != Phase::Update {
             return;
@@ -693,11 +712,16 @@ impl Ledger {
         e.info.replace(*after_info);
         e.seq = seq;
         let adj = &t.adjustment;
-        let sent = adj.cpus.map(|c| {
-            let mems = adj.mems.or(e.applied.as_ref().and_then(|a| a.mems));
-            Applied::new(c, mems)
-        });
-        e.applied = e.flight.settle_hook_write(sent.or(e.applied.take()));
+        e.applied = match how {
+            Sent::TheAnswer => {
+                let sent = adj.cpus.map(|c| {
+                    let mems = adj.mems.or(e.applied.as_ref().and_then(|a| a.mems));
+                    Applied::new(c, mems)
+                });
+                e.flight.settle_hook_write(sent.or(e.applied.take()))
+            }
+            Sent::Nothing(held) => held,
+        };
         if let Some(r) = &adj.record {
             e.info.set_record(r.clone());
             if b.records.get(&t.key) != Some(r) {

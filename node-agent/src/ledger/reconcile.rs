@@ -68,7 +68,9 @@ impl Ledger {
         let mut report = ReconcileReport::default();
         let mut b = self.book();
         let listed = [l];
-        let touched = self.adopt_unknown(&mut b, &listed, u64::MAX, Listing::Ids, &mut report);
+        let touched = self
+            .adopt_unknown(&mut b, &listed, u64::MAX, Listing::Ids, &mut report)
+            .unwrap_or_default();
         drop(b);
         self.dirty.mark(touched);
         report.adopted > 0
@@ -88,12 +90,17 @@ impl Ledger {
             self.end_calls_in_flight(&mut b, since);
         }
         let mut touched = self.release_missing(&mut b, &live, since, how, &mut report);
-        touched.extend(self.adopt_unknown(&mut b, &listed, since, how, &mut report));
+        let adopted = self.adopt_unknown(&mut b, &listed, since, how, &mut report);
+        let engine_failed = adopted.is_none();
+        touched.extend(adopted.unwrap_or_default());
         self.learn_runtime_ids(&mut b, &listed);
         if how.reads_cpusets() {
             touched.extend(self.read_back(&mut b, &listed, since));
         }
-        self.drop_stale_records(&mut b);
+        // After a failed adoption the records of the containers not booked stay for the retry.
+        if !engine_failed {
+            self.drop_stale_records(&mut b);
+        }
         drop(b);
         self.dirty.mark(touched);
         report
@@ -181,7 +188,7 @@ impl Ledger {
 
     /// Step 2: containers the book does not have, or has as stopped (started again behind
     /// the agent's back), are adopted through the engine's restore. Returns the adopted keys
-    /// and the neighbours whose cpusets change.
+    /// and the neighbours whose cpusets change; `None` when the engine failed (nothing booked).
     fn adopt_unknown(
         &self,
         b: &mut Book,
@@ -189,7 +196,7 @@ impl Ledger {
         since: u64,
         how: Listing,
         report: &mut ReconcileReport,
-    ) -> Vec<String> {
+    ) -> Option<Vec<String>> {
         // A stop recorded after the list was taken is newer than the list: left alone.
         let unknown: Vec<&Listed> = listed
             .iter()
@@ -201,7 +208,7 @@ impl Ledger {
             .collect();
         // A session start always goes through the engine's restore (it logs what it adopted).
         if !how.is_session() && unknown.is_empty() {
-            return Vec::new();
+            return Some(Vec::new());
         }
         let infos: Vec<ContainerInfo> = unknown
             .iter()
@@ -216,7 +223,7 @@ impl Ledger {
         // The engine failed (logged and counted): nothing is booked, the next comparison
         // adopts them.
         let Ok(ups) = self.agent.restore(&infos) else {
-            return Vec::new();
+            return None;
         };
         let mut touched: Vec<String> = ups.into_iter().map(|u| u.container_id).collect();
         let seq = self.now();
@@ -231,7 +238,7 @@ impl Ledger {
                 b.set_runtime_id(&info.id, &l.runtime_id);
             }
         }
-        touched
+        Some(touched)
     }
 
     /// Step 3: runtime ids the book did not learn at create (an answer without a readable id).

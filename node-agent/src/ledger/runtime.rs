@@ -89,7 +89,8 @@ impl Ledger {
     }
 
     /// One comparison with the runtime: the cheap list, and the full one when the runtime has
-    /// running containers the ledger lacks or when `how` asks for a read-back.
+    /// running containers the ledger lacks, lists a key under another runtime id than the
+    /// book's (a name reused), or when `how` asks for a read-back.
     pub async fn reconcile_with(
         &self,
         rt: &dyn Runtime,

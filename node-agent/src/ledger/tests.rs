@@ -286,6 +286,47 @@ async fn restore_reads_changed_records_and_survives_a_corrupt_file() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A restore the engine fails books nothing and keeps the records: the retry restores the
+/// changed record, not only the one the container carries.
+#[tokio::test]
+async fn a_failed_restore_keeps_the_records_for_the_retry() {
+    let dir = state_dir("failed-restore");
+    let file = dir.join("grants.json");
+    let a = Ledger::new(agent(), Some(StateFile::new(file.clone())));
+    let adj = created(&a, container("k", "burstable", 4, 8), "id").await;
+    let t = a
+        .begin_update("id", |i| i.cpu_shares = Some(6 * 1024))
+        .await;
+    a.commit_update(t);
+    a.flush_records();
+    let want = a.agent().snapshot();
+    let mut live = container("k", "burstable", 6, 8);
+    live.cpus = adj.cpus;
+    live.annotations
+        .insert(GRANT_KEY.into(), adj.record.clone().unwrap());
+    let listed = vec![Listed {
+        runtime_id: "id".into(),
+        info: live,
+    }];
+    let b = Ledger::new(agent(), Some(StateFile::new(file.clone())));
+    b.agent().panic_next();
+    let report = b.restore(listed.clone(), b.now());
+    assert_eq!(report.adopted, 0);
+    assert!(!b.agent().restored());
+    b.flush_records();
+    assert!(
+        StateFile::new(file.clone())
+            .load()
+            .unwrap()
+            .contains_key("k"),
+        "the record is still on disk"
+    );
+    let report = b.restore(listed, b.now());
+    assert_eq!(report.adopted, 1);
+    assert_eq!(b.agent().snapshot(), want, "the changed record wins");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test]
 async fn reconcile_releases_what_the_runtime_lost_and_adopts_what_it_has() {
     let l = Ledger::new(agent(), None);

@@ -44,6 +44,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tap_engine::{CpuSet, NodeSet};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use ttrpc::r#async::TtrpcContext;
@@ -214,11 +215,18 @@ impl NriPlugin {
             return;
         };
         tracing::warn!(container = %id, "a resize confirmed after it was given up; placed again with the resources it has now");
+        // What the cgroup holds: the cpuset of the answer given up, as the event reports it.
+        let cpu = r.cpu.as_ref().filter(|cpu| !cpu.cpus.is_empty());
+        let held = cpu.and_then(|cpu| CpuSet::parse(&cpu.cpus).ok());
+        let mems = cpu
+            .filter(|cpu| !cpu.mems.is_empty())
+            .and_then(|cpu| NodeSet::parse(&cpu.mems).ok());
         let ticket = self
             .ledger
             .begin_update(id, move |i| convert::apply_resources(i, &r))
             .await;
-        self.ledger.commit_update(ticket);
+        // The new placement was sent nowhere: the loop writes what differs.
+        self.ledger.commit_unsent_update(ticket, held, mems);
     }
 }
 
@@ -1003,6 +1011,17 @@ mod tests {
         assert_eq!(
             after.request_milli, 40_000,
             "placed with the applied resources"
+        );
+        // Nothing sent the new placement: the cgroup holds the cpuset the event reports
+        // (none here), so the loop is to write it.
+        assert!(
+            plugin
+                .ledger
+                .pending_updates()
+                .iter()
+                .any(|u| u.container_id == "c" && u.cpus == after.cpus),
+            "{:?}",
+            plugin.ledger.pending_updates()
         );
     }
 

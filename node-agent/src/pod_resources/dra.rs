@@ -22,6 +22,9 @@ pub struct DraDevice {
 /// a value that is no NUMA node id, has none).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SliceDevices {
+    /// The pool's generation the slice belongs to: while a driver replaces a pool, the newer
+    /// generation's slice wins.
+    pub generation: i64,
     pub devices: Vec<(DraDevice, Option<u32>)>,
 }
 
@@ -52,9 +55,10 @@ impl DraTopology {
         let slices = self.slices.read().unwrap_or_else(|p| p.into_inner());
         slices
             .values()
-            .flat_map(|s| s.devices.iter())
-            .find(|(dev, _)| dev == d)
-            .and_then(|(_, node)| *node)
+            .flat_map(|s| s.devices.iter().map(move |dn| (s.generation, dn)))
+            .filter(|(_, (dev, _))| dev == d)
+            .max_by_key(|(generation, _)| *generation)
+            .and_then(|(_, (_, node))| *node)
     }
 
     /// How many devices the slices hold.
@@ -95,15 +99,31 @@ mod tests {
         t.put(
             "s1",
             SliceDevices {
+                generation: 1,
                 devices: vec![(dev("accel-0"), Some(0)), (dev("accel-1"), Some(1))],
             },
         );
         t.put(
             "s2",
             SliceDevices {
+                generation: 1,
                 devices: vec![(dev("nic-0"), None)],
             },
         );
+        // The pool's next generation, published before the old slice goes.
+        t.put(
+            "s1-next",
+            SliceDevices {
+                generation: 2,
+                devices: vec![(dev("accel-0"), Some(3))],
+            },
+        );
+        assert_eq!(
+            t.numa_node(&dev("accel-0")),
+            Some(3),
+            "the newer generation"
+        );
+        t.remove("s1-next");
         assert_eq!(t.numa_node(&dev("accel-1")), Some(1));
         assert_eq!(t.numa_node(&dev("nic-0")), None, "no attribute");
         let other_driver = DraDevice {

@@ -125,6 +125,7 @@ fn claimed_dra_devices_take_their_numa_node_from_the_slices() {
     dra.put(
         "slice",
         SliceDevices {
+            generation: 1,
             devices: vec![(accel, Some(2))],
         },
     );
