@@ -277,4 +277,113 @@ mod tests {
             "marked for the loop"
         );
     }
+
+    /// Writes that time out, as to a hung shim.
+    struct Hung;
+
+    #[async_trait::async_trait]
+    impl crate::ledger::Writer for Hung {
+        async fn write_cpuset(
+            &self,
+            _: &crate::agent::Update,
+        ) -> Result<(), crate::ledger::WriteError> {
+            Err(crate::ledger::WriteError::Timeout(Duration::from_secs(10)))
+        }
+    }
+
+    /// Records the writes it is sent.
+    #[derive(Default)]
+    struct Sent(std::sync::Mutex<Vec<String>>);
+
+    #[async_trait::async_trait]
+    impl crate::ledger::Writer for Sent {
+        async fn write_cpuset(
+            &self,
+            u: &crate::agent::Update,
+        ) -> Result<(), crate::ledger::WriteError> {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(u.container_id.clone());
+            Ok(())
+        }
+    }
+
+    /// The loop moving a container leaves every other container's backoff as it is: one whose
+    /// write timed out (a hung shim) keeps its 10 s floor.
+    #[tokio::test]
+    async fn a_move_keeps_the_backoff_of_a_container_whose_write_timed_out() {
+        let l = Arc::new(ledger());
+        let mut cfg = l.agent().config();
+        cfg.rebalance = Rebalance::Usage;
+        l.agent().set_config(cfg);
+        l.agent().metrics().set_ready(true);
+        for i in 0..8 {
+            let t = l.begin_create(container(i)).await;
+            l.commit_create(t, Some(id(i)));
+        }
+        // An exclusive create shrinks the shared containers of its node; their writes time out.
+        let mut exclusive = burstable(&id(99), 4, 4);
+        exclusive.qos = Some(tap_engine::Qos::Guaranteed);
+        let g = l.begin_create(exclusive).await;
+        l.commit_create(g, Some(id(99)));
+        l.converge_once(&Hung).await;
+        let hung: Vec<String> = l
+            .pending_updates()
+            .into_iter()
+            .map(|u| u.container_id)
+            .collect();
+        assert!(!hung.is_empty(), "a write timed out");
+        let node_of = |i: usize| {
+            l.agent()
+                .snapshot()
+                .grant(&id(i))
+                .map(|g| g.nodes.to_string())
+        };
+        let first = node_of(0).expect("placed");
+        let hot: Vec<usize> = (0..8)
+            .filter(|i| node_of(*i).as_deref() == Some(first.as_str()))
+            .collect();
+        let root =
+            std::env::temp_dir().join(format!("tap-rebalance-backoff-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let dir = |i: usize| {
+            root.join(format!(
+                "kubepods.slice/pod{i}.slice/cri-containerd-{}.scope",
+                id(i)
+            ))
+        };
+        let opts = LoopOptions {
+            interval: Duration::from_millis(20),
+            cgroup_root: root.clone(),
+            config: RebalanceConfig::default(),
+        };
+        let stop = CancellationToken::new();
+        let worker = tokio::spawn(run(l.clone(), opts, stop.clone()));
+        let moved = |l: &Ledger| l.agent().metrics().rebalance.moves.get() > 0;
+        for tick in 0..250u64 {
+            for i in 0..8 {
+                let per_tick = if hot.contains(&i) { 160_000 } else { 2_000 };
+                std::fs::create_dir_all(dir(i)).expect("mkdir");
+                let usage = per_tick * tick;
+                std::fs::write(dir(i).join("cpu.stat"), format!("usage_usec {usage}\n"))
+                    .expect("write");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if moved(&l) {
+                break;
+            }
+        }
+        stop.cancel();
+        let _ = worker.await;
+        let _ = std::fs::remove_dir_all(&root);
+        assert!(moved(&l), "the loop moved a container");
+        let sent = Sent::default();
+        l.converge_once(&sent).await;
+        let sent = sent.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        assert!(
+            hung.iter().all(|h| !sent.contains(h)),
+            "a timed-out write went again before its floor: {sent:?} (timed out: {hung:?})"
+        );
+    }
 }
