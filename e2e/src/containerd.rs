@@ -185,29 +185,35 @@ impl Containerd {
     }
 
     /// The agent's flags for CRI proxy mode in front of this containerd: its proxy socket at
-    /// `proxy`, the fixture `fixture` folded onto the host, its state in `state_dir`, a 2 s
-    /// graceful stop. Callers add their own flags (a policy, say).
+    /// `proxy`, the fixture `fixture` folded onto the host (`None`: this host's own sysfs), its
+    /// state in `state_dir`, a 2 s graceful stop. Callers add their own flags (a policy, say).
     pub fn cri_proxy_agent_args(
         &self,
         proxy: &Path,
-        fixture: &str,
+        fixture: Option<&str>,
         state_dir: &Path,
     ) -> Vec<String> {
-        vec![
+        let sysfs = match fixture {
+            Some(f) => vec![
+                format!("--sysfs-root={}", crate::util::fixture_dir(f).display()),
+                "--fold-cpus-to-host".into(),
+            ],
+            None => vec!["--sysfs-root=/sys".into()],
+        };
+        let mut args = vec![
             "--container-runtime-mode=Containerd".into(),
             format!("--runtime-proxy-endpoint={}", proxy.display()),
             format!(
                 "--container-runtime-service-endpoint={}",
                 self.cri_socket().display()
             ),
-            format!(
-                "--sysfs-root={}",
-                crate::util::fixture_dir(fixture).display()
-            ),
-            "--fold-cpus-to-host".into(),
+        ];
+        args.extend(sysfs);
+        args.extend([
             format!("--state-dir={}", state_dir.display()),
             "--graceful-timeout=2s".into(),
-        ]
+        ]);
+        args
     }
 
     /// The NRI socket plugins connect to (alone in its folder, which a plugin's Pod mounts).

@@ -86,7 +86,7 @@ fn agent_args(ctd: &Containerd, dir: &Path, mode: Mode) -> Vec<String> {
             format!("--nri-socket-path={}", ctd.nri_socket().display()),
             format!("--state-dir={}", state.display()),
         ],
-        Mode::CriProxy => ctd.cri_proxy_agent_args(&dir.join("proxy.sock"), "-", &state),
+        Mode::CriProxy => ctd.cri_proxy_agent_args(&dir.join("proxy.sock"), None, &state),
     };
     churn::on_this_host(args)
 }

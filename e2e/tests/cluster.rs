@@ -601,7 +601,7 @@ fn with_proxy_agent(
     let state = t.cl.dir.join(format!("{name}-state"));
     let mut args =
         t.cl.containerd()
-            .cri_proxy_agent_args(&proxy, fixture, &state);
+            .cri_proxy_agent_args(&proxy, Some(fixture), &state);
     args.extend(extra.iter().map(|a| a.to_string()));
     args.push("--enable-node-topology=false".to_string());
     let agent = TapAgent::start(&args, &t.cl.dir.join(format!("{name}-agent.log")))?;

@@ -43,7 +43,7 @@ fn scenario(cl: &mut Cluster, rt: &tokio::runtime::Runtime) -> Result<()> {
     let proxy = cl.dir.join("tap-proxy.sock");
     let mut args =
         cl.containerd()
-            .cri_proxy_agent_args(&proxy, FIXTURE, &cl.dir.join("proxy-state"));
+            .cri_proxy_agent_args(&proxy, Some(FIXTURE), &cl.dir.join("proxy-state"));
     args.extend([
         "--resource-policy=numa-aware".to_string(),
         "--enable-node-topology=false".to_string(),

@@ -38,7 +38,7 @@ async fn cri_proxy_places_passes_through_and_survives_restart() -> Result<()> {
 
 async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     let proxy = dir.join("cri-proxy.sock");
-    let args = ctd.cri_proxy_agent_args(&proxy, FIXTURE, &dir.join("state"));
+    let args = ctd.cri_proxy_agent_args(&proxy, Some(FIXTURE), &dir.join("state"));
     let log = dir.join("agent.log");
     let mut agent = TapAgent::start(&args, &log)?;
     let mut cri = Cri::connect(&proxy).await?;

@@ -71,7 +71,7 @@ async fn cri_proxy_fault_matrix() -> Result<()> {
 
 async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     let proxy = dir.join("cri-proxy.sock");
-    let args = ctd.cri_proxy_agent_args(&proxy, FIXTURE, &dir.join("state"));
+    let args = ctd.cri_proxy_agent_args(&proxy, Some(FIXTURE), &dir.join("state"));
     let log = dir.join("agent.log");
 
     // A non-socket file at the endpoint: a clear error, and the file is kept.

@@ -116,7 +116,7 @@ async fn scenario(ctd: &mut Containerd, dir: &Path, mode: Mode) -> Result<()> {
 async fn start(ctd: &Containerd, dir: &Path, mode: Mode) -> Result<(TapAgent, Cri)> {
     let proxy = dir.join("cri-proxy.sock");
     let mut args = match mode {
-        Mode::CriProxy => ctd.cri_proxy_agent_args(&proxy, FIXTURE, &dir.join("state")),
+        Mode::CriProxy => ctd.cri_proxy_agent_args(&proxy, Some(FIXTURE), &dir.join("state")),
         Mode::Nri => vec![
             "--container-runtime-mode=NRI".into(),
             format!("--nri-socket-path={}", ctd.nri_socket().display()),

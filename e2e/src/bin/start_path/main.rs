@@ -276,7 +276,7 @@ async fn run_setup(setup: char, args: &Args, bins: &Bins) -> Result<Samples> {
         'c' => {
             let bin = bins.agent.as_deref().context("no agent binary")?;
             let proxy = dir.join("cri.sock");
-            let mut args = ctd.cri_proxy_agent_args(&proxy, FIXTURE, &dir.join("state"));
+            let mut args = ctd.cri_proxy_agent_args(&proxy, Some(FIXTURE), &dir.join("state"));
             args.push("--resource-policy=topology-aware".into());
             agent = Some(start_agent(bin, &args, &dir)?);
             proxy
