@@ -5,6 +5,7 @@ use crate::agent::test_sets::*;
 use crate::agent::{PodInfo, Update};
 use crate::hook::Hook;
 use crate::metrics::Metrics;
+use std::path::PathBuf;
 use tap_engine::request::{GRANT_KEY, SKIP_KEY};
 use tap_engine::{Engine, EngineConfig, Topology};
 
@@ -247,9 +248,11 @@ async fn a_refused_update_is_rolled_back_and_not_persisted() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[tokio::test]
-async fn restore_reads_changed_records_and_survives_a_corrupt_file() {
-    let dir = state_dir("restore");
+/// A container created, then resized (its record in the state file changed), as the runtime
+/// lists it after an agent restart (with its create-time record); returns the state folder,
+/// the state file, the listing and the engine the restore should rebuild.
+async fn resized_before_a_restart(name: &str) -> (PathBuf, PathBuf, Vec<Listed>, Engine) {
+    let dir = state_dir(name);
     let file = dir.join("grants.json");
     let a = Ledger::new(agent(), Some(StateFile::new(file.clone())));
     let adj = created(&a, container("k", "burstable", 4, 8), "id").await;
@@ -259,7 +262,6 @@ async fn restore_reads_changed_records_and_survives_a_corrupt_file() {
     a.commit_update(t);
     a.flush_records();
     let want = a.agent().snapshot();
-    // What the runtime lists after an agent restart: the create-time record in the container.
     let mut live = container("k", "burstable", 6, 8);
     live.cpus = adj.cpus;
     live.annotations
@@ -268,6 +270,12 @@ async fn restore_reads_changed_records_and_survives_a_corrupt_file() {
         runtime_id: "id".into(),
         info: live,
     }];
+    (dir, file, listed, want)
+}
+
+#[tokio::test]
+async fn restore_reads_changed_records_and_survives_a_corrupt_file() {
+    let (dir, file, listed, want) = resized_before_a_restart("restore").await;
     let b = Ledger::new(agent(), Some(StateFile::new(file.clone())));
     let report = b.restore(listed.clone(), b.now());
     assert_eq!(report.adopted, 1);
@@ -290,24 +298,7 @@ async fn restore_reads_changed_records_and_survives_a_corrupt_file() {
 /// changed record, not only the one the container carries.
 #[tokio::test]
 async fn a_failed_restore_keeps_the_records_for_the_retry() {
-    let dir = state_dir("failed-restore");
-    let file = dir.join("grants.json");
-    let a = Ledger::new(agent(), Some(StateFile::new(file.clone())));
-    let adj = created(&a, container("k", "burstable", 4, 8), "id").await;
-    let t = a
-        .begin_update("id", |i| i.cpu_shares = Some(6 * 1024))
-        .await;
-    a.commit_update(t);
-    a.flush_records();
-    let want = a.agent().snapshot();
-    let mut live = container("k", "burstable", 6, 8);
-    live.cpus = adj.cpus;
-    live.annotations
-        .insert(GRANT_KEY.into(), adj.record.clone().unwrap());
-    let listed = vec![Listed {
-        runtime_id: "id".into(),
-        info: live,
-    }];
+    let (dir, file, listed, want) = resized_before_a_restart("failed-restore").await;
     let b = Ledger::new(agent(), Some(StateFile::new(file.clone())));
     b.agent().panic_next();
     let report = b.restore(listed.clone(), b.now());

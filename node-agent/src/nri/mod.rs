@@ -903,17 +903,23 @@ mod tests {
         assert_eq!(used, 4000);
     }
 
-    /// Finding 7 of issue 20: a resize containerd refuses (no PostUpdateContainer) is not
-    /// recorded as done: the container gets its previous grant back; a confirmed one is kept.
-    #[tokio::test]
-    async fn a_resize_counts_only_when_containerd_confirms_it() {
+    /// A plugin whose ledger holds container `c` (restored on NUMA node 0's CPUs), and its grant.
+    fn plugin_with_one_container() -> (Arc<Agent>, NriPlugin, tap_engine::grant::Grant) {
         let agent = test_agent();
-        let mut plugin = NriPlugin::new(agent.clone());
-        plugin.confirm.resize = Duration::from_millis(50);
+        let plugin = NriPlugin::new(agent.clone());
         let mut c = convert::container_info(Some(&pod()), &burstable("c", 0));
         c.cpus = tap_engine::CpuSet::parse("0-23").ok();
         reconcile(&plugin.ledger, &[c], plugin.ledger.now());
         let before = agent.snapshot().grant("c").cloned().expect("restored");
+        (agent, plugin, before)
+    }
+
+    /// A resize containerd refuses (no PostUpdateContainer) is not
+    /// recorded as done: the container gets its previous grant back; a confirmed one is kept.
+    #[tokio::test]
+    async fn a_resize_counts_only_when_containerd_confirms_it() {
+        let (agent, mut plugin, before) = plugin_with_one_container();
+        plugin.confirm.resize = Duration::from_millis(50);
         // Refused: containerd never confirms; after the timeout the old grant is back.
         let _ = plugin.on_update_container(resize("c", 40)).await.unwrap();
         assert_ne!(agent.snapshot().grant("c"), Some(&before), "reserved");
@@ -954,12 +960,7 @@ mod tests {
     /// confirmation that cannot come.
     #[tokio::test]
     async fn an_update_of_a_closed_session_changes_nothing() {
-        let agent = test_agent();
-        let plugin = NriPlugin::new(agent.clone());
-        let mut c = convert::container_info(Some(&pod()), &burstable("c", 0));
-        c.cpus = tap_engine::CpuSet::parse("0-23").ok();
-        reconcile(&plugin.ledger, &[c], plugin.ledger.now());
-        let before = agent.snapshot().grant("c").cloned().expect("restored");
+        let (agent, plugin, before) = plugin_with_one_container();
         plugin.session.cancel();
         let resp = plugin.on_update_container(resize("c", 40)).await.unwrap();
         assert!(resp.update.is_empty(), "{:?}", resp.update);
@@ -976,13 +977,8 @@ mod tests {
     /// placed again when PostUpdateContainer comes: the books follow the container's resources.
     #[tokio::test]
     async fn a_resize_confirmed_late_is_placed_with_the_resources_it_has() {
-        let agent = test_agent();
-        let mut plugin = NriPlugin::new(agent.clone());
+        let (agent, mut plugin, before) = plugin_with_one_container();
         plugin.confirm.resize = Duration::from_millis(50);
-        let mut c = convert::container_info(Some(&pod()), &burstable("c", 0));
-        c.cpus = tap_engine::CpuSet::parse("0-23").ok();
-        reconcile(&plugin.ledger, &[c], plugin.ledger.now());
-        let before = agent.snapshot().grant("c").cloned().expect("restored");
         let mut resized = burstable("c", 0);
         let cpu = resized
             .linux
