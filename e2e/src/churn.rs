@@ -1,4 +1,4 @@
-//! The invariant the convergence loop keeps (issue 20), checked against the real runtimes:
+//! The invariant the convergence loop keeps, checked against the real runtimes:
 //! at rest, (a) no shared container's cgroup cpuset meets an exclusive grant and (b) every
 //! container's cgroup cpuset equals the agent's books (`/grants`). The agent runs on this
 //! host's own sysfs, not folded, so the cpusets are the real ones.

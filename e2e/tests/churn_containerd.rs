@@ -1,4 +1,4 @@
-//! The churn invariant (issue 20) on containerd, in NRI mode and as the CRI proxy: shared and
+//! The churn invariant on containerd, in NRI mode and as the CRI proxy: shared and
 //! exclusive containers created (two at a time) and removed in a seeded order, a container
 //! stopped behind the agent's back, an in-place resize, a hung shim, an agent restart and a
 //! containerd restart. After each phase, at rest: no shared container's cgroup cpuset meets

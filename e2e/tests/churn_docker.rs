@@ -1,4 +1,4 @@
-//! The churn invariant (issue 20) behind the Docker proxy: shared and exclusive containers
+//! The churn invariant behind the Docker proxy: shared and exclusive containers
 //! created (two at a time, as cri-dockerd makes them) and removed in a seeded order; an
 //! exclusive container stopped on dockerd directly and started again (it is adopted anew and
 //! the shared containers shrink back); a container stopped through the proxy and started

@@ -568,7 +568,7 @@ fn values_schema_refuses_bad_values() {
         return;
     }
     for (set, needle) in [
-        // The three of issue 14: a typo, a word for a number, a malformed CPU list.
+        // Three bad values: a typo, a word for a number, a malformed CPU list.
         (
             "agent.flags.resourcPolicy=numa-aware",
             "additional properties 'resourcPolicy' not allowed",

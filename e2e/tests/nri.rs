@@ -289,7 +289,7 @@ fn logged_cpus(agent: &Agent, id: &str) -> Option<BTreeSet<usize>> {
     tap_e2e::util::logged_cpus(&agent.log_text(), &format!("container={id} "))
 }
 
-/// Hyperthreads (issue 23 item 3) on the 2-thread fixture (siblings n and n+48), folded: a
+/// Hyperthreads on the 2-thread fixture (siblings n and n+48), folded: a
 /// Guaranteed 3-CPU Pod is no whole number of cores (shared CPUs, a Warning, a metric); a
 /// `sibling-pair` Pod gets one core's two threads; a `hide-hyperthreads` Pod holds two whole
 /// cores and runs on one thread of each.
@@ -369,7 +369,7 @@ async fn nri_hyperthread_controls() {
     cri.remove_all_pods().await.unwrap();
 }
 
-/// Memory tiers (issue 23 item 6) on the 2-PMEM server fixture, folded (this host has one NUMA
+/// Memory tiers on the 2-PMEM server fixture, folded (this host has one NUMA
 /// node and no PMEM, so the runtime gets its node 0; the grant record keeps the fixture's
 /// nodes): a plain Pod's mems hold DRAM only; a `memory-type: pmem` Pod's hold its node and the
 /// PMEM node nearest to it.
@@ -436,7 +436,7 @@ async fn nri_memory_tiers() {
     cri.remove_all_pods().await.unwrap();
 }
 
-/// The cache level (issue 23 item 4) on the fixture with 4 L3 groups of 8 CPUs per NUMA node,
+/// The cache level on the fixture with 4 L3 groups of 8 CPUs per NUMA node,
 /// folded: Burstable 4/8 containers land on L3 groups (`pool=cache<k>` in the grant record),
 /// different ones; with `level: numa` on the node; a metric zone per cache pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -480,7 +480,7 @@ async fn nri_cache_level() {
     cri.remove_all_pods().await.unwrap();
 }
 
-/// `numa-policy: exclusive` (issue 23 item 2) on the 4-node fixture, folded: the Pod gets every
+/// `numa-policy: exclusive` on the 4-node fixture, folded: the Pod gets every
 /// CPU of one node (its grant record), a BestEffort container started next runs without them,
 /// Burstable containers go to the other nodes, and a second exclusive Pod with no free node is
 /// left unpinned with the metric.
@@ -868,7 +868,7 @@ async fn nri_without_plugin_containers_run_unadjusted() {
     cri.remove_all_pods().await.unwrap();
 }
 
-/// Strict reserved CPUs (issue 23 item 5): with the fixture's NUMA nodes 0 and 2 reserved
+/// Strict reserved CPUs: with the fixture's NUMA nodes 0 and 2 reserved
 /// (`--reserved-cpus=0-23,48-71`, folded: host CPU 0 of a 2-CPU host) and `kube-system` allowed
 /// on them, a `kube-system` container runs on exactly the reserved CPUs (cgroup cpuset), charged
 /// to no NUMA node; a `default` container never touches them, and one that asks by annotation

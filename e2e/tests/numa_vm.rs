@@ -545,7 +545,7 @@ async fn resize_moves_pages(cri: &mut Cri, nodes: &GuestNodes, report: &mut Valu
     memory_on_node(&mems, &after, freed)
 }
 
-/// Usage-aware rebalancing on a real kernel (issue 22): five touchers of 32 MiB (500m, limit 1
+/// Usage-aware rebalancing on a real kernel: five touchers of 32 MiB (500m, limit 1
 /// CPU) over the four nodes, so two share one; those two spin. The rebalancer moves one of
 /// them to another node, `cpuset.mems` with it, and the kernel migrates its pages there.
 async fn rebalance_moves_pages(

@@ -1,4 +1,4 @@
-//! Usage-aware rebalancing (issue 22) against a real containerd 1.7 with runc, in NRI mode and
+//! Usage-aware rebalancing against a real containerd 1.7 with runc, in NRI mode and
 //! as the CRI proxy: busy-loop containers placed on one NUMA node are spread by the agent's
 //! rebalancer, as their cgroups show.
 //!

@@ -1,4 +1,4 @@
-//! Start-up is bounded whatever the runtime does (issue 20, finding 4): a CRI runtime that
+//! Start-up is bounded whatever the runtime does: a CRI runtime that
 //! accepts connections and never answers (a wedged containerd) does not keep the proxy socket
 //! away from the kubelet. The socket is bound within `RESTORE_BOUND` (15 s), the agent says it
 //! is not ready, and calls are forwarded unadjusted until the restore finishes.

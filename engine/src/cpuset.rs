@@ -4,7 +4,7 @@
 //! many unions and differences and must stay in the microsecond range. The set is generic over
 //! its number of 64-bit words: [`CpuSet`] has [`MAX_IDS`] bits, a node set
 //! ([`NodeSet`](crate::NodeSet)) fewer, so that a grant's node sets do not carry 1,024 bits
-//! each (issue 25: the agent's memory per container).
+//! each (the agent's memory per container).
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,4 +1,4 @@
-//! The cache level (issue 23, item 4): pools of CPUs that share a last-level (L3) cache where
+//! The cache level: pools of CPUs that share a last-level (L3) cache where
 //! that is smaller than a NUMA node, between the NUMA node and the core. Fixture: 2 sockets
 //! (one NUMA node each) of 4 CCX-like L3 groups of 4 cores x 2 threads (siblings n and n+32).
 

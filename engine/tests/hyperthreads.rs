@@ -1,4 +1,4 @@
-//! Hyperthread controls (issue 23, item 3): exclusive CPUs in whole cores by default (the
+//! Hyperthread controls: exclusive CPUs in whole cores by default (the
 //! kubelet's `full-pcpus-only`), `exclusive-cores: threads` to opt out, `sibling-pair` for a
 //! 2-CPU container, and `hide-hyperthreads` (one thread per core in the container's cpuset).
 //! Fixture: 2 sockets x 24 cores x 2 threads, siblings n and n+48.

@@ -1,4 +1,4 @@
-//! Memory tiers (issue 23, item 6): memory-only NUMA nodes (PMEM, CXL, HBM) never enter a
+//! Memory tiers: memory-only NUMA nodes (PMEM, CXL, HBM) never enter a
 //! container's `cpuset.mems` by default; `memory-type` adds the nearest ones of each kind.
 //! Fixture: a real 2-socket SNC-2 server, CPU nodes 0-3 (0 and 2 on package 0), PMEM nodes 4
 //! (nearest node 0, distance 17) and 5 (nearest node 2), both 28 away from nodes 1 and 3.

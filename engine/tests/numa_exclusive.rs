@@ -1,4 +1,4 @@
-//! `numa-policy: exclusive` (issue 23, item 2): a whole NUMA node to one container, no other
+//! `numa-policy: exclusive`: a whole NUMA node to one container, no other
 //! container on it while it runs; no free node, no placement (the container starts unpinned).
 //! Fixture: 2 sockets x 2 NUMA nodes of 24 CPUs (0-23, 24-47, 48-71, 72-95).
 

@@ -1,4 +1,4 @@
-//! The five behaviours of issue 16, on machines shaped like the reference implementation's test
+//! Five behaviours of the reference implementation, on machines shaped like its test
 //! data: placement matches the reference where it is right (memory that fits, BestEffort
 //! unconfined, the root as a last resort, spreading by limits, exclusive CPUs spread like
 //! shared ones), with memory topology on and off, and numbers from outside never wrap.

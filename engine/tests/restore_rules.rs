@@ -1,4 +1,4 @@
-//! Restore into a running engine and restore's checks (issue 20, findings 2, 6 and 8): an
+//! Restore into a running engine and restore's checks: an
 //! exclusive container adopted later shrinks the shared ones around it, the live cpuset wins
 //! over an older record, and records are checked against the skip label and usable CPUs.
 

@@ -1,4 +1,4 @@
-//! What a rebalancing round costs the agent (issue 22), per container: reading each
+//! What a rebalancing round costs the agent, per container: reading each
 //! container's `cpu.stat` and `cpu.pressure`, turning them into usage, the per-node reports
 //! for the metrics, and the engine's plan with the moves it applies.
 //!

@@ -413,7 +413,7 @@ mod tests {
             "{out}"
         );
         // The exclusive sample goes to the node least loaded with what runs on it: numa1
-        // (numa2 and numa3 carry the socket1 sample's share; issue 25's balance term).
+        // (numa2 and numa3 carry the socket1 sample's share; the balance term).
         assert!(
             out.contains("guaranteed-4     -> cpus 24-27 (numa1, exclusive)"),
             "{out}"

@@ -1,4 +1,4 @@
-//! What keeps the NUMA imbalance by request up (`tap-sim --imbalance-profile`, issue 25): a
+//! What keeps the NUMA imbalance by request up (`tap-sim --imbalance-profile`): a
 //! time-weighted profile of the most loaded node. The imbalance is the time average of the
 //! most loaded node's requested CPUs over the mean; this splits its excess over 1 into the
 //! moments when that node holds more requests than it has CPUs and the others, and tells what

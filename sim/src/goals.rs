@@ -1,4 +1,4 @@
-//! The placement goals tap-sim checks (issue 25, topology-aware on the generated traces):
+//! The placement goals tap-sim checks (topology-aware on the generated traces):
 //! the `--seeds` table adds a row per goal (its threshold, and whether the worst seed met it)
 //! and the `--plot` panels draw each threshold.
 
@@ -29,7 +29,7 @@ pub struct Goal {
     pub threshold: f64,
 }
 
-/// Issue 25's goals for topology-aware on seeds 1-10 of the largest fixture.
+/// The goals for topology-aware on seeds 1-10 of the largest fixture.
 pub const GOALS: [Goal; 3] = [
     Goal {
         policy: "topology-aware",

@@ -1,4 +1,4 @@
-//! `tap-sim --rebalance`: usage-aware rebalancing (issue 22) on generated traces. The engine
+//! `tap-sim --rebalance`: usage-aware rebalancing on generated traces. The engine
 //! places the trace's containers as in the main table; every `round_s` simulated seconds a
 //! sampling round measures each live container's usage ([`UsageModel`]) and, with the
 //! rebalancer on, applies the moves [`Rebalancer::plan`] returns through

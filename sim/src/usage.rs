@@ -1,4 +1,4 @@
-//! Usage traces: what each container burns over time, for usage-aware rebalancing (issue 22).
+//! Usage traces: what each container burns over time, for usage-aware rebalancing.
 //!
 //! A container's life is cut into phases of `phase_s` seconds (the first one shortened by an
 //! offset drawn per container, so phases do not all change at once). In each phase it burns a

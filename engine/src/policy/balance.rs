@@ -1,4 +1,4 @@
-//! The balance term of `topology-aware`'s ranking (issue 25): how loaded a pool's CPUs would
+//! The balance term of `topology-aware`'s ranking: how loaded a pool's CPUs would
 //! be with the container, by requests and by limits, each relative to the machine's average,
 //! the worse of the two. Lower is better. A pool of one NUMA node stands for its node (the
 //! widest pool over that node), so the term orders nodes, not the pools within a node.
@@ -26,7 +26,7 @@ struct Load {
 const SCALE: f64 = 1_000_000.0;
 
 /// The weight of the request ratio against the limit ratio. Fitted on tap-sim's seeds 1-40
-/// (docs/measurements/sim.md, issue 25) before the exclusive picker kept shared requests whole: at 1.0 the
+/// (docs/measurements/sim.md) before the exclusive picker kept shared requests whole: at 1.0 the
 /// worst imbalance by request was 1.155 (seeds 1-10), at 1.03 1.134, at 1.05 1.155. With that
 /// picker, seeds 1-10 worst by request / by limit: 1.118 / 1.189 at 1.03, 1.117 / 1.183 at
 /// 1.15, 1.120 / 1.273 at 1.4, 1.120 / 1.316 at 3: the weight hardly moves the request

@@ -4,7 +4,7 @@
 //! `gpu-first`; with a usage hint from the rebalancer ([`crate::rebalance::UsageHint`]), a pool
 //! of one NUMA node whose measured usage per shared CPU is lower (after taking the exclusive
 //! CPUs asked for), pools over several nodes last (without a hint this term is the same for
-//! every pool); locality and balance (issue 25): pools of one NUMA node first, pools over
+//! every pool); locality and balance: pools of one NUMA node first, pools over
 //! several last, except for a lump that no node holds (its size two thirds of a node or more:
 //! spread over several nodes where the load is lowest), then device affinity
 //! with `cpu-first`, then the load on the node's CPUs with the container, by requests and by
@@ -247,7 +247,7 @@ impl Locality {
 /// least two thirds of the largest node's CPUs (usable). On one node such a container alone makes that node the
 /// fullest by limits for its life; spread over a pool of several nodes it weighs on each by its
 /// share. A node that holds its limit still comes first (a container the size of an empty node
-/// goes there). Measured on tap-sim's seeds 1-40 (docs/measurements/sim.md, issue 25): worst imbalance by
+/// goes there). Measured on tap-sim's seeds 1-40 (docs/measurements/sim.md): worst imbalance by
 /// limit 1.21-1.23 without, 1.17-1.18 with, 99.2% or more within one NUMA node where one fits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Lump {

@@ -69,7 +69,7 @@ impl Default for RebalanceConfig {
 }
 
 impl RebalanceConfig {
-    /// The settings with which `tap-sim --rebalance` meets (or comes nearest to) issue 22's
+    /// The settings with which `tap-sim --rebalance` meets (or comes nearest to) the rebalancing
     /// goal on the largest fixture (docs/measurements/sim.md): new shared containers placed by measured
     /// usage, acting on the first round above 1.10, a 20-tick cooldown waived off an
     /// oversubscribed node, at most 2 moves a round. The default stays as it was (no usage

@@ -1,4 +1,4 @@
-//! One round of usage-aware rebalancing on the agent's engine (issue 22): the engine's
+//! One round of usage-aware rebalancing on the agent's engine: the engine's
 //! [`Rebalancer`] plans with the measured usage, the moves are applied under the engine's lock
 //! ([`Engine::relocate`](tap_engine::Engine::relocate)), and the caller marks the moved
 //! containers for the convergence loop, which writes their new cpusets like any other change.

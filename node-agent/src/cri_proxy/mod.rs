@@ -749,7 +749,7 @@ pub async fn run(
 mod tests {
     use super::*;
 
-    /// Finding 5 of issue 20: only NotFound means the container is gone; a transient error
+    /// Only NotFound means the container is gone; a transient error
     /// (unavailable, deadline, internal) fails the list instead of releasing a live container.
     #[test]
     fn only_not_found_means_gone() {

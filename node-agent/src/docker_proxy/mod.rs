@@ -681,7 +681,7 @@ pub async fn run(
 mod tests {
     use super::*;
 
-    /// Finding 5 of issue 20: only a 404 means the container is gone; a 500 or 503 from dockerd
+    /// Only a 404 means the container is gone; a 500 or 503 from dockerd
     /// fails the list instead of releasing a live container.
     #[test]
     fn only_404_means_gone() {

@@ -1,4 +1,4 @@
-//! What the book keeps of a container's placement inputs (issue 25): the fields of its
+//! What the book keeps of a container's placement inputs: the fields of its
 //! [`ContainerInfo`], but the id is the book's key itself (one allocation), the grant record
 //! is held out of the annotations and the cpuset and memory nodes the runtime reported are
 //! boxed; [`Kept::info`] puts them back whenever the book hands the inputs out, so every

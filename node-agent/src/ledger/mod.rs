@@ -172,7 +172,7 @@ pub enum Release {
 /// names it the same (NRI) and both sides of `ids` are the same `Arc<str>`. Entries are boxed:
 /// a map's table keeps up to twice as many slots as entries (it doubles when 7/8 full), and
 /// a table of entries in place (1.2 KB each then) took 2.1 MB at 1,000 containers; boxed
-/// entries of 768 bytes and their table take 0.8 MB (docs/design/scale.md, issue 25).
+/// entries of 768 bytes and their table take 0.8 MB (docs/design/scale.md).
 #[derive(Default)]
 struct Book {
     entries: HashMap<Arc<str>, Box<Entry>>,

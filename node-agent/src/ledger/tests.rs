@@ -565,7 +565,7 @@ async fn the_book_keeps_only_what_placement_reads_again() {
     l.commit_update(t);
 }
 
-// ---- issue 20: the books equal the runtime at rest ---------------------------------------
+// ---- the books equal the runtime at rest ---------------------------------------
 
 /// One shared 2/4 container per NUMA node (keys s0..s3, ids ids0..ids3), their cpusets.
 pub(super) async fn one_shared_per_node(l: &Ledger) -> Vec<ContainerInfo> {

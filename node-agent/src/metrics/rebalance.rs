@@ -1,4 +1,4 @@
-//! The rebalancing loop's metrics (issue 22): what each NUMA node's shared containers used and
+//! The rebalancing loop's metrics: what each NUMA node's shared containers used and
 //! waited for in the last round, the imbalance the rebalancer compares with its threshold, the
 //! moves, and what a round costs.
 

@@ -1,4 +1,4 @@
-//! What containers really use (issue 22's measurements): each container's CPU time from its
+//! What containers really use (the rebalancer's measurements): each container's CPU time from its
 //! cgroup (`cpu.stat`: `usage_usec`, throttling), turned into milli-CPUs over the interval
 //! between two samples. The rebalancer (`tap_engine::rebalance`) reads these figures; the
 //! metrics export their per-NUMA-node sums.

@@ -1,4 +1,4 @@
-//! The rebalancing loop (issue 22): every interval, each container's CPU use is read from its
+//! The rebalancing loop: every interval, each container's CPU use is read from its
 //! cgroup, the engine's rebalancer plans with it ([`Agent::rebalance_round`]), and the moved
 //! containers are marked for the ledger's convergence loop, which writes their new cpusets
 //! (retried, never leaving the books wrong), with a `TopologyRebalanced` Event each.

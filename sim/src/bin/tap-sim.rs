@@ -55,10 +55,10 @@ struct Args {
     seeds: Option<String>,
     /// --seeds: after the table, what keeps the imbalance by request up, per seed and engine
     /// policy: how long the most loaded node held more requests than CPUs, the share of the
-    /// excess from those moments, and what that node held then (docs/measurements/sim.md, issue 25).
+    /// excess from those moments, and what that node held then (docs/measurements/sim.md).
     #[arg(long, requires = "seeds")]
     imbalance_profile: bool,
-    /// Usage-aware rebalancing (issue 22): instead of the comparison table, topology-aware and
+    /// Usage-aware rebalancing: instead of the comparison table, topology-aware and
     /// numa-aware without and with the rebalancer, on usage traces, per seed (--seeds, or
     /// --seed): usage imbalance across NUMA nodes, moves, locality.
     #[arg(long, conflicts_with = "plot")]
@@ -326,7 +326,7 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// `--rebalance`: the usage-aware rebalancing comparison (see docs/design/sim.md, issue 22).
+/// `--rebalance`: the usage-aware rebalancing comparison (see docs/design/sim.md).
 fn rebalance(args: &Args, m: &Machine) -> Result<()> {
     let seeds = match &args.seeds {
         Some(list) => tap_sim::seeds::parse_seeds(list)
