@@ -252,17 +252,9 @@ impl NriPlugin {
         let id = info.id.clone();
         let ticket = self.ledger.begin_create(info).await;
         let adj = ticket.adjustment.clone();
-        if self.session.is_cancelled() {
-            // A request of a connection that is gone (the runtime gave up on this plugin while
-            // it hung, and the request waited in the socket): nobody applies the answer. The
-            // next session's Synchronize may already have run, so the grant goes now.
-            tracing::warn!(container = %id, "a create of a closed NRI session; its grant is released");
-            self.agent
-                .metrics()
-                .count_error(Hook::Create, crate::metrics::ErrorKind::StaleSession);
-            self.ledger.abort(ticket);
+        let Some(ticket) = self.unless_closed(Hook::Create, &id, ticket) else {
             return Ok(CreateContainerResponse::new());
-        }
+        };
         // The runtime applies the answer as it creates the container; committed when it says
         // it did and started it (PostStartContainer). Neighbours the decision changed are updated by the
         // convergence loop then.
@@ -282,6 +274,22 @@ impl NriPlugin {
         }
         resp.update = self.neighbour_updates();
         Ok(resp)
+    }
+
+    /// `ticket`, unless the call came on a connection that is gone (the runtime gave up on this
+    /// plugin while it hung, and the request waited in the socket): nobody applies that answer,
+    /// and the next session's Synchronize may already have run, so the decision is undone now
+    /// (a create's grant released, an update's previous grant kept) and counted.
+    fn unless_closed(&self, hook: Hook, id: &str, ticket: Ticket) -> Option<Ticket> {
+        if !self.session.is_cancelled() {
+            return Some(ticket);
+        }
+        tracing::warn!(container = %id, hook = hook.as_str(), "a call of a closed NRI session; undone");
+        self.agent
+            .metrics()
+            .count_error(hook, crate::metrics::ErrorKind::StaleSession);
+        self.ledger.abort(ticket);
+        None
     }
 
     /// What the convergence loop would send now, to ride on this answer (containerd applies it
@@ -319,15 +327,9 @@ impl NriPlugin {
             .place_update(info, req.linux_resources.into_option())
             .await;
         let adj = ticket.adjustment.clone();
-        if self.session.is_cancelled() {
-            // As for a create: nobody applies this answer, the grant stays as it was.
-            tracing::warn!(container = %id, "an update of a closed NRI session; left unchanged");
-            self.agent
-                .metrics()
-                .count_error(Hook::Update, crate::metrics::ErrorKind::StaleSession);
-            self.ledger.abort(ticket);
+        let Some(ticket) = self.unless_closed(Hook::Update, &id, ticket) else {
             return Ok(UpdateContainerResponse::new());
-        }
+        };
         // Committed when containerd confirms it applied the update (PostUpdateContainer).
         let (pending, timeout) = match what {
             Unconfirmed::Create => (&self.creates, self.confirm.create),
@@ -979,20 +981,10 @@ mod tests {
     async fn a_resize_confirmed_late_is_placed_with_the_resources_it_has() {
         let (agent, mut plugin, before) = plugin_with_one_container();
         plugin.confirm.resize = Duration::from_millis(50);
+        let req = resize("c", 40);
+        // The container as containerd reports it once the resize is applied.
         let mut resized = burstable("c", 0);
-        let cpu = resized
-            .linux
-            .mut_or_insert_default()
-            .resources
-            .mut_or_insert_default()
-            .cpu
-            .mut_or_insert_default();
-        cpu.shares.mut_or_insert_default().value = 40 * 1024;
-        cpu.quota.mut_or_insert_default().value = 40 * 100_000;
-        let mut req = UpdateContainerRequest::new();
-        req.pod = Some(pod()).into();
-        req.container = Some(burstable("c", 0)).into();
-        req.linux_resources = resized.linux.resources.clone();
+        resized.linux.mut_or_insert_default().resources = req.linux_resources.clone();
         plugin.on_update_container(req).await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(agent.snapshot().grant("c"), Some(&before), "rolled back");
