@@ -208,6 +208,38 @@ mod tests {
         burstable(&id(i), 1, 2)
     }
 
+    /// The NUMA nodes of container `i`'s grant.
+    fn node_of(l: &Ledger, i: usize) -> Option<String> {
+        l.agent()
+            .snapshot()
+            .grant(&id(i))
+            .map(|g| g.nodes.to_string())
+    }
+
+    /// The nodes of container 0 and the containers `0..8` placed there (the hot ones).
+    fn hot_on_the_first_node(l: &Ledger) -> (String, Vec<usize>) {
+        let first = node_of(l, 0).expect("placed");
+        let hot = (0..8)
+            .filter(|i| node_of(l, *i).as_deref() == Some(first.as_str()))
+            .collect();
+        (first, hot)
+    }
+
+    /// Writes the `cpu.stat` of containers `0..8` in a tree shaped like the systemd driver's
+    /// under `root`: `usage_usec` of `per_hot` (the hot ones) or `per_cold`, times `n`.
+    fn write_usage(root: &std::path::Path, hot: &[usize], (per_hot, per_cold): (u64, u64), n: u64) {
+        for i in 0..8 {
+            let dir = root.join(format!(
+                "kubepods.slice/pod{i}.slice/cri-containerd-{}.scope",
+                id(i)
+            ));
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            let per = if hot.contains(&i) { per_hot } else { per_cold };
+            let usage = per * n;
+            std::fs::write(dir.join("cpu.stat"), format!("usage_usec {usage}\n")).expect("write");
+        }
+    }
+
     /// Containers' cgroups in a tree shaped like the systemd driver's; the hot ones use 8 CPUs
     /// between rounds. After the window the loop moves a hot container off the crowded node,
     /// marks it for the convergence loop and the engine holds its new node.
@@ -218,37 +250,9 @@ mod tests {
             let t = l.begin_create(container(i)).await;
             l.commit_create(t, Some(id(i)));
         }
-        let node_of = |i: usize| {
-            l.agent()
-                .snapshot()
-                .grant(&id(i))
-                .map(|g| g.nodes.to_string())
-        };
-        let first = node_of(0).expect("placed");
-        let hot: Vec<usize> = (0..8)
-            .filter(|i| node_of(*i).as_deref() == Some(first.as_str()))
-            .collect();
+        let (first, hot) = hot_on_the_first_node(&l);
         let root = std::env::temp_dir().join(format!("tap-rebalance-loop-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
-        let dir = |i: usize| {
-            root.join(format!(
-                "kubepods.slice/pod{i}.slice/cri-containerd-{}.scope",
-                id(i)
-            ))
-        };
-        let write = |round: u64| {
-            for i in 0..8 {
-                let per_round = if hot.contains(&i) {
-                    80_000_000
-                } else {
-                    1_000_000
-                };
-                std::fs::create_dir_all(dir(i)).expect("mkdir");
-                let usage = per_round * round;
-                std::fs::write(dir(i).join("cpu.stat"), format!("usage_usec {usage}\n"))
-                    .expect("write");
-            }
-        };
         let opts = LoopOptions {
             interval: Duration::from_secs(10),
             cgroup_root: root.clone(),
@@ -257,7 +261,7 @@ mod tests {
         let mut round = Round::new(&opts);
         let mut moved = Vec::new();
         for r in 0..6u64 {
-            write(r);
+            write_usage(&root, &hot, (80_000_000, 1_000_000), r);
             // Readings 10 s apart as the sampler sees them.
             round.started -= Duration::from_secs(10);
             moved = round.run(&l);
@@ -271,7 +275,7 @@ mod tests {
             .find(|k| hot.iter().any(|i| id(*i) == **k))
             .expect("a hot container moved");
         let i = hot.iter().copied().find(|i| id(*i) == *shed).expect("hot");
-        assert_ne!(node_of(i).as_deref(), Some(first.as_str()));
+        assert_ne!(node_of(&l, i).as_deref(), Some(first.as_str()));
         assert!(
             l.pending_updates().iter().any(|u| u.container_id == *shed),
             "marked for the loop"
@@ -334,25 +338,10 @@ mod tests {
             .map(|u| u.container_id)
             .collect();
         assert!(!hung.is_empty(), "a write timed out");
-        let node_of = |i: usize| {
-            l.agent()
-                .snapshot()
-                .grant(&id(i))
-                .map(|g| g.nodes.to_string())
-        };
-        let first = node_of(0).expect("placed");
-        let hot: Vec<usize> = (0..8)
-            .filter(|i| node_of(*i).as_deref() == Some(first.as_str()))
-            .collect();
+        let (_, hot) = hot_on_the_first_node(&l);
         let root =
             std::env::temp_dir().join(format!("tap-rebalance-backoff-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
-        let dir = |i: usize| {
-            root.join(format!(
-                "kubepods.slice/pod{i}.slice/cri-containerd-{}.scope",
-                id(i)
-            ))
-        };
         let opts = LoopOptions {
             interval: Duration::from_millis(20),
             cgroup_root: root.clone(),
@@ -362,13 +351,7 @@ mod tests {
         let worker = tokio::spawn(run(l.clone(), opts, stop.clone()));
         let moved = |l: &Ledger| l.agent().metrics().rebalance.moves.get() > 0;
         for tick in 0..250u64 {
-            for i in 0..8 {
-                let per_tick = if hot.contains(&i) { 160_000 } else { 2_000 };
-                std::fs::create_dir_all(dir(i)).expect("mkdir");
-                let usage = per_tick * tick;
-                std::fs::write(dir(i).join("cpu.stat"), format!("usage_usec {usage}\n"))
-                    .expect("write");
-            }
+            write_usage(&root, &hot, (160_000, 2_000), tick);
             tokio::time::sleep(Duration::from_millis(20)).await;
             if moved(&l) {
                 break;
