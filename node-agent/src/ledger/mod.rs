@@ -183,6 +183,17 @@ struct Book {
 }
 
 impl Book {
+    /// Whether the book knows `key` under a runtime id other than `runtime_id` (none given:
+    /// no): the container it knows is gone and another took its name (behind a proxy).
+    fn replaced(&self, key: &str, runtime_id: &str) -> bool {
+        !runtime_id.is_empty()
+            && self
+                .entries
+                .get(key)
+                .and_then(|e| e.runtime_id.as_deref())
+                .is_some_and(|r| r != runtime_id)
+    }
+
     /// The key of a container from a runtime id, a key, or a unique runtime id prefix, in
     /// dockerd's order (a full id first, then a name, then a prefix; a name given with its
     /// leading `/` too).

@@ -159,13 +159,7 @@ impl Ledger {
         };
         // The key listed under another runtime id: the container the book knows is gone and a
         // new one took its name (behind a proxy); the new one is adopted in step 2.
-        let replaced = |k: &str, l: &Listed| {
-            !l.runtime_id.is_empty()
-                && b.entries
-                    .get(k)
-                    .and_then(|e| e.runtime_id.as_deref())
-                    .is_some_and(|r| r != l.runtime_id)
-        };
+        let replaced = |k: &str, l: &Listed| b.replaced(k, &l.runtime_id);
         let stale: Vec<String> = settled
             .chain(orphans)
             .filter(|k| {

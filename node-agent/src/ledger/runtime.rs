@@ -81,11 +81,7 @@ impl Ledger {
     /// Whether the book knows `l`'s key under another runtime id: the container it knows was
     /// removed and another took its name.
     fn replaced(&self, l: &LiveId) -> bool {
-        let b = self.book();
-        b.entries
-            .get(l.key.as_str())
-            .and_then(|e| e.runtime_id.as_deref())
-            .is_some_and(|r| !l.runtime_id.is_empty() && r != l.runtime_id)
+        self.book().replaced(&l.key, &l.runtime_id)
     }
 
     /// One comparison with the runtime: the cheap list, and the full one when the runtime has
