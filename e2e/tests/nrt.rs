@@ -58,6 +58,71 @@ fn milli(q: &Value) -> Option<u64> {
     }
 }
 
+/// A Pod object bound to the node, in `phase` (its status written as the kubelet would).
+fn api_pod(k: &KubeCluster, name: &str, phase: &str) -> Result<()> {
+    let pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": NODE,
+            "restartPolicy": "Never",
+            "containers": [{"name": "c0", "image": "busybox",
+                "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "4"}}}],
+        },
+    });
+    k.kubectl_stdin(&["apply", "-f", "-"], &pod.to_string())?;
+    let status = serde_json::json!({"status": {"phase": phase}});
+    k.kubectl_ok(&[
+        "patch",
+        "pod",
+        name,
+        "-n",
+        "default",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status.to_string(),
+    ])?;
+    Ok(())
+}
+
+/// The podfingerprint library's 259-pod test vector (`testdata/pods.json` of
+/// github.com/k8stopologyawareschedwg/podfingerprint v0.2.2, the version scheduler-plugins
+/// v0.35.4-devel pins), read from the Go module cache the e2e set-up fills
+/// (hack/e2e/setup-scheduler-plugins.sh builds the plugin with it).
+#[test]
+fn fingerprint_matches_the_librarys_published_vector() -> Result<()> {
+    if skip_unless_enabled("fingerprint_matches_the_librarys_published_vector") {
+        return Ok(());
+    }
+    let dir = "/var/cache/kunpeng-tap/go/pkg/mod/github.com/k8stopologyawareschedwg/podfingerprint@v0.2.2";
+    let path = Path::new(dir).join("testdata/pods.json");
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "{}: run hack/e2e/setup-scheduler-plugins.sh (it downloads the module)",
+            path.display()
+        )
+    })?;
+    let pods: Vec<Value> = serde_json::from_str(&text)?;
+    let names: Vec<(&str, &str)> = pods
+        .iter()
+        .filter_map(|p| Some((p["namespace"].as_str()?, p["name"].as_str()?)))
+        .collect();
+    ensure!(
+        names.len() == pods.len() && names.len() > 200,
+        "{} pods read",
+        names.len()
+    );
+    // The library's own test: "precomputed and validated manually".
+    ensure!(
+        fingerprint::sign(names.iter().copied()) == "pfp0v001e477a4e3b2fc0ec6",
+        "fingerprint of the library's pods.json: {}",
+        fingerprint::sign(names.iter().copied())
+    );
+    Ok(())
+}
+
 /// Waits until the node's object satisfies `check`; returns it.
 fn wait_nrt(k: &KubeCluster, what: &str, check: impl Fn(&Value) -> bool) -> Result<Value> {
     // Two usage intervals (15 s each) and slack: one slow or failed write must not fail it.
@@ -201,10 +266,19 @@ async fn scenario(k: &KubeCluster, ctd: &mut Containerd, dir: &Path) -> Result<(
                 .is_some_and(|(a, t)| a + 2000 == t)
         })
     })?;
-    // The pod set's fingerprint (the scheduler plugin's cache compares it with its own) now
-    // covers the Pod, and what the agent enforces is said: both kept by the real CRD.
+    // The pod set's fingerprint covers the pods the scheduler plugin counts (with its default
+    // shared informer: the node's pods in phase Running), read from the API server, not the
+    // runtime: with no Pod object yet, the empty set.
+    let empty = fingerprint::sign([]);
+    wait_nrt(k, "the fingerprint of no pod", |v| {
+        attribute(v, fingerprint::ATTRIBUTE) == Some(empty.as_str())
+    })?;
+    // The Pod as the kubelet would report it, and a completed Job pod beside it: only the
+    // running one is counted.
+    api_pod(k, "nrt", "Running")?;
+    api_pod(k, "job-done", "Succeeded")?;
     let want = fingerprint::sign([("default", "nrt")]);
-    wait_nrt(k, "the pod fingerprint with the Pod", |v| {
+    wait_nrt(k, "the pod fingerprint with the running Pod only", |v| {
         attribute(v, fingerprint::ATTRIBUTE) == Some(want.as_str())
     })?;
     ensure!(

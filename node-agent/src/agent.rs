@@ -182,7 +182,6 @@ pub struct Agent {
     /// Where the devices the kubelet allocated are read (none: environment hints only).
     device_source: std::sync::OnceLock<Arc<dyn DeviceSource>>,
     /// Lists the pods the agent holds containers of (set by the runtime mode's ledger).
-    pod_lister: std::sync::OnceLock<PodLister>,
     /// Told the containers a configuration change moved (set by the runtime mode's ledger).
     change_sink: std::sync::OnceLock<ChangeSink>,
     /// The NUMA nodes of this node's DRA devices (kept by the kube link, read with the
@@ -200,9 +199,6 @@ pub type ChangeSink = Box<dyn Fn(Vec<String>) + Send + Sync>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the placement engine failed (a panic, logged)")]
 pub struct EngineFailed;
-
-/// The pods `(namespace, name)` the agent holds containers of.
-pub type PodLister = Box<dyn Fn() -> Vec<(String, String)> + Send + Sync>;
 
 impl Agent {
     pub fn new(
@@ -244,7 +240,6 @@ impl Agent {
             restored: std::sync::atomic::AtomicBool::new(false),
             clusters_off_logged: std::sync::atomic::AtomicBool::new(false),
             device_source: std::sync::OnceLock::new(),
-            pod_lister: std::sync::OnceLock::new(),
             change_sink: std::sync::OnceLock::new(),
             dra: Arc::default(),
             #[cfg(test)]
@@ -270,16 +265,6 @@ impl Agent {
 
     pub fn device_source(&self) -> Option<&Arc<dyn DeviceSource>> {
         self.device_source.get()
-    }
-
-    /// Lists the pods with `lister` (set once).
-    pub fn set_pod_lister(&self, lister: PodLister) {
-        let _ = self.pod_lister.set(lister);
-    }
-
-    /// The pods the agent holds containers of; `None` without a runtime mode (no ledger).
-    pub fn pods(&self) -> Option<Vec<(String, String)>> {
-        self.pod_lister.get().map(|f| f())
     }
 
     /// Where placement notes go (attach a consumer to get them).

@@ -52,6 +52,36 @@ pub enum NrtMode {
     Off,
 }
 
+/// Which of the node's pods the scheduler plugin's cache counts (its `informerMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PodInformer {
+    /// The scheduler's shared pod informer (the plugin's default): pods in phase Running.
+    #[default]
+    Shared,
+    /// The plugin's dedicated informer: every pod bound to the node but Pending ones.
+    Dedicated,
+}
+
+/// Which pods the fingerprint covers (attribute `nodeTopologyPodsFingerprintMethod`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FingerprintMethod {
+    /// Every counted pod.
+    #[default]
+    All,
+    /// Only the pods with exclusive resources.
+    WithExclusiveResources,
+}
+
+impl FingerprintMethod {
+    /// The attribute's value, as the podfingerprint library names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FingerprintMethod::All => "all",
+            FingerprintMethod::WithExclusiveResources => "with-exclusive-resources",
+        }
+    }
+}
+
 fn parse_mode(s: &str) -> Result<RuntimeMode, String> {
     match s.to_ascii_lowercase().as_str() {
         "docker" => Ok(RuntimeMode::Docker),
@@ -361,6 +391,19 @@ pub struct Flags {
     /// NUMA fit only for `single-numa-node`. kunpeng-tap places each container on its own.
     #[arg(help_heading = "Kube link", long, default_value = "single-numa-node")]
     pub nrt_topology_manager_policy: String,
+
+    /// Which of the node's pods the scheduler plugin counts for the NodeResourceTopology's pod
+    /// fingerprint, as its `cache.informerMode` says: `shared` (its default: pods in phase
+    /// Running) or `dedicated` (every pod bound to the node but Pending ones). The agent reads
+    /// its node's pods from the API server for it.
+    #[arg(help_heading = "Kube link", long, value_enum, default_value = "shared")]
+    pub nrt_scheduler_informer: PodInformer,
+
+    /// Which pods the fingerprint covers (attribute `nodeTopologyPodsFingerprintMethod`):
+    /// `all`, or `with-exclusive-resources` (needed when the plugin's `cache.resyncMethod` is
+    /// `OnlyExclusiveResources`; its default `Autodetect` follows this attribute).
+    #[arg(help_heading = "Kube link", long, value_enum, default_value = "all")]
+    pub nrt_fingerprint_method: FingerprintMethod,
 
     /// Record an Event on the Pod for each placement (`TopologyPlaced`: cpus, pool, mems and
     /// why) and each container left unadjusted by a failure (`TopologyNotPlaced`, Warning), so

@@ -22,6 +22,7 @@ pub mod dra_slices;
 pub mod events;
 pub mod fingerprint;
 pub mod hugepages;
+pub mod node_pods;
 pub mod nrt;
 pub mod pace;
 pub mod policy;
@@ -172,6 +173,9 @@ impl LinkOptions {
             nrt_advertised: nrt::Advertised {
                 policy: flags.nrt_topology_manager_policy.clone(),
                 sysfs_root: flags.sysfs_root.clone(),
+                method: flags.nrt_fingerprint_method,
+                informer: flags.nrt_scheduler_informer,
+                fingerprint: nrt::Fingerprint::Published,
             },
         }
     }
@@ -237,11 +241,11 @@ impl Link {
 
 /// Runs until `shutdown` is cancelled.
 pub async fn run(
-    flags: &Flags,
+    opts: LinkOptions,
     agent: Arc<Agent>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let link = Arc::new(Link::new(LinkOptions::from_flags(flags), agent));
+    let link = Arc::new(Link::new(opts, agent));
     // Connect (retrying: the agent works without the API server meanwhile).
     let client = loop {
         match connect().await {
@@ -495,10 +499,19 @@ async fn write_nrt(link: Arc<Link>, client: kube::Client, mode: NrtMode, adv: nr
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
     let mut pacer = pace::Pacer::default();
     let mut devices = DeviceZones::default();
+    // The node's pods as the scheduler sees them, for the fingerprint: watched only while the
+    // object is published.
+    let pods = Arc::new(node_pods::NodePods::default());
+    let pod_watch = node_pods::watch(client.clone(), link.node.clone(), pods.clone());
+    tokio::pin!(pod_watch);
+    let mut pod_watch_done = adv.fingerprint == nrt::Fingerprint::Omitted;
     let (mut served, mut next_check, mut warned) = (false, Instant::now(), false);
     let mut next_build = Instant::now();
     loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = &mut pod_watch, if !pod_watch_done => pod_watch_done = true,
+        }
         if !served {
             if Instant::now() < next_check {
                 continue;
@@ -534,7 +547,10 @@ async fn write_nrt(link: Arc<Link>, client: kube::Client, mode: NrtMode, adv: nr
         }
         next_build = now + NRT_BUILD_EVERY;
         let extras = nrt::Extras {
-            pods: link.agent.pods(),
+            pods: match adv.fingerprint {
+                nrt::Fingerprint::Published => pods.counted(adv.informer, adv.method),
+                nrt::Fingerprint::Omitted => None,
+            },
             devices: devices.current(&link.agent).await,
             hugepages: hugepages::read(&adv.sysfs_root),
         };

@@ -260,6 +260,9 @@ async fn run(o: &Opts, k: &KubeCluster, topo: Arc<Topology>) -> Result<()> {
                     policy: "single-numa-node".into(),
                     // The fixture has no hugepages files: none published.
                     sysfs_root: util::fixture_dir(&o.fixture),
+                    method: Default::default(),
+                    informer: Default::default(),
+                    fingerprint: kube_link::nrt::Fingerprint::Omitted,
                 },
             };
             let (a, c, s) = (agent.clone(), client.clone(), shutdown.clone());

@@ -43,6 +43,10 @@ fn run(flags: Flags) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     rt.block_on(async move {
         let shutdown = tap_bin_support::shutdown_on_signal();
-        node_agent::kube_link::run(&flags, agent, shutdown).await
+        // No runtime: the NodeResourceTopology's zones account for no pod, so it carries no
+        // pod fingerprint.
+        let mut opts = node_agent::kube_link::LinkOptions::from_flags(&flags);
+        opts.nrt_advertised.fingerprint = node_agent::kube_link::nrt::Fingerprint::Omitted;
+        node_agent::kube_link::run(opts, agent, shutdown).await
     })
 }

@@ -93,9 +93,10 @@ fn run(flags: Flags) -> anyhow::Result<()> {
             });
         }
         if flags.enable_node_topology {
-            let (f, a, s) = (flags.clone(), agent.clone(), shutdown.clone());
+            let opts = kube_link::LinkOptions::from_flags(&flags);
+            let (a, s) = (agent.clone(), shutdown.clone());
             tokio::spawn(async move {
-                if let Err(e) = kube_link::run(&f, a, s).await {
+                if let Err(e) = kube_link::run(opts, a, s).await {
                     tracing::error!("NodeTopology link stopped: {e:#}");
                 }
             });

@@ -32,12 +32,29 @@ pub struct Advertised {
     pub policy: String,
     /// Where the hugepages of the NUMA nodes are read (`--sysfs-root`).
     pub sysfs_root: std::path::PathBuf,
+    /// Which pods the fingerprint covers (its method attribute).
+    pub method: super::node_pods::FingerprintMethod,
+    /// Which pods the scheduler's cache sees.
+    pub informer: super::node_pods::PodInformer,
+    /// Whether the object carries a pod fingerprint.
+    pub fingerprint: Fingerprint,
+}
+
+/// Whether the NodeResourceTopology carries a pod fingerprint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fingerprint {
+    /// The agent books the runtime's containers: the zones account for the node's pods.
+    Published,
+    /// No runtime (`kunpeng-tap-kube-link`, simulated nodes): the zones account for no pod,
+    /// so no fingerprint may say they do.
+    Omitted,
 }
 
 /// What the object shows besides the engine's state, read at the edges.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Extras {
-    /// The pods the agent holds containers of (`None`: unknown, no fingerprint).
+    /// The pods the scheduler plugin counts on this node ([`super::node_pods`]; `None`:
+    /// unknown yet, no fingerprint).
     pub pods: Option<Vec<(String, String)>>,
     /// Device-plugin resources per NUMA node.
     pub devices: Vec<crate::pod_resources::ZoneDevices>,
@@ -190,7 +207,7 @@ fn attributes(engine: &Engine, adv: &Advertised, extras: &Extras) -> Vec<Value> 
     if let Some(pods) = &extras.pods {
         let sign = fingerprint::sign(pods.iter().map(|(ns, n)| (ns.as_str(), n.as_str())));
         out.push(json!({"name": fingerprint::ATTRIBUTE, "value": sign}));
-        out.push(json!({"name": fingerprint::METHOD_ATTRIBUTE, "value": fingerprint::METHOD_ALL}));
+        out.push(json!({"name": fingerprint::METHOD_ATTRIBUTE, "value": adv.method.as_str()}));
     }
     for (name, value) in [
         ("policy", cfg.policy.as_str().to_string()),
@@ -243,6 +260,9 @@ mod tests {
         let adv = Advertised {
             policy: "single-numa-node".into(),
             sysfs_root: std::path::PathBuf::new(),
+            method: Default::default(),
+            informer: Default::default(),
+            fingerprint: Fingerprint::Published,
         };
         let before = resource_topology(&e, "n1", &adv, &Extras::default());
         let zones = before["zones"].as_array().expect("zones");
@@ -310,6 +330,9 @@ mod tests {
         let adv = Advertised {
             policy: "single-numa-node".into(),
             sysfs_root: std::path::PathBuf::new(),
+            method: Default::default(),
+            informer: Default::default(),
+            fingerprint: Fingerprint::Published,
         };
         let extras = Extras {
             pods: Some(vec![
@@ -341,6 +364,15 @@ mod tests {
         let sign = fingerprint::sign([("kube-system", "b"), ("default", "a")]);
         assert_eq!(attribute(&obj, "nodeTopologyPodsFingerprint"), &json!(sign));
         assert_eq!(attribute(&obj, "nodeTopologyPodsFingerprintMethod"), "all");
+        let excl = Advertised {
+            method: super::super::node_pods::FingerprintMethod::WithExclusiveResources,
+            ..adv.clone()
+        };
+        let obj_excl = resource_topology(&e, "n1", &excl, &extras);
+        assert_eq!(
+            attribute(&obj_excl, "nodeTopologyPodsFingerprintMethod"),
+            "with-exclusive-resources"
+        );
         assert_eq!(
             attribute(&obj, "tap.kunpeng.huawei.com/policy"),
             "topology-aware"

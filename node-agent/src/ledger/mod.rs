@@ -332,15 +332,10 @@ impl Ledger {
         }
     }
 
-    /// A shared ledger that also tells its agent which pods it holds (the NodeResourceTopology's
-    /// pod fingerprint) and takes the containers a policy change moved: what the runtime
-    /// modes use.
+    /// A shared ledger that also takes the containers a policy change moved: what the
+    /// runtime modes use.
     pub fn shared(agent: Arc<Agent>, file: Option<StateFile>) -> Arc<Ledger> {
         let ledger = Arc::new(Ledger::new(agent, file));
-        let weak = Arc::downgrade(&ledger);
-        ledger.agent.set_pod_lister(Box::new(move || {
-            weak.upgrade().map(|l| l.pods()).unwrap_or_default()
-        }));
         let dirty = Arc::downgrade(&ledger.dirty);
         ledger.agent.set_change_sink(Box::new(move |ids| {
             if let Some(d) = dirty.upgrade() {
@@ -348,23 +343,6 @@ impl Ledger {
             }
         }));
         ledger
-    }
-
-    /// The pods `(namespace, name)` of the containers in the book (those the runtime has, the
-    /// ones the agent leaves alone included), each once.
-    pub fn pods(&self) -> Vec<(String, String)> {
-        let b = self.book();
-        let mut pods: Vec<(String, String)> = b
-            .entries
-            .values()
-            .map(|e| e.info.pod())
-            .filter(|pod| !pod.namespace.is_empty() && !pod.name.is_empty())
-            .map(|pod| (pod.namespace.clone(), pod.name.clone()))
-            .collect();
-        drop(b);
-        pods.sort_unstable();
-        pods.dedup();
-        pods
     }
 
     pub fn agent(&self) -> &Arc<Agent> {
