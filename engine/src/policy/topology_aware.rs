@@ -54,15 +54,17 @@ impl Policy for TopologyAware {
             // Judged by the request, as the kubelet judges `single-numa-node`: a pool of one
             // NUMA node that holds the request, whatever the limit. None: the usual choice (a
             // create is then refused by the engine, a resize keeps its nearest fit).
-            if let Some(c) = place(view, req, settings, prefer, Reach::OneNode) {
+            let one_node = |p: &Pool| Span::of(&p.numa_nodes) == Span::OneNode;
+            if let Some(c) = place(view, req, settings, prefer, Reach::OneNode, one_node) {
                 return Some(c);
             }
         }
-        place(view, req, settings, prefer, Reach::AnyPool)
+        // The pool filter is a closure so that this, the common case, pays nothing for it.
+        place(view, req, settings, prefer, Reach::AnyPool, |_| true)
     }
 }
 
-/// Which pools a decision may take.
+/// Which pools a decision may take (`place` is also given the matching pool filter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reach {
     /// Any pool; the root as the last resort.
@@ -323,6 +325,7 @@ fn place(
     eff: &Settings,
     prefer: Option<PoolId>,
     reach: Reach,
+    within_reach: impl Fn(&Pool) -> bool,
 ) -> Option<Choice> {
     let topo = e.topology();
     let req_milli = req.cpu_request_milli;
@@ -356,7 +359,7 @@ fn place(
                 return false;
             }
         }
-        if reach == Reach::OneNode && Span::of(&p.numa_nodes) == Span::Several {
+        if !within_reach(p) {
             return false;
         }
         if !e.pool_has_shared_cpus(p.id) {
