@@ -241,7 +241,7 @@ impl Engine {
     }
 
     /// Why a new container's choice may not be taken: a strict NUMA policy with more than one
-    /// NUMA node, an exclusive one without a whole node (a system daemon on the reserved CPUs
+    /// NUMA node (the policies give one node wherever one holds the request), an exclusive one without a whole node (a system daemon on the reserved CPUs
     /// is not held to its NUMA policy).
     fn refusal(&self, req: &ContainerRequest, choice: &Choice) -> Option<SkipReason> {
         use crate::request::NumaPolicy;

@@ -34,6 +34,10 @@ pub struct RawNode {
     /// Read bandwidth from the node's nearest initiators in MB/s, where the firmware's HMAT
     /// tells it (`node<id>/access0/initiators/read_bandwidth`): tells HBM from PMEM/CXL.
     pub read_bandwidth: Option<u64>,
+    /// The kernel's memory tier of the node (`N` of the `memory_tierN` whose `nodelist` lists
+    /// it, under `devices/virtual/memory_tiering`; a lower tier is faster memory), where the
+    /// kernel has them: tells PMEM/CXL from HBM ahead of the HMAT.
+    pub memory_tier: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -31,6 +31,7 @@ use std::path::Path;
 const CPU_DIR: &str = "devices/system/cpu";
 const NODE_DIR: &str = "devices/system/node";
 const PCI_DIR: &str = "bus/pci/devices";
+const TIER_DIR: &str = "devices/virtual/memory_tiering";
 
 struct Reader<'a, S: FileSource + ?Sized> {
     src: &'a S,
@@ -184,7 +185,8 @@ pub fn discover_with_warnings(
     checks::every_cpu_in_a_node(NODE_DIR, &online, &node_files)?;
     checks::memory_adds_up(&node_files)?;
     let mut warnings = checks::distance_warnings(&node_files);
-    let nodes: Vec<RawNode> = node_files.into_iter().map(|n| n.node).collect();
+    let mut nodes: Vec<RawNode> = node_files.into_iter().map(|n| n.node).collect();
+    read_memory_tiers(&r, &mut nodes, &mut warnings)?;
 
     let mut cpus = Vec::new();
     for id in online.iter() {
@@ -260,12 +262,46 @@ fn read_nodes<S: FileSource + ?Sized>(r: &Reader<S>) -> Result<Vec<NodeFiles>, D
                 memory_bytes,
                 distances,
                 read_bandwidth,
+                memory_tier: None,
             },
             cpus_path,
             distance_path,
         });
     }
     Ok(nodes)
+}
+
+/// The kernel's memory tiers, where it has them: each `memory_tier<N>/nodelist` gives its nodes
+/// tier `N`. An optimisation, never a reason to refuse a machine: a list that does not parse is
+/// a warning and gives no tier; a node in two tiers keeps the faster; a node discovery did not
+/// find is ignored.
+fn read_memory_tiers<S: FileSource + ?Sized>(
+    r: &Reader<S>,
+    nodes: &mut [RawNode],
+    warnings: &mut Vec<DiscoveryWarning>,
+) -> Result<(), DiscoveryError> {
+    for name in r.list_opt(TIER_DIR)?.unwrap_or_default() {
+        let Some(Ok(tier)) = dir_id(&name, "memory_tier", u32::MAX as usize) else {
+            continue;
+        };
+        let path = format!("{TIER_DIR}/{name}/nodelist");
+        let Some(text) = r.read_opt(&path)? else {
+            continue;
+        };
+        let Ok(list) = crate::nodeset::NodeSet::parse(text.trim()) else {
+            warnings.push(DiscoveryWarning::MemoryTierUnreadable {
+                path,
+                value: text.trim().chars().take(40).collect(),
+            });
+            continue;
+        };
+        // Below u32::MAX: `dir_id`'s limit.
+        let tier = tier as u32;
+        for n in nodes.iter_mut().filter(|n| list.contains(n.id as usize)) {
+            n.memory_tier = Some(n.memory_tier.map_or(tier, |t| t.min(tier)));
+        }
+    }
+    Ok(())
 }
 
 /// One online CPU's `topology/` facts.
@@ -489,6 +525,49 @@ mod tests {
         assert_eq!(raw.nodes[2].read_bandwidth, Some(400_000));
         let t = Topology::build(&raw).unwrap();
         assert_eq!(t.node(2).unwrap().kind, crate::topology::MemoryKind::Hbm);
+    }
+
+    /// Memory tiers: each tier's nodelist gives its nodes the tier; a slower tier than the CPU
+    /// nodes' makes a memory-only node PMEM/CXL even where the HMAT says it is faster than
+    /// DRAM. A list that does not parse is a warning and no tier.
+    #[test]
+    fn memory_tiers_are_read_and_come_before_the_hmat() {
+        let tier = |n: &str| format!("devices/virtual/memory_tiering/memory_tier{n}/nodelist");
+        let m = tiny()
+            .with(
+                "devices/system/node/node0/access0/initiators/read_bandwidth",
+                "100000\n",
+            )
+            .with(
+                "devices/system/node/node2/access0/initiators/read_bandwidth",
+                "400000\n",
+            )
+            .with(&tier("4"), "0-1\n")
+            .with(&tier("22"), "2\n");
+        let d = discover_with_warnings(&m, &DiscoveryOptions::default()).unwrap();
+        let tiers: Vec<Option<u32>> = d.raw.nodes.iter().map(|n| n.memory_tier).collect();
+        assert_eq!(tiers, vec![Some(4), Some(4), Some(22)]);
+        let unreadable = |w: &[DiscoveryWarning]| -> Vec<String> {
+            w.iter()
+                .filter(|w| matches!(w, DiscoveryWarning::MemoryTierUnreadable { .. }))
+                .map(|w| w.to_string())
+                .collect()
+        };
+        assert!(unreadable(&d.warnings).is_empty(), "{:?}", d.warnings);
+        let t = Topology::build(&d.raw).unwrap();
+        assert_eq!(t.node(2).unwrap().kind, crate::topology::MemoryKind::Pmem);
+        // A tier the node shares with the DRAM: the HMAT decides.
+        let m = m.with(&tier("22"), "\n").with(&tier("4"), "0-2\n");
+        let raw = discover(&m, &DiscoveryOptions::default()).unwrap();
+        let t = Topology::build(&raw).unwrap();
+        assert_eq!(t.node(2).unwrap().kind, crate::topology::MemoryKind::Hbm);
+        // Unreadable: a warning naming the file, no tier.
+        let m = tiny().with(&tier("4"), "0-x\n");
+        let d = discover_with_warnings(&m, &DiscoveryOptions::default()).unwrap();
+        assert!(d.raw.nodes.iter().all(|n| n.memory_tier.is_none()));
+        let said = unreadable(&d.warnings);
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(said[0].contains("memory_tier4/nodelist"), "{said:?}");
     }
 
     #[test]

@@ -478,6 +478,7 @@ pub(crate) mod fixtures {
                         memory_bytes: 64 << 30,
                         distances,
                         read_bandwidth: None,
+                        memory_tier: None,
                     });
                 }
             }

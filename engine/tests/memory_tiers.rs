@@ -115,3 +115,115 @@ fn memory_type_binds_memory_unless_binding_is_turned_off() {
     assert_eq!(MemoryTypes::parse("optane"), None);
     assert_eq!(MemoryTypes::parse(""), None);
 }
+
+/// A container adopted without a grant record (started behind the agent's back, or its record
+/// lost) runs with the kernel's default `cpuset.mems`, every memory node, memory-only ones
+/// included. The agent writes no memory-only node it did not ask for: with memory binding off
+/// it writes no `cpuset.mems` at all (a move to another node included); with binding on, the
+/// memory-only nodes leave its mems.
+#[test]
+fn an_adopted_container_gets_no_memory_only_node_it_did_not_ask_for() {
+    use tap_engine::Existing;
+    for memory_topology in [false, true] {
+        let cfg = EngineConfig {
+            memory_topology,
+            ..Default::default()
+        };
+        let mut e = engine(PMEM, cfg);
+        let node0 = e.topology().node(0).unwrap().cpus;
+        let live = NodeSet::parse("0-5").unwrap();
+        e.restore(&[Existing {
+            request: burstable("x", None),
+            cpus: Some(node0),
+            mems: Some(live),
+            record: None,
+        }]);
+        let mems = e.grant("x").expect("adopted").mems;
+        let dram_only = |m: &Option<NodeSet>| match (memory_topology, m) {
+            (false, None) => true,
+            (true, Some(m)) => m.iter().all(|n| n < 4),
+            _ => false,
+        };
+        assert!(dram_only(&mems), "binding {memory_topology}: {mems:?}");
+        // The rebalancer moves it to node 2's pool.
+        let to = e
+            .topology()
+            .pools
+            .iter()
+            .find(|p| p.numa_nodes == NodeSet::from_ids([2]))
+            .map(|p| p.id)
+            .unwrap();
+        let ups = e.relocate("x", to).expect("moved");
+        assert_eq!(ups.len(), 1);
+        assert!(
+            dram_only(&ups[0].mems),
+            "binding {memory_topology}: {ups:?}"
+        );
+    }
+}
+
+/// The kernel's memory tiers (`devices/virtual/memory_tiering/memory_tier<N>/nodelist`, a
+/// lower N faster) tell a memory-only node's kind: slower than the CPU nodes' DRAM tier is
+/// PMEM/CXL, faster is HBM. Fixture: CPU nodes 0-1 (tier 4), CXL node 2 (tier 22, nearest
+/// node 0), HBM node 3 (tier 2, nearest node 1), no HMAT data.
+#[test]
+fn memory_tiers_tell_pmem_from_hbm() {
+    use MemoryKind::*;
+    let kinds =
+        |e: &Engine| -> Vec<MemoryKind> { e.topology().nodes.iter().map(|n| n.kind).collect() };
+    let cfg = EngineConfig {
+        memory_topology: true,
+        ..Default::default()
+    };
+    let mut e = engine(TIERS, cfg.clone());
+    assert_eq!(kinds(&e), vec![Dram, Dram, Pmem, Hbm]);
+    // Memory-only nodes stay out by default; each kind is there to ask for.
+    let p = placed(e.create(&burstable("plain", None)));
+    assert!(p.mems.unwrap().iter().all(|n| n < 2), "DRAM only");
+    let p = placed(e.create(&burstable("hbm", Some("hbm"))));
+    assert!(p.mems.unwrap().contains(3), "the HBM node");
+    assert_eq!(p.unhonoured, None);
+    let p = placed(e.create(&burstable("cxl", Some("cxl"))));
+    assert!(p.mems.unwrap().contains(2), "the CXL node");
+
+    // Without the tiers: as before (no HMAT data: both PMEM/CXL).
+    let untiered = without(TIERS, "devices/virtual/memory_tiering/");
+    let raw = tap_engine::sysfs::discover(&untiered, &Default::default()).unwrap();
+    let e = Engine::new(Arc::new(Topology::build(&raw).unwrap()), cfg.clone());
+    assert_eq!(kinds(&e), vec![Dram, Dram, Pmem, Pmem]);
+
+    // The tiers come before the HMAT: node 2 with more HMAT bandwidth than DRAM is still CXL
+    // by its tier; without the tiers the HMAT makes it HBM.
+    let bw = |s: tap_engine::sysfs::MapSource| {
+        let n = |id: u32| format!("devices/system/node/node{id}/access0/initiators/read_bandwidth");
+        s.with(&n(0), "100000\n")
+            .with(&n(1), "100000\n")
+            .with(&n(2), "200000\n")
+    };
+    let tiered = bw(tap_engine::testdata::fixture(TIERS).unwrap());
+    let raw = tap_engine::sysfs::discover(&tiered, &Default::default()).unwrap();
+    let e = Engine::new(Arc::new(Topology::build(&raw).unwrap()), cfg.clone());
+    assert_eq!(kinds(&e), vec![Dram, Dram, Pmem, Hbm]);
+    let raw = tap_engine::sysfs::discover(&bw(untiered), &Default::default()).unwrap();
+    let e = Engine::new(Arc::new(Topology::build(&raw).unwrap()), cfg);
+    assert_eq!(kinds(&e), vec![Dram, Dram, Hbm, Pmem]);
+}
+
+const TIERS: &str = "synthetic-1s-2numa-8c-cxl-hbm-tiers";
+
+/// Fixture `name` without the entries under `prefix`.
+fn without(name: &str, prefix: &str) -> tap_engine::sysfs::MapSource {
+    let text = std::fs::read_to_string(tap_engine::testdata::fixture_file(name)).unwrap();
+    let mut kept = String::new();
+    let mut skipping = false;
+    for line in text.lines() {
+        if let Some(path) = line.strip_prefix("file ") {
+            skipping = path.starts_with(prefix);
+        }
+        if !skipping {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    tap_engine::sysfs::MapSource::from_dump(&kept).unwrap()
+}

@@ -445,6 +445,46 @@ fn a_strict_numa_policy_gets_one_node_or_nothing() {
     }
 }
 
+/// `numa-policy: strict` is judged by the request, as the kubelet's Topology Manager judges
+/// `single-numa-node`: a 12/30 container (its limit wider than a 24-CPU node) gets one node's
+/// CPUs, under either policy; only a request that no node holds (25/30) is refused.
+#[test]
+fn a_strict_numa_policy_is_judged_by_the_request_not_the_limit() {
+    use tap_engine::request::NumaPolicy;
+    let strict = |mut r: ContainerRequest| {
+        r.overrides.numa_policy = Some(NumaPolicy::Strict);
+        r
+    };
+    for policy in [PolicyKind::TopologyAware, PolicyKind::NumaAware] {
+        let cfg = EngineConfig {
+            policy,
+            ..Default::default()
+        };
+        let mut e = engine(KP920, cfg);
+        let p = placed(e.create(&strict(c("wide", 12.0, 30.0))));
+        let nodes = e.topology().nodes_of(&p.cpus);
+        assert_eq!(nodes.len(), 1, "{policy:?}: {}", p.cpus);
+        let node = nodes
+            .iter()
+            .next()
+            .and_then(|n| e.topology().node(n as u32));
+        assert_eq!(Some(&p.cpus), node.map(|n| &n.cpus), "{policy:?}");
+        let g = e.grant("wide").unwrap();
+        assert_eq!(g.nodes.len(), 1, "{policy:?}: the grant's nodes");
+        assert_eq!(g.limit_milli, Some(30_000), "{policy:?}: the limit is kept");
+        // A request wider than every node: refused as before, nothing held.
+        let before = e.clone();
+        match e.create(&strict(c("big", 25.0, 30.0))) {
+            Outcome::Skipped(SkipReason::NoSingleNumaNode) => {}
+            other => panic!("{policy:?}: expected a refusal, got {other:?}"),
+        }
+        assert!(e == before, "{policy:?}: a refusal holds nothing");
+        // Without the annotation the same 12/30 still widens past one node.
+        let p = placed(e.create(&c("free", 12.0, 30.0)));
+        assert!(e.topology().nodes_of(&p.cpus).len() > 1, "{policy:?}");
+    }
+}
+
 /// `kunpeng-950-only` (the reference's rule): cluster pools only on CPU part 0xd06. The same
 /// configuration asks for clusters on both Kunpeng fixtures; the 920 places on a NUMA node and
 /// says why, the 950 on a cluster.

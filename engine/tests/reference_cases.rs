@@ -51,6 +51,7 @@ fn shape(sockets: u32, numa: u32, cpus: usize, mem_gib: u64) -> Arc<Topology> {
             memory_bytes: mem_gib * GIB,
             distances,
             read_bandwidth: None,
+            memory_tier: None,
         });
     }
     Arc::new(Topology::build(&raw).expect("topology"))

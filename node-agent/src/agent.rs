@@ -9,6 +9,7 @@ pub use crate::fold::HostFold;
 use crate::hook::Hook;
 use crate::metrics::Metrics;
 
+mod device_hints;
 pub mod rebalance;
 use crate::pod_resources::{DeviceSource, KubeletDevice};
 use std::collections::HashMap;
@@ -488,6 +489,10 @@ impl Agent {
                         .count_error(hook, crate::metrics::ErrorKind::Unhonoured(u));
                     self.note(hook, c, crate::notes::Kind::NotHonoured, u.to_string());
                 }
+                let own_cpus = p.reason != tap_engine::Reason::Reserved;
+                if hook == Hook::Create && own_cpus && !c.kubelet_devices.is_empty() {
+                    self.check_device_hint(c, &p.cpus);
+                }
                 Adjustment {
                     cpus: Some(self.fold_cpus(&p.cpus)),
                     mems: p.mems.as_ref().map(|m| self.fold_nodes(m)),
@@ -887,6 +892,66 @@ pub(crate) mod tests {
         assert_eq!(a.create(&c).cpus, plain);
         // The ledger keeps the devices with what it keeps of a container.
         assert_eq!(c.placement_inputs().kubelet_devices, c.kubelet_devices);
+    }
+
+    /// A device hint the placement cannot honour (the device's NUMA node has no room left for
+    /// the container, or is no node of this machine): the container is placed anyway, with a
+    /// `TopologyDeviceHintNotHonoured` Warning naming the device and why, and
+    /// `tap_errors_total{kind="device_hint"}`. A hint honoured gets no Warning.
+    #[test]
+    fn a_device_hint_that_cannot_be_honoured_places_the_container_and_says_so() {
+        use crate::pod_resources::KubeletDevice;
+        let a = agent("synthetic-2s-4numa-96c-gpu");
+        let mut rx = a.notes().attach().expect("notes");
+        let mut notes = move || {
+            std::iter::from_fn(|| rx.try_recv().ok())
+                .map(|n| (n.reason(), n.message))
+                .collect::<Vec<_>>()
+        };
+        let accel = |id: &str, node: u32| KubeletDevice {
+            resource: "example.com/accel".into(),
+            id: id.into(),
+            numa_nodes: vec![node],
+        };
+        let mut big = burstable("big", 20, 24);
+        big.kubelet_devices = vec![accel("accel-0", 3)];
+        assert_eq!(shown(a.create(&big).cpus).as_deref(), Some("72-95"));
+        let got = notes();
+        assert_eq!(got.len(), 1, "honoured: no Warning: {got:?}");
+        // Node 3 has 4 CPUs of request left: an 8-CPU container goes elsewhere.
+        let mut c = burstable("c", 8, 8);
+        c.kubelet_devices = vec![accel("accel-1", 3)];
+        let adj = a.create(&c);
+        assert!(
+            adj.cpus.is_some_and(|s| !s.intersects(&cpu_set("72-95"))),
+            "{adj:?}"
+        );
+        let got = notes();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[1].0, "TopologyDeviceHintNotHonoured");
+        assert!(
+            got[1].1.contains("example.com/accel accel-1 (NUMA 3)")
+                && got[1].1.contains("could not hold the container"),
+            "{got:?}"
+        );
+        // A node the machine does not have.
+        let mut d = burstable("d", 1, 2);
+        d.kubelet_devices = vec![accel("accel-9", 9)];
+        assert!(a.create(&d).cpus.is_some());
+        let got = notes();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[1].0, "TopologyDeviceHintNotHonoured");
+        assert!(
+            got[1].1.contains("example.com/accel accel-9 (NUMA 9)")
+                && got[1].1.contains("not a NUMA node of this machine"),
+            "{got:?}"
+        );
+        let m = a.metrics().render();
+        assert!(
+            m.lines()
+                .any(|l| l.contains("kind=\"device_hint\"") && l.ends_with(" 2")),
+            "{m}"
+        );
     }
 
     /// `numa-policy: exclusive` with no free node: left on all CPUs, a `TopologyNotPlaced` note

@@ -98,6 +98,9 @@ pub enum ErrorKind {
     ExclusiveNuma,
     /// the kubelet's pod-resources API failed or was late (placed without its device hint).
     PodResources,
+    /// a create placed on none of its devices' NUMA nodes, or a device on a node the machine
+    /// lacks (placed without its device hint).
+    DeviceHint,
     /// a per-Pod control the placement could not honour (placed without it): the control's
     /// own label (`whole_cores`, `sibling_pair`, ...).
     Unhonoured(tap_engine::Unhonoured),
@@ -128,6 +131,7 @@ impl ErrorKind {
             ErrorKind::StrictNuma => "strict_numa",
             ErrorKind::ExclusiveNuma => "exclusive_numa",
             ErrorKind::PodResources => "pod_resources",
+            ErrorKind::DeviceHint => "device_hint",
             ErrorKind::Unhonoured(u) => u.kind(),
         }
     }

@@ -19,6 +19,12 @@ pub enum Kind {
     NotHonoured,
     /// Moved to another NUMA node by the usage rebalancer: `TopologyRebalanced` (Normal).
     Rebalanced,
+    /// The kubelet's devices of the container could not be read (its pod-resources API failed
+    /// or was late): placed without their hint, `TopologyDeviceHintUnavailable` (Warning).
+    DeviceHintUnavailable,
+    /// Placed on none of its devices' NUMA nodes (no room there, or a node the machine lacks):
+    /// `TopologyDeviceHintNotHonoured` (Warning).
+    DeviceHintNotHonoured,
 }
 
 /// One decision about one container of a Pod.
@@ -43,6 +49,8 @@ impl Note {
             Kind::FailedOpen => "TopologyNotPlaced",
             Kind::NotHonoured => "TopologyNotHonoured",
             Kind::Rebalanced => "TopologyRebalanced",
+            Kind::DeviceHintUnavailable => "TopologyDeviceHintUnavailable",
+            Kind::DeviceHintNotHonoured => "TopologyDeviceHintNotHonoured",
         }
     }
 

@@ -828,6 +828,7 @@ mod tests {
                     vec![20, 10]
                 },
                 read_bandwidth: None,
+                memory_tier: None,
             });
         }
         let raw = RawTopology {

@@ -18,6 +18,7 @@
 use super::{CpusetUpdate, Engine, RestoreReport};
 use crate::cpuset::CpuSet;
 use crate::grant::{Grant, GrantRecord};
+use crate::nodeset::NodeSet;
 use crate::request::{Hyperthreads, PolicyKind};
 use crate::topology::Level;
 use crate::types::{Existing, Site};
@@ -346,7 +347,7 @@ impl Engine {
         } else {
             (self.cfg.policy, self.topo.pools[pool].cpus)
         };
-        let mems = e.mems.filter(|m| !m.is_empty());
+        let mems = self.adopted_mems(e);
         Some(Grant {
             policy,
             pool,
@@ -365,5 +366,21 @@ impl Engine {
             threads: crate::policy::Settings::new(&self.cfg, req).threads,
             site: Site::Pools,
         })
+    }
+
+    /// The memory nodes of a container adopted without a record: none where its memory is not
+    /// bound (the agent then never writes its `cpuset.mems`, a move included), else the live
+    /// ones without the memory-only nodes of kinds it did not ask for (the kernel's default
+    /// mems hold every memory node).
+    fn adopted_mems(&self, e: &Existing) -> Option<NodeSet> {
+        let set = crate::policy::Settings::new(&self.cfg, &e.request);
+        let live = e.mems.filter(|m| !m.is_empty() && set.memory)?;
+        let asked = |id: usize| {
+            self.topo
+                .node(id as u32)
+                .is_none_or(|n| !n.cpus.is_empty() || set.memory_types.tiers().any(|k| k == n.kind))
+        };
+        let kept = NodeSet::from_ids(live.iter().filter(|id| asked(*id)));
+        (!kept.is_empty()).then_some(kept)
     }
 }

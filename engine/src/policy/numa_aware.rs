@@ -1,5 +1,6 @@
 //! `numa-aware`: the smallest set of NUMA nodes (nearest by distance) that holds the
-//! container's size (limit, or request without a limit); among equal choices (a single node)
+//! container's size (limit, or request without a limit; its request alone, for one node, under
+//! `numa-policy: strict`); among equal choices (a single node)
 //! with room for the request, the one least busy per shared CPU when the rebalancer handed a
 //! usage hint ([`crate::rebalance::UsageHint`]), then the one with the most free request
 //! capacity; a node of the container's devices (GPUs, or those the kubelet
@@ -9,7 +10,7 @@ use super::{Choice, Policy, Settings};
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
 use crate::nodeset::NodeSet;
-use crate::request::{ContainerRequest, PolicyKind};
+use crate::request::{ContainerRequest, NumaPolicy, PolicyKind};
 use crate::state::StateView;
 use crate::types::{Reason, ResourcePriority};
 
@@ -145,7 +146,14 @@ fn place(
     // also have room for the request beat nodes that would be overcommitted; a node of the
     // container's devices comes first (`gpu-first`) or right after that room (`cpu-first`);
     // then the most room after the limits already granted.
-    let fitting = nodes.iter().filter(|n| n.cap >= size && n.mem >= mem_need);
+    // A strict NUMA policy is judged by the request, as the kubelet judges `single-numa-node`.
+    let one_node_size = match eff.numa {
+        NumaPolicy::Strict => req_milli,
+        NumaPolicy::Preferred | NumaPolicy::Exclusive => size,
+    };
+    let fitting = nodes
+        .iter()
+        .filter(|n| n.cap >= one_node_size && n.mem >= mem_need);
     let single = if req.device_nodes.is_empty() {
         fitting.max_by_key(|n| {
             (

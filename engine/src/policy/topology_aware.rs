@@ -14,7 +14,8 @@
 //! containers; pack siblings (the fuller parent first); lower id. Guaranteed integer-CPU containers get
 //! exclusive CPUs from the best pool that can give them (see [`pick_exclusive`]) taken out of
 //! the shared pool. Free capacity counts exclusive CPUs taken from a pool by a grant charged
-//! above it.
+//! above it. Under `numa-policy: strict` only pools of one NUMA node that hold the request (its
+//! limit may be wider) are tried first.
 
 use super::balance::{widest_alike, Balancer};
 use super::{pool_choice, Choice, Policy, Settings};
@@ -22,7 +23,7 @@ use crate::cpu_picker::pick_exclusive;
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
 use crate::nodeset::NodeSet;
-use crate::request::{ContainerRequest, CoreGrain, PolicyKind};
+use crate::request::{ContainerRequest, CoreGrain, NumaPolicy, PolicyKind};
 use crate::state::StateView;
 use crate::topology::{Level, Pool, PoolId};
 use crate::types::{Reason, ResourcePriority, Unhonoured};
@@ -48,8 +49,29 @@ impl Policy for TopologyAware {
         settings: &Settings,
         prefer: Option<&Grant>,
     ) -> Option<Choice> {
-        place(view, req, settings, prefer.map(|g| g.pool))
+        let prefer = prefer.map(|g| g.pool);
+        if settings.numa == NumaPolicy::Strict {
+            // Judged by the request, as the kubelet judges `single-numa-node`: a pool of one
+            // NUMA node that holds the request, whatever the limit. None: the usual choice (a
+            // create is then refused by the engine, a resize keeps its nearest fit).
+            let one_node = |p: &Pool| Span::of(&p.numa_nodes) == Span::OneNode;
+            if let Some(c) = place(view, req, settings, prefer, Reach::OneNode, one_node) {
+                return Some(c);
+            }
+        }
+        // The pool filter is a closure so that this, the common case, pays nothing for it.
+        place(view, req, settings, prefer, Reach::AnyPool, |_| true)
     }
+}
+
+/// Which pools a decision may take (`place` is also given the matching pool filter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// Any pool; the root as the last resort.
+    AnyPool,
+    /// Pools of one NUMA node only, and no fallback: nothing when none holds the request (or,
+    /// for exclusive CPUs, gives them).
+    OneNode,
 }
 
 /// Free request capacity of a pool in milli-CPUs: its usable CPUs, minus the requests charged
@@ -302,6 +324,8 @@ fn place(
     req: &ContainerRequest,
     eff: &Settings,
     prefer: Option<PoolId>,
+    reach: Reach,
+    within_reach: impl Fn(&Pool) -> bool,
 ) -> Option<Choice> {
     let topo = e.topology();
     let req_milli = req.cpu_request_milli;
@@ -334,6 +358,9 @@ fn place(
             if !matches_level(topo, p, l) {
                 return false;
             }
+        }
+        if !within_reach(p) {
+            return false;
         }
         if !e.pool_has_shared_cpus(p.id) {
             return false;
@@ -398,6 +425,9 @@ fn place(
             c.unhonoured = unhonoured.or(c.unhonoured);
             return Some(c);
         }
+        if reach == Reach::OneNode {
+            return None;
+        }
         // No pool can give the CPUs: fall through to a shared placement, and say why where a
         // core grain stood in the way.
         unhonoured = match grain {
@@ -419,6 +449,7 @@ fn place(
     }
     let (pool, reason) = match best {
         Some((_, id)) => (id, Reason::Fits(topo.pools[id].level)),
+        None if reach == Reach::OneNode => return None,
         None => match eff.level {
             Some(l) => {
                 unhonoured = unhonoured.or(Some(Unhonoured::Level(l)));

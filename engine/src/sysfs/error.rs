@@ -125,4 +125,7 @@ pub enum DiscoveryWarning {
     /// A PCI device's `numa_node` that names no node discovery found (or is not a number).
     #[error("{path} names NUMA node {value:?}, which does not exist; the device is treated as having no node")]
     DeviceNodeUnknown { path: String, value: String },
+    /// A memory tier's `nodelist` that is not a node list.
+    #[error("{path} is not a node list ({value:?}); its nodes get no memory tier")]
+    MemoryTierUnreadable { path: String, value: String },
 }

@@ -101,13 +101,17 @@ fn numa_nodes(raw: &RawTopology, online: &CpuSet, max_cpu: usize) -> (Vec<NumaNo
         .filter(|n| !n.cpus.is_empty())
         .filter_map(|n| n.read_bandwidth)
         .max();
+    let dram = DramFigures {
+        bandwidth: dram_bandwidth,
+        tiers: dram_tiers(&raw_nodes),
+    };
     let mut nodes: Vec<NumaNode> = raw_nodes
         .iter()
         .map(|n| NumaNode {
             id: n.id,
             cpus: n.cpus.intersection(online),
             memory_bytes: n.memory_bytes,
-            kind: memory_kind(n, dram_bandwidth),
+            kind: memory_kind(n, &dram),
             distances: node_ids
                 .iter()
                 .copied()
@@ -156,14 +160,40 @@ fn numa_nodes(raw: &RawTopology, online: &CpuSet, max_cpu: usize) -> (Vec<NumaNo
     (nodes, cpu_node)
 }
 
+/// What the DRAM of the nodes with CPUs is like, for telling memory-only nodes apart.
+struct DramFigures {
+    /// The fastest DRAM's read bandwidth, by the HMAT, where it is given.
+    bandwidth: Option<u64>,
+    /// The fastest and the slowest memory tier of the nodes with CPUs, where the kernel has
+    /// memory tiers.
+    tiers: Option<(u32, u32)>,
+}
+
+/// The range of memory tiers the nodes with CPUs are in (one tier on every known machine).
+fn dram_tiers(nodes: &[super::RawNode]) -> Option<(u32, u32)> {
+    let mut tiers = nodes
+        .iter()
+        .filter(|n| !n.cpus.is_empty())
+        .filter_map(|n| n.memory_tier);
+    let first = tiers.next()?;
+    Some(tiers.fold((first, first), |(lo, hi), t| (lo.min(t), hi.max(t))))
+}
+
 /// What a node's memory is (see [`MemoryKind`]): a node with CPUs (in sysfs, online or not) is
-/// DRAM; a memory-only node is HBM when the HMAT gives it more bandwidth than the fastest DRAM,
-/// else PMEM/CXL.
-fn memory_kind(n: &super::RawNode, dram_bandwidth: Option<u64>) -> MemoryKind {
+/// DRAM. A memory-only node is, by the kernel's memory tiers where it and the DRAM have one, HBM
+/// in a faster tier than the DRAM's, PMEM/CXL in a slower one; otherwise (no tiers, or the
+/// DRAM's own tier) HBM when the HMAT gives it more bandwidth than the fastest DRAM, else
+/// PMEM/CXL.
+fn memory_kind(n: &super::RawNode, dram: &DramFigures) -> MemoryKind {
     if !n.cpus.is_empty() {
         return MemoryKind::Dram;
     }
-    match (n.read_bandwidth, dram_bandwidth) {
+    match (n.memory_tier, dram.tiers) {
+        (Some(own), Some((fastest, _))) if own < fastest => return MemoryKind::Hbm,
+        (Some(own), Some((_, slowest))) if own > slowest => return MemoryKind::Pmem,
+        _ => {}
+    }
+    match (n.read_bandwidth, dram.bandwidth) {
         (Some(own), Some(dram)) if own > dram => MemoryKind::Hbm,
         _ => MemoryKind::Pmem,
     }

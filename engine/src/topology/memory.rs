@@ -92,6 +92,7 @@ mod tests {
             memory_bytes: 128 << 30,
             distances: vec![17, 28, 10, 28],
             read_bandwidth: Some(30_000),
+            memory_tier: None,
         });
         raw.nodes.push(RawNode {
             id: 3,
@@ -99,6 +100,7 @@ mod tests {
             memory_bytes: 16 << 30,
             distances: vec![28, 13, 28, 10],
             read_bandwidth: Some(400_000),
+            memory_tier: None,
         });
         let t = Topology::build(&raw).unwrap();
         let kinds: Vec<MemoryKind> = t.nodes.iter().map(|n| n.kind).collect();

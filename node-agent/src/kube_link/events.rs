@@ -1,5 +1,5 @@
-//! Pod Events from placement notes ([`crate::notes`]): `TopologyPlaced` (Normal) and
-//! `TopologyNotPlaced` (Warning), regarding the Pod's container (`spec.containers{name}`, as
+//! Pod Events from placement notes ([`crate::notes`]): `TopologyPlaced` (Normal),
+//! `TopologyNotPlaced` and the other Warnings ([`crate::notes::Kind`]), regarding the Pod's container (`spec.containers{name}`, as
 //! the kubelet does), so `kubectl describe pod` lists them. kube-runtime's recorder writes them
 //! (`events.k8s.io/v1`) and folds a repeat of the same event within minutes into a series; a
 //! token bucket bounds the writes per node, and notes beyond it are dropped and counted.
@@ -37,7 +37,10 @@ pub fn event(n: &Note) -> Event {
     Event {
         type_: match n.kind {
             Kind::Placed | Kind::Rebalanced => EventType::Normal,
-            Kind::FailedOpen | Kind::NotHonoured => EventType::Warning,
+            Kind::FailedOpen
+            | Kind::NotHonoured
+            | Kind::DeviceHintUnavailable
+            | Kind::DeviceHintNotHonoured => EventType::Warning,
         },
         reason: n.reason().into(),
         note: Some(n.text()),

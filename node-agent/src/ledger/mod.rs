@@ -499,13 +499,7 @@ impl Ledger {
         }
         match result {
             Ok(devices) => info.kubelet_devices = devices,
-            Err(e) if e.is_failure() => {
-                tracing::warn!(container = %info.id, pod = %info.pod.name, namespace = %info.pod.namespace, "no device hints from the kubelet: {e}");
-                self.agent
-                    .metrics()
-                    .count_error(Hook::Create, crate::metrics::ErrorKind::PodResources);
-            }
-            Err(_) => {}
+            Err(e) => self.agent.device_hint_unavailable(info, &e),
         }
     }
 

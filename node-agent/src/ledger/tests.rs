@@ -958,6 +958,7 @@ enum Devices {
     Allocated(u32),
     Failing,
     Hanging,
+    NoSocket,
 }
 
 #[async_trait::async_trait]
@@ -973,6 +974,7 @@ impl crate::pod_resources::DeviceSource for Devices {
                 numa_nodes: vec![*node],
             }]),
             Devices::Failing => Err(PodResourcesError::PodNotListed(c.pod.into())),
+            Devices::NoSocket => Err(PodResourcesError::NoSocket("/nowhere".into())),
             Devices::Hanging => {
                 tokio::time::sleep(Duration::from_secs(30)).await;
                 Ok(Vec::new())
@@ -1014,4 +1016,40 @@ async fn creates_read_the_kubelets_devices_and_fail_open_without_them() {
         );
         assert_eq!(pod_resources_errors(&l), 1, "source {i}");
     }
+}
+
+/// A device hint that cannot be read (the kubelet failed, or did not answer in time): the
+/// container is placed anyway, and its Pod gets a `TopologyDeviceHintUnavailable` Warning
+/// saying why, before the placement's own note.
+#[tokio::test]
+async fn a_device_hint_that_cannot_be_read_is_a_warning_event() {
+    for (i, source) in [Devices::Failing, Devices::Hanging].into_iter().enumerate() {
+        let l = Ledger::new(agent(), None);
+        let mut rx = l.agent().notes().attach().expect("notes");
+        l.agent().set_device_source(Arc::new(source));
+        let adj = created(&l, container("e", "burstable", 4, 8), "e").await;
+        assert!(adj.cpus.is_some(), "placed without devices ({i})");
+        let notes: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert_eq!(notes[0].reason(), "TopologyDeviceHintUnavailable", "{i}");
+        assert_eq!(notes[0].pod_name, "pod-e");
+        let why = ["do not list pod pod-e", "no answer within"][i];
+        assert!(
+            notes[0]
+                .message
+                .contains("placed without the devices' NUMA nodes")
+                && notes[0].message.contains(why),
+            "{notes:?}"
+        );
+        assert_eq!(notes[1].reason(), "TopologyPlaced");
+    }
+    // A host without the socket: nothing to say.
+    let l = Ledger::new(agent(), None);
+    let mut rx = l.agent().notes().attach().expect("notes");
+    l.agent().set_device_source(Arc::new(Devices::NoSocket));
+    created(&l, container("f", "burstable", 4, 8), "f").await;
+    let reasons: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok())
+        .map(|n| n.reason())
+        .collect();
+    assert_eq!(reasons, ["TopologyPlaced"]);
 }
