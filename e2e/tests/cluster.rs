@@ -13,6 +13,8 @@
 //! stage packs them (`scratch`, the binary in /usr/local/bin, user 65532) and imported with
 //! `ctr images import`; the agent's image has a second layer with the fixture.
 
+#[path = "cluster/numa_scheduler.rs"]
+mod numa_scheduler;
 #[path = "cluster/tier.rs"]
 mod tier;
 
@@ -715,9 +717,21 @@ fn cluster_tier() {
         .import_image(&operator_img)
         .expect("importing the operator image");
     let _ = std::fs::remove_dir_all(&build_dir);
+    // Served before the agent starts, so it publishes its NodeResourceTopology at once.
+    t.cl.kube()
+        .install_nrt_crd()
+        .expect("installing the NodeResourceTopology CRD");
 
     let mut failures = Vec::new();
+    // TAP_CLUSTER_SCENARIOS=a,b runs only those (a scenario may need an earlier one's state;
+    // helm_install is the first of all).
+    let only: Option<Vec<String>> = std::env::var("TAP_CLUSTER_SCENARIOS")
+        .ok()
+        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
     let mut run = |name: &str, t: &mut Tier, f: &dyn Fn(&mut Tier) -> Result<()>| -> bool {
+        if only.as_ref().is_some_and(|o| !o.iter().any(|s| s == name)) {
+            return true;
+        }
         let s = Instant::now();
         let r = f(t);
         eprintln!(
@@ -733,6 +747,7 @@ fn cluster_tier() {
     };
     // Later scenarios need the earlier ones' state: stop at the first failure.
     let _ = run("helm_install", &mut t, &|t| helm_install(t))
+        && run("numa_scheduler", &mut t, &numa_scheduler::numa_scheduler)
         && run(
             "guide_pod_and_policy_switch",
             &mut t,

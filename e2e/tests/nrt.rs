@@ -60,6 +60,11 @@ fn milli(q: &Value) -> Option<u64> {
 
 /// A Pod object bound to the node, in `phase` (its status written as the kubelet would).
 fn api_pod(k: &KubeCluster, name: &str, phase: &str) -> Result<()> {
+    // No controller-manager here to make the namespace's default ServiceAccount, which the
+    // API server's admission wants for a Pod.
+    let sa = serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "default", "namespace": "default"}});
+    k.kubectl_stdin(&["apply", "-f", "-"], &sa.to_string())?;
     let pod = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -267,18 +272,19 @@ async fn scenario(k: &KubeCluster, ctd: &mut Containerd, dir: &Path) -> Result<(
         })
     })?;
     // The pod set's fingerprint covers the pods the scheduler plugin counts (with its default
-    // shared informer: the node's pods in phase Running), read from the API server, not the
-    // runtime: with no Pod object yet, the empty set.
+    // dedicated informer: the node's pods but Pending ones), read from the API server, not
+    // the runtime: with no Pod object yet, the empty set.
     let empty = fingerprint::sign([]);
     wait_nrt(k, "the fingerprint of no pod", |v| {
         attribute(v, fingerprint::ATTRIBUTE) == Some(empty.as_str())
     })?;
-    // The Pod as the kubelet would report it, and a completed Job pod beside it: only the
-    // running one is counted.
+    // The Pod as the kubelet would report it, a completed Job pod and a Pending one beside
+    // it: the Pending one is not counted.
     api_pod(k, "nrt", "Running")?;
     api_pod(k, "job-done", "Succeeded")?;
-    let want = fingerprint::sign([("default", "nrt")]);
-    wait_nrt(k, "the pod fingerprint with the running Pod only", |v| {
+    api_pod(k, "waiting", "Pending")?;
+    let want = fingerprint::sign([("default", "nrt"), ("default", "job-done")]);
+    wait_nrt(k, "the pod fingerprint without the Pending Pod", |v| {
         attribute(v, fingerprint::ATTRIBUTE) == Some(want.as_str())
     })?;
     ensure!(

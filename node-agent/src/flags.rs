@@ -55,10 +55,11 @@ pub enum NrtMode {
 /// Which of the node's pods the scheduler plugin's cache counts (its `informerMode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum PodInformer {
-    /// The scheduler's shared pod informer (the plugin's default): pods in phase Running.
-    #[default]
+    /// The scheduler's shared pod informer: pods in phase Running.
     Shared,
-    /// The plugin's dedicated informer: every pod bound to the node but Pending ones.
+    /// The plugin's own pod informer (its default since v0.29): every pod bound to the node
+    /// but Pending ones, completed ones included.
+    #[default]
     Dedicated,
 }
 
@@ -393,10 +394,15 @@ pub struct Flags {
     pub nrt_topology_manager_policy: String,
 
     /// Which of the node's pods the scheduler plugin counts for the NodeResourceTopology's pod
-    /// fingerprint, as its `cache.informerMode` says: `shared` (its default: pods in phase
-    /// Running) or `dedicated` (every pod bound to the node but Pending ones). The agent reads
-    /// its node's pods from the API server for it.
-    #[arg(help_heading = "Kube link", long, value_enum, default_value = "shared")]
+    /// fingerprint, as its `cache.informerMode` says: `dedicated` (its default: every pod bound
+    /// to the node but Pending ones, completed ones included) or `shared` (pods in phase
+    /// Running). The agent reads its node's pods from the API server for it.
+    #[arg(
+        help_heading = "Kube link",
+        long,
+        value_enum,
+        default_value = "dedicated"
+    )]
     pub nrt_scheduler_informer: PodInformer,
 
     /// Which pods the fingerprint covers (attribute `nodeTopologyPodsFingerprintMethod`):

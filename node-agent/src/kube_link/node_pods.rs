@@ -3,9 +3,9 @@
 //! node's object only while the fingerprint equals the one it computes over the pods *it* sees
 //! on the node, so the set follows the plugin's own rules rather than the runtime's:
 //!
-//! - which pods: with the plugin's default shared pod informer, the pods in phase `Running`;
-//!   with `informerMode: Dedicated`, every pod bound to the node but the `Pending` ones
-//!   (completed ones included) ([`PodInformer`]);
+//! - which pods: with the plugin's default `informerMode: Dedicated`, every pod bound to the
+//!   node but the `Pending` ones (completed ones included); with `Shared` (the scheduler's own
+//!   pod informer), the pods in phase `Running` ([`PodInformer`]);
 //! - the method: `all` of them, or only those with exclusive resources
 //!   ([`FingerprintMethod`]), as the plugin's `resyncMethod` says (its `Autodetect` follows the
 //!   method attribute the agent publishes; `OnlyExclusiveResources` needs

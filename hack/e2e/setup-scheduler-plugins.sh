@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Builds the kube-scheduler of kubernetes-sigs/scheduler-plugins (the NUMA-aware
+# NodeResourceTopologyMatch plugin among others) from its Go module at a pinned tag, unchanged:
+# the module's own go.mod and go.sum, only the packages `cmd/scheduler` needs downloaded (not
+# `all`). Cached as /var/cache/kunpeng-tap/bin/kube-scheduler-plugins-$SCHED_PLUGINS_VERSION
+# (idempotent; GOPATH/GOMODCACHE/GOCACHE under /var/cache/kunpeng-tap/go). The
+# NodeResourceTopology CRD it reads: hack/e2e/setup-nrt-crd.sh.
+set -euo pipefail
+
+SCHED_PLUGINS_VERSION="${SCHED_PLUGINS_VERSION:-v0.35.4-devel}"
+CACHE=/var/cache/kunpeng-tap
+BIN="$CACHE/bin"
+OUT="$BIN/kube-scheduler-plugins-$SCHED_PLUGINS_VERSION"
+# v2: reports the Kubernetes version it is built on.
+STAMP="$OUT.v2.stamp"
+mkdir -p "$BIN" "$CACHE/go"
+
+if [ -x "$OUT" ] && [ -f "$STAMP" ]; then
+  echo "scheduler-plugins $SCHED_PLUGINS_VERSION already cached: $OUT"
+  exit 0
+fi
+exec 9>/var/lock/kunpeng-tap-sched-plugins-build
+flock 9
+if [ -x "$OUT" ] && [ -f "$STAMP" ]; then
+  echo "scheduler-plugins $SCHED_PLUGINS_VERSION already cached: $OUT"
+  exit 0
+fi
+
+command -v go >/dev/null || { echo "go not found on PATH" >&2; exit 1; }
+export GOPATH="$CACHE/go"
+export GOMODCACHE="$CACHE/go/pkg/mod"
+export GOCACHE="$CACHE/go/cache"
+export GOFLAGS="-buildvcs=false -mod=mod"
+export CGO_ENABLED=0
+
+start=$(date +%s)
+dir="$(go mod download -json "sigs.k8s.io/scheduler-plugins@${SCHED_PLUGINS_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+[ -d "$dir" ] || { echo "cannot download sigs.k8s.io/scheduler-plugins@$SCHED_PLUGINS_VERSION" >&2; exit 1; }
+# The module cache is read-only: build from a writable copy of the module, as published.
+work="$CACHE/go/build-scheduler-plugins-$SCHED_PLUGINS_VERSION"
+rm -rf "$work"
+mkdir -p "$work"
+cp -a "$dir/." "$work/"
+chmod -R u+w "$work"
+cd "$work"
+# The version the binary reports is the Kubernetes release it is built on (its go.mod's
+# k8s.io/kubernetes): the scheduler checks its emulation version against it.
+k8s="$(sed -n 's#^\s*k8s.io/kubernetes => k8s.io/kubernetes \(v1\.[0-9.]*\)$#\1#p' go.mod)"
+[ -n "$k8s" ] || { echo "no k8s.io/kubernetes version in the module's go.mod" >&2; exit 1; }
+minor="$(echo "$k8s" | cut -d. -f2)"
+ldflags="-s -w -X k8s.io/component-base/version.gitVersion=${k8s} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor}"
+echo "setup-scheduler-plugins: building cmd/scheduler $SCHED_PLUGINS_VERSION"
+nice -n 10 go build -trimpath -ldflags "$ldflags" -o "$OUT.tmp" ./cmd/scheduler
+mv "$OUT.tmp" "$OUT"
+"$OUT" --version
+cd /
+rm -rf "$work"
+echo "scheduler-plugins $SCHED_PLUGINS_VERSION built in $(( $(date +%s) - start ))s" | tee "$STAMP"
