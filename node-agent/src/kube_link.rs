@@ -24,6 +24,7 @@ pub mod fingerprint;
 pub mod hugepages;
 pub mod node_pods;
 pub mod nrt;
+pub mod numaplacement;
 pub mod pace;
 pub mod policy;
 pub mod status;
