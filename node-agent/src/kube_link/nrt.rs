@@ -15,8 +15,9 @@
 //!
 //! Pure: built from an engine snapshot and [`Extras`]; [`super`] writes it (server-side apply).
 
-use super::fingerprint;
+use super::{fingerprint, numaplacement, placement};
 use serde_json::{json, Value};
+use std::collections::BTreeSet;
 use tap_engine::topology::Level;
 use tap_engine::Engine;
 
@@ -60,6 +61,11 @@ pub struct Extras {
     pub devices: Vec<crate::pod_resources::ZoneDevices>,
     /// Hugepages per NUMA node and size.
     pub hugepages: Vec<Hugepages>,
+    /// The pods the scheduler plugin's cache holds on this node, for the NUMA placement of
+    /// their pinned containers (`None`: unknown yet, or no runtime: no placement published).
+    pub seen_pods: Option<Vec<super::node_pods::PodFacts>>,
+    /// The placement inputs of the containers the agent books.
+    pub booked: Vec<crate::agent::ContainerInfo>,
 }
 
 /// The hugepages of one size on one NUMA node.
@@ -106,7 +112,7 @@ pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised, extras: 
     let topo = engine.topology();
     let usable = engine.usable();
     let loads = engine.node_load();
-    let zones: Vec<Value> = topo
+    let mut zones: Vec<Value> = topo
         .nodes
         .iter()
         .enumerate()
@@ -154,6 +160,19 @@ pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised, extras: 
             })
         })
         .collect();
+    let mut attributes = attributes(engine, adv, extras);
+    if let Ok(p) = placement(engine, extras, &zones) {
+        attributes.push(json!({"name": numaplacement::METADATA_ATTRIBUTE, "value": p.metadata()}));
+        for zone in &mut zones {
+            let id = zone["name"]
+                .as_str()
+                .and_then(|n| n.strip_prefix("node-"))
+                .and_then(|n| n.parse::<u32>().ok());
+            if let Some(v) = id.and_then(|id| p.vectors.get(&id)) {
+                zone["attributes"] = json!([{"name": numaplacement::VECTOR_ATTRIBUTE, "value": v}]);
+            }
+        }
+    }
     json!({
         "apiVersion": format!("{GROUP}/{VERSION}"),
         "kind": KIND,
@@ -161,9 +180,30 @@ pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised, extras: 
             "name": node,
             "labels": {"app.kubernetes.io/managed-by": "kunpeng-tap"},
         },
-        "attributes": attributes(engine, adv, extras),
+        "attributes": attributes,
         "zones": zones,
     })
+}
+
+/// The NUMA placement of the node's pinned containers, judged against the resource names the
+/// `zones` carry (the plugin's own test for devices).
+pub fn placement(
+    engine: &Engine,
+    extras: &Extras,
+    zones: &[Value],
+) -> Result<numaplacement::Payload, placement::Unplaced> {
+    let resources: BTreeSet<String> = zones
+        .iter()
+        .filter_map(|z| z["resources"].as_array())
+        .flatten()
+        .filter_map(|r| r["name"].as_str().map(str::to_string))
+        .collect();
+    placement::payload(
+        engine,
+        extras.seen_pods.as_deref(),
+        &extras.booked,
+        &resources,
+    )
 }
 
 /// Device-plugin resources and hugepages of NUMA node `id`.
@@ -351,6 +391,7 @@ mod tests {
                 total: 512,
                 free: 500,
             }],
+            ..Default::default()
         };
         let obj = resource_topology(&e, "n1", &adv, &extras);
         let accel = resource(zone(&obj, "node-2"), "example.com/accel");

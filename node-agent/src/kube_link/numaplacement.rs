@@ -358,7 +358,9 @@ pub(crate) mod tests {
         let v = |pairs: &[(u32, &str)]| -> BTreeMap<u32, String> {
             pairs.iter().map(|(n, s)| (*n, s.to_string())).collect()
         };
-        let cases: [(u32, Vec<(u64, u32)>, usize, u32, BTreeMap<u32, String>); 8] = [
+        // (NUMA nodes, placements, then the payload's cc, bn and vectors)
+        type Case = (u32, Vec<(u64, u32)>, usize, u32, BTreeMap<u32, String>);
+        let cases: [Case; 8] = [
             (2, vec![], 0, 0, v(&[])),
             (
                 1,
