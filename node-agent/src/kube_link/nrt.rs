@@ -10,8 +10,10 @@
 //!
 //! Besides: the extended resources the kubelet's device plugins advertise with NUMA topology
 //! (`nvidia.com/gpu`, ...: allocatable and available counts from the pod-resources API), the
-//! node's hugepages (`hugepages-2Mi`, `hugepages-1Gi`: total and free pages from sysfs), the pod
-//! set's fingerprint ([`super::fingerprint`]) and attributes saying what the agent enforces.
+//! node's hugepages (`hugepages-2Mi`, `hugepages-1Gi`: the pool from sysfs, available the pool
+//! less what booked containers hold by their limits, within the free pages), the pod
+//! set's fingerprint ([`super::fingerprint`]), the NUMA placement of the pinned containers
+//! ([`super::placement`]) and attributes saying what the agent enforces.
 //!
 //! Pure: built from an engine snapshot and [`Extras`]; [`super`] writes it (server-side apply).
 
@@ -112,6 +114,7 @@ pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised, extras: 
     let topo = engine.topology();
     let usable = engine.usable();
     let loads = engine.node_load();
+    let held = super::hugepages::held(engine, &extras.booked);
     let mut zones: Vec<Value> = topo
         .nodes
         .iter()
@@ -146,7 +149,7 @@ pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised, extras: 
                     "available": n.memory_bytes.saturating_sub(charged).to_string(),
                 }));
             }
-            resources.extend(zone_extras(n.id, extras));
+            resources.extend(zone_extras(n.id, extras, &held));
             let costs: Vec<Value> = n
                 .distances
                 .iter()
@@ -206,8 +209,9 @@ pub fn placement(
     )
 }
 
-/// Device-plugin resources and hugepages of NUMA node `id`.
-fn zone_extras(id: u32, extras: &Extras) -> Vec<Value> {
+/// Device-plugin resources and hugepages of NUMA node `id`; `held`: the hugepages the booked
+/// containers hold there ([`super::hugepages::available`]).
+fn zone_extras(id: u32, extras: &Extras, held: &super::hugepages::Held) -> Vec<Value> {
     let devices = extras.devices.iter().filter(|d| d.node == id).map(|d| {
         json!({
             "name": d.resource,
@@ -221,11 +225,12 @@ fn zone_extras(id: u32, extras: &Extras) -> Vec<Value> {
         .iter()
         .filter(|h| h.node == id && h.total > 0)
         .map(|h| {
+            let held = held.get(&(h.node, h.size_kb)).copied().unwrap_or(0);
             json!({
                 "name": h.resource(),
                 "capacity": h.bytes(h.total),
                 "allocatable": h.bytes(h.total),
-                "available": h.bytes(h.free.min(h.total)),
+                "available": h.bytes(super::hugepages::available(h.total, h.free, held)),
             })
         });
     devices.chain(pages).collect()
@@ -439,6 +444,84 @@ mod tests {
             !names.contains(&&json!("nodeTopologyPodsFingerprint")),
             "{names:?}"
         );
+    }
+
+    /// Hugepages the booked containers hold by their limits are not promised, on each node
+    /// their pages may come from: a container on one node, one on two nodes whose limit is
+    /// larger than either node's pool.
+    #[test]
+    fn hugepages_held_by_booked_containers_are_not_available() {
+        let mut e = engine(true);
+        let adv = Advertised {
+            policy: "single-numa-node".into(),
+            sysfs_root: std::path::PathBuf::new(),
+            method: Default::default(),
+            informer: Default::default(),
+            fingerprint: Fingerprint::Published,
+        };
+        let mut booked = Vec::new();
+        for (id, cpus, limits) in [
+            ("one", 4000, vec![(2048, 100u64 << 21)]),
+            ("two", 30_000, vec![(1 << 20, 3u64 << 30)]),
+        ] {
+            let req = ContainerRequest {
+                id: id.into(),
+                namespace: "default".into(),
+                qos: Some(Qos::Guaranteed),
+                cpu_request_milli: cpus,
+                cpu_limit_milli: Some(cpus),
+                memory_limit_bytes: Some(1 << 30),
+                ..Default::default()
+            };
+            assert!(matches!(e.create(&req), Outcome::Placed(_)), "{id}");
+            booked.push(crate::agent::ContainerInfo {
+                id: id.into(),
+                hugepage_limits: limits
+                    .into_iter()
+                    .map(|(size_kb, bytes)| crate::agent::HugepageLimit { size_kb, bytes })
+                    .collect(),
+                ..Default::default()
+            });
+        }
+        let nodes = |id: &str| {
+            let g = e.grant(id).expect("grant");
+            g.mems.unwrap_or_else(|| e.topology().nodes_of(&g.cpus))
+        };
+        let one = nodes("one").single().expect("one node") as u32;
+        let two = nodes("two");
+        assert_eq!(two.len(), 2, "two nodes: {two}");
+        let pages = |node, size_kb, total, free| Hugepages {
+            node,
+            size_kb,
+            total,
+            free,
+        };
+        let mut hugepages: Vec<Hugepages> = (0..4).map(|n| pages(n, 2048, 512, 500)).collect();
+        hugepages.extend((0..4).map(|n| pages(n, 1 << 20, 2, 2)));
+        let extras = Extras {
+            hugepages,
+            booked,
+            ..Default::default()
+        };
+        let obj = resource_topology(&e, "n1", &adv, &extras);
+        for n in 0..4u32 {
+            let z = zone(&obj, &format!("node-{n}"));
+            let small = resource(z, "hugepages-2Mi");
+            let big = resource(z, "hugepages-1Gi");
+            assert_eq!(small["capacity"], (512u64 << 21).to_string());
+            assert_eq!(small["allocatable"], (512u64 << 21).to_string());
+            // 512 pages less the 100 held, within the 500 free; elsewhere the free ones.
+            let want_small: u64 = if n == one { 412 } else { 500 };
+            assert_eq!(
+                small["available"],
+                (want_small << 21).to_string(),
+                "node {n}"
+            );
+            // Three 1Gi pages held where the pool has two: none left on both its nodes.
+            let want_big: u64 = if two.contains(n as usize) { 0 } else { 2 };
+            assert_eq!(big["available"], (want_big << 30).to_string(), "node {n}");
+            assert_eq!(big["capacity"], (2u64 << 30).to_string());
+        }
     }
 
     #[test]
