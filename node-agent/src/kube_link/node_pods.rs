@@ -1,5 +1,5 @@
 //! The pods bound to this node as the API server shows them, for the NodeResourceTopology's pod
-//! fingerprint. The scheduler plugin (scheduler-plugins' NodeResourceTopologyMatch) trusts a
+//! fingerprint and the NUMA placement of their pinned containers ([`super::placement`]). The scheduler plugin (scheduler-plugins' NodeResourceTopologyMatch) trusts a
 //! node's object only while the fingerprint equals the one it computes over the pods *it* sees
 //! on the node, so the set follows the plugin's own rules rather than the runtime's:
 //!

@@ -165,16 +165,7 @@ pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised, extras: 
         .collect();
     let mut attributes = attributes(engine, adv, extras);
     if let Ok(p) = placement(engine, extras, &zones) {
-        attributes.push(json!({"name": numaplacement::METADATA_ATTRIBUTE, "value": p.metadata()}));
-        for zone in &mut zones {
-            let id = zone["name"]
-                .as_str()
-                .and_then(|n| n.strip_prefix("node-"))
-                .and_then(|n| n.parse::<u32>().ok());
-            if let Some(v) = id.and_then(|id| p.vectors.get(&id)) {
-                zone["attributes"] = json!([{"name": numaplacement::VECTOR_ATTRIBUTE, "value": v}]);
-            }
-        }
+        add_placement(&p, &mut attributes, &mut zones);
     }
     json!({
         "apiVersion": format!("{GROUP}/{VERSION}"),
@@ -186,6 +177,20 @@ pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised, extras: 
         "attributes": attributes,
         "zones": zones,
     })
+}
+
+/// Writes a placement into the object's attributes and its zones'.
+fn add_placement(p: &numaplacement::Payload, attributes: &mut Vec<Value>, zones: &mut [Value]) {
+    attributes.push(json!({"name": numaplacement::METADATA_ATTRIBUTE, "value": p.metadata()}));
+    for zone in zones {
+        let id = zone["name"]
+            .as_str()
+            .and_then(|n| n.strip_prefix("node-"))
+            .and_then(|n| n.parse::<u32>().ok());
+        if let Some(v) = id.and_then(|id| p.vectors.get(&id)) {
+            zone["attributes"] = json!([{"name": numaplacement::VECTOR_ATTRIBUTE, "value": v}]);
+        }
+    }
 }
 
 /// The NUMA placement of the node's pinned containers, judged against the resource names the
