@@ -59,6 +59,44 @@ pub struct ContainerInfo {
     pub mems: Option<NodeSet>,
     /// Devices the kubelet allocated to the container (pod-resources API), read at create.
     pub kubelet_devices: Vec<KubeletDevice>,
+    /// The hugetlb limits the runtime sets on the container (the kubelet's
+    /// `hugepages-<size>` limits), one per page size; zero limits left out.
+    pub hugepage_limits: Vec<HugepageLimit>,
+}
+
+/// A container's hugetlb limit: at most `bytes` of pages of `size_kb`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HugepageLimit {
+    pub size_kb: u64,
+    pub bytes: u64,
+}
+
+impl HugepageLimit {
+    /// A limit as the runtimes give it (`page_size` `2MB`, `1GB`, `64KB`: `<size><unit>B`,
+    /// base 1024, as in the OCI spec and CRI); `None` for a zero limit or a size not read.
+    pub fn from_runtime(page_size: &str, bytes: u64) -> Option<HugepageLimit> {
+        if bytes == 0 {
+            return None;
+        }
+        let s = page_size.trim().strip_suffix('B')?;
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (number, unit) = s.split_at(split);
+        let number: u64 = number.parse().ok()?;
+        let kb = match unit {
+            "K" | "k" => number,
+            "M" => number.checked_mul(1 << 10)?,
+            "G" => number.checked_mul(1 << 20)?,
+            "T" => number.checked_mul(1 << 30)?,
+            _ => return None,
+        };
+        (kb > 0).then_some(HugepageLimit { size_kb: kb, bytes })
+    }
+
+    /// The pages the limit holds (a part page counts whole).
+    pub fn pages(&self) -> u64 {
+        let page = self.size_kb.saturating_mul(1024).max(1);
+        self.bytes.div_ceil(page)
+    }
 }
 
 impl ContainerInfo {
@@ -102,6 +140,7 @@ impl ContainerInfo {
             cpus: self.cpus,
             mems: self.mems,
             kubelet_devices: self.kubelet_devices.clone(),
+            hugepage_limits: self.hugepage_limits.clone(),
         }
     }
 }
@@ -182,7 +221,8 @@ pub struct Agent {
     clusters_off_logged: std::sync::atomic::AtomicBool,
     /// Where the devices the kubelet allocated are read (none: environment hints only).
     device_source: std::sync::OnceLock<Arc<dyn DeviceSource>>,
-    /// Lists the pods the agent holds containers of (set by the runtime mode's ledger).
+    /// Lists the containers the agent books (set by the runtime mode's ledger).
+    roster: std::sync::OnceLock<Roster>,
     /// Told the containers a configuration change moved (set by the runtime mode's ledger).
     change_sink: std::sync::OnceLock<ChangeSink>,
     /// The NUMA nodes of this node's DRA devices (kept by the kube link, read with the
@@ -195,6 +235,9 @@ pub struct Agent {
 
 /// Takes the ids of containers whose cpuset changed outside a runtime hook.
 pub type ChangeSink = Box<dyn Fn(Vec<String>) + Send + Sync>;
+
+/// Lists the placement inputs of the containers the agent books.
+pub type Roster = Box<dyn Fn() -> Vec<ContainerInfo> + Send + Sync>;
 
 /// The placement engine panicked (caught, logged and counted in `tap_errors_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -241,6 +284,7 @@ impl Agent {
             restored: std::sync::atomic::AtomicBool::new(false),
             clusters_off_logged: std::sync::atomic::AtomicBool::new(false),
             device_source: std::sync::OnceLock::new(),
+            roster: std::sync::OnceLock::new(),
             change_sink: std::sync::OnceLock::new(),
             dra: Arc::default(),
             #[cfg(test)]
@@ -684,6 +728,17 @@ impl Agent {
         let _ = self.change_sink.set(sink);
     }
 
+    /// Where the booked containers are listed (set once).
+    pub fn set_roster(&self, roster: Roster) {
+        let _ = self.roster.set(roster);
+    }
+
+    /// The placement inputs of the containers the agent books (none without a runtime mode's
+    /// ledger). Call it without holding the engine.
+    pub fn roster(&self) -> Vec<ContainerInfo> {
+        self.roster.get().map(|r| r()).unwrap_or_default()
+    }
+
     /// Logs, the first time it happens, why cluster affinity asked for is off on this CPU.
     fn log_clusters_off(&self, e: &Engine) {
         use std::sync::atomic::Ordering;
@@ -766,6 +821,26 @@ pub(crate) mod test_sets {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    #[test]
+    fn hugepage_limits_as_the_runtimes_write_them() {
+        let h = HugepageLimit::from_runtime;
+        let kb = |l: Option<HugepageLimit>| l.map(|l| (l.size_kb, l.pages()));
+        assert_eq!(kb(h("2MB", 1 << 30)), Some((2048, 512)));
+        assert_eq!(kb(h("1GB", 3 << 30)), Some((1 << 20, 3)));
+        assert_eq!(kb(h("64KB", 100 << 10)), Some((64, 2)));
+        assert_eq!(kb(h("2MB", (2 << 20) + 1)), Some((2048, 2)));
+        for (size, bytes) in [
+            ("2MB", 0),
+            ("2M", 1),
+            ("MB", 1),
+            ("0MB", 1),
+            ("2XB", 1),
+            ("9999999999999TB", 1),
+        ] {
+            assert_eq!(h(size, bytes), None, "{size} {bytes}");
+        }
+    }
+
     use super::test_sets::*;
     use super::*;
 

@@ -24,7 +24,9 @@ pub mod fingerprint;
 pub mod hugepages;
 pub mod node_pods;
 pub mod nrt;
+pub mod numaplacement;
 pub mod pace;
+pub mod placement;
 pub mod policy;
 pub mod status;
 
@@ -546,13 +548,16 @@ async fn write_nrt(link: Arc<Link>, client: kube::Client, mode: NrtMode, adv: nr
             continue;
         }
         next_build = now + NRT_BUILD_EVERY;
+        let published = adv.fingerprint == nrt::Fingerprint::Published;
         let extras = nrt::Extras {
-            pods: match adv.fingerprint {
-                nrt::Fingerprint::Published => pods.counted(adv.informer, adv.method),
-                nrt::Fingerprint::Omitted => None,
-            },
+            pods: published
+                .then(|| pods.counted(adv.informer, adv.method))
+                .flatten(),
+            seen_pods: published.then(|| pods.seen(adv.informer)).flatten(),
             devices: devices.current(&link.agent).await,
             hugepages: hugepages::read(&adv.sysfs_root),
+            // Listed before the engine is held (the book's lock is taken alone).
+            booked: link.agent.roster(),
         };
         let obj = link
             .agent

@@ -1,7 +1,9 @@
 //! The pure part of the CRI proxy: CRI messages to and from the agent's view of a container,
 //! and the overlays that write an adjustment into a request.
 
-use crate::agent::{runtime_cpus, runtime_nodes, Adjustment, ContainerInfo, PodInfo, Update};
+use crate::agent::{
+    runtime_cpus, runtime_nodes, Adjustment, ContainerInfo, HugepageLimit, PodInfo, Update,
+};
 use k8s_cri::v1 as cri;
 use prost::Message;
 use serde_json::Value;
@@ -43,6 +45,13 @@ pub fn apply_linux_resources(info: &mut ContainerInfo, r: &cri::LinuxContainerRe
     }
     if r.memory_limit_in_bytes > 0 {
         info.memory_limit = Some(r.memory_limit_in_bytes);
+    }
+    if !r.hugepage_limits.is_empty() {
+        info.hugepage_limits = r
+            .hugepage_limits
+            .iter()
+            .filter_map(|h| HugepageLimit::from_runtime(&h.page_size, h.limit))
+            .collect();
     }
 }
 
@@ -206,6 +215,16 @@ mod tests {
                         cpu_quota: 800_000,
                         cpu_period: 100_000,
                         memory_limit_in_bytes: 1 << 30,
+                        hugepage_limits: vec![
+                            cri::HugepageLimit {
+                                page_size: "1GB".into(),
+                                limit: 2 << 30,
+                            },
+                            cri::HugepageLimit {
+                                page_size: "2MB".into(),
+                                limit: 0,
+                            },
+                        ],
                         ..Default::default()
                     }),
                     ..Default::default()
@@ -246,6 +265,13 @@ mod tests {
         assert_eq!(info.cpu_quota, Some(800_000));
         assert_eq!(info.cpu_period, Some(100_000));
         assert_eq!(info.memory_limit, Some(1 << 30));
+        assert_eq!(
+            info.hugepage_limits,
+            [HugepageLimit {
+                size_kb: 1 << 20,
+                bytes: 2 << 30
+            }]
+        );
         assert_eq!(info.env, vec!["VA_VISIBLE_DEVICES=0"]);
         let mut no_cfg = create_req();
         no_cfg.config = None;

@@ -1,5 +1,5 @@
 //! The pods bound to this node as the API server shows them, for the NodeResourceTopology's pod
-//! fingerprint. The scheduler plugin (scheduler-plugins' NodeResourceTopologyMatch) trusts a
+//! fingerprint and the NUMA placement of their pinned containers ([`super::placement`]). The scheduler plugin (scheduler-plugins' NodeResourceTopologyMatch) trusts a
 //! node's object only while the fingerprint equals the one it computes over the pods *it* sees
 //! on the node, so the set follows the plugin's own rules rather than the runtime's:
 //!
@@ -46,32 +46,83 @@ impl Phase {
     }
 }
 
-/// What the fingerprint needs of one pod.
+/// What the fingerprint and the NUMA placement need of one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodFacts {
     pub namespace: String,
     pub name: String,
     pub phase: Phase,
     pub exclusive: bool,
+    pub guaranteed: bool,
+    /// Its sidecar init containers (`restartPolicy: Always`) and its containers: those the
+    /// plugin's preemption may count as pinned (the other init containers have ended).
+    pub containers: Vec<ContainerFacts>,
+}
+
+/// What the plugin's preemption judges of one container: whether it is pinned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerFacts {
+    pub name: String,
+    /// A Guaranteed pod's container requesting whole CPUs, memory or hugepages.
+    pub native_exclusive: bool,
+    /// The extended resources it requests (pinned when the NodeResourceTopology has one).
+    pub extended: Vec<String>,
+}
+
+impl ContainerFacts {
+    fn of(guaranteed: bool, c: &Container) -> ContainerFacts {
+        let requests = requests(c);
+        ContainerFacts {
+            name: c.name.clone(),
+            native_exclusive: requests
+                .iter()
+                .any(|(res, q)| is_native(res) && exclusive_request(guaranteed, res, &q.0)),
+            extended: requests.keys().filter(|r| !is_native(r)).cloned().collect(),
+        }
+    }
+
+    /// Whether the plugin counts it as pinned, `resources` being the names the
+    /// NodeResourceTopology's zones carry.
+    pub fn pinned(&self, resources: &std::collections::BTreeSet<String>) -> bool {
+        self.native_exclusive || self.extended.iter().any(|r| resources.contains(r))
+    }
 }
 
 impl PodFacts {
     pub fn of(pod: &Pod) -> PodFacts {
+        let guaranteed = qos_class(pod) == QosClass::Guaranteed;
+        let containers = pod.spec.as_ref().map_or_else(Vec::new, |spec| {
+            let sidecars = spec
+                .init_containers
+                .iter()
+                .flatten()
+                .filter(|c| c.restart_policy.as_deref() == Some("Always"));
+            sidecars
+                .chain(spec.containers.iter())
+                .map(|c| ContainerFacts::of(guaranteed, c))
+                .collect()
+        });
         PodFacts {
             namespace: pod.metadata.namespace.clone().unwrap_or_default(),
             name: pod.metadata.name.clone().unwrap_or_default(),
             phase: Phase::of(pod),
             exclusive: has_exclusive_resources(pod),
+            guaranteed,
+            containers,
+        }
+    }
+
+    /// Whether the plugin's cache, with this informer, holds the pod at all.
+    pub fn seen(&self, informer: PodInformer) -> bool {
+        match informer {
+            PodInformer::Shared => self.phase == Phase::Running,
+            PodInformer::Dedicated => self.phase != Phase::Pending,
         }
     }
 
     /// Whether the plugin's cache, with this informer and method, counts the pod.
     pub fn counted(&self, informer: PodInformer, method: FingerprintMethod) -> bool {
-        let seen = match informer {
-            PodInformer::Shared => self.phase == Phase::Running,
-            PodInformer::Dedicated => self.phase != Phase::Pending,
-        };
-        seen && (method == FingerprintMethod::All || self.exclusive)
+        self.seen(informer) && (method == FingerprintMethod::All || self.exclusive)
     }
 }
 
@@ -261,6 +312,19 @@ impl NodePods {
         )
     }
 
+    /// The pods the plugin's cache holds with this informer, whatever their resources (its
+    /// preemption takes their pinned containers); `None` before the first listing.
+    pub fn seen(&self, informer: PodInformer) -> Option<Vec<PodFacts>> {
+        let pods = self.lock();
+        let pods = pods.as_ref()?;
+        Some(
+            pods.values()
+                .filter(|p| p.seen(informer))
+                .cloned()
+                .collect(),
+        )
+    }
+
     fn replace(&self, listing: HashMap<String, PodFacts>) {
         *self.lock() = Some(listing);
     }
@@ -395,6 +459,54 @@ mod tests {
         assert!(has_exclusive_resources(&p));
     }
 
+    /// The containers the plugin's preemption may count as pinned: sidecar init containers
+    /// and containers, not the init containers that have ended; devices pinned only when the
+    /// object carries them.
+    #[test]
+    fn pinned_containers_as_the_preemption_judges_them() {
+        let mut p = pod(
+            "g",
+            "Running",
+            "Guaranteed",
+            json!([
+                {"name": "int", "resources": {"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi"}}},
+                {"name": "dev", "resources": {"requests": {"cpu": "500m", "example.com/accel": "1"}}},
+                {"name": "frac", "resources": {"requests": {"cpu": "500m"}}},
+            ]),
+        );
+        let init: Vec<Container> = serde_json::from_value(json!([
+            {"name": "setup", "resources": {"requests": {"cpu": "1"}}},
+            {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}},
+        ]))
+        .expect("init containers");
+        if let Some(s) = p.spec.as_mut() {
+            s.init_containers = Some(init);
+        }
+        let f = PodFacts::of(&p);
+        let names: Vec<&str> = f.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["proxy", "int", "dev", "frac"]);
+        let carried = std::collections::BTreeSet::from(["example.com/accel".to_string()]);
+        let pinned = |res: &std::collections::BTreeSet<String>| -> Vec<&str> {
+            f.containers
+                .iter()
+                .filter(|c| c.pinned(res))
+                .map(|c| c.name.as_str())
+                .collect()
+        };
+        assert_eq!(pinned(&carried), ["proxy", "int", "dev"]);
+        assert_eq!(pinned(&Default::default()), ["proxy", "int"]);
+        // Burstable: only devices pin.
+        let b = PodFacts::of(&pod(
+            "b",
+            "Running",
+            "Burstable",
+            json!([ctr(json!({"cpu": "2", "example.com/accel": "1"})), {"name": "x", "resources": {"requests": {"cpu": "2"}}}]),
+        ));
+        let pinned: Vec<bool> = b.containers.iter().map(|c| c.pinned(&carried)).collect();
+        assert_eq!(pinned, [true, false]);
+        assert!(!b.guaranteed && f.guaranteed);
+    }
+
     #[test]
     fn the_qos_class_without_a_status_is_computed() {
         let mut p = pod(
@@ -425,6 +537,8 @@ mod tests {
             name: "p".into(),
             phase,
             exclusive,
+            guaranteed: false,
+            containers: Vec::new(),
         };
         use FingerprintMethod::{All, WithExclusiveResources as Excl};
         use PodInformer::{Dedicated, Shared};

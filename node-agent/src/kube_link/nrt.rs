@@ -10,13 +10,16 @@
 //!
 //! Besides: the extended resources the kubelet's device plugins advertise with NUMA topology
 //! (`nvidia.com/gpu`, ...: allocatable and available counts from the pod-resources API), the
-//! node's hugepages (`hugepages-2Mi`, `hugepages-1Gi`: total and free pages from sysfs), the pod
-//! set's fingerprint ([`super::fingerprint`]) and attributes saying what the agent enforces.
+//! node's hugepages (`hugepages-2Mi`, `hugepages-1Gi`: the pool from sysfs, available the pool
+//! less what booked containers hold by their limits, within the free pages), the pod
+//! set's fingerprint ([`super::fingerprint`]), the NUMA placement of the pinned containers
+//! ([`super::placement`]) and attributes saying what the agent enforces.
 //!
 //! Pure: built from an engine snapshot and [`Extras`]; [`super`] writes it (server-side apply).
 
-use super::fingerprint;
+use super::{fingerprint, numaplacement, placement};
 use serde_json::{json, Value};
+use std::collections::BTreeSet;
 use tap_engine::topology::Level;
 use tap_engine::Engine;
 
@@ -60,6 +63,11 @@ pub struct Extras {
     pub devices: Vec<crate::pod_resources::ZoneDevices>,
     /// Hugepages per NUMA node and size.
     pub hugepages: Vec<Hugepages>,
+    /// The pods the scheduler plugin's cache holds on this node, for the NUMA placement of
+    /// their pinned containers (`None`: unknown yet, or no runtime: no placement published).
+    pub seen_pods: Option<Vec<super::node_pods::PodFacts>>,
+    /// The placement inputs of the containers the agent books.
+    pub booked: Vec<crate::agent::ContainerInfo>,
 }
 
 /// The hugepages of one size on one NUMA node.
@@ -106,7 +114,8 @@ pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised, extras: 
     let topo = engine.topology();
     let usable = engine.usable();
     let loads = engine.node_load();
-    let zones: Vec<Value> = topo
+    let held = super::hugepages::held(engine, &extras.booked);
+    let mut zones: Vec<Value> = topo
         .nodes
         .iter()
         .enumerate()
@@ -140,7 +149,7 @@ pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised, extras: 
                     "available": n.memory_bytes.saturating_sub(charged).to_string(),
                 }));
             }
-            resources.extend(zone_extras(n.id, extras));
+            resources.extend(zone_extras(n.id, extras, &held));
             let costs: Vec<Value> = n
                 .distances
                 .iter()
@@ -154,6 +163,10 @@ pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised, extras: 
             })
         })
         .collect();
+    let mut attributes = attributes(engine, adv, extras);
+    if let Ok(p) = placement(engine, extras, &zones) {
+        add_placement(&p, &mut attributes, &mut zones);
+    }
     json!({
         "apiVersion": format!("{GROUP}/{VERSION}"),
         "kind": KIND,
@@ -161,13 +174,49 @@ pub fn resource_topology(engine: &Engine, node: &str, adv: &Advertised, extras: 
             "name": node,
             "labels": {"app.kubernetes.io/managed-by": "kunpeng-tap"},
         },
-        "attributes": attributes(engine, adv, extras),
+        "attributes": attributes,
         "zones": zones,
     })
 }
 
-/// Device-plugin resources and hugepages of NUMA node `id`.
-fn zone_extras(id: u32, extras: &Extras) -> Vec<Value> {
+/// Writes a placement into the object's attributes and its zones'.
+fn add_placement(p: &numaplacement::Payload, attributes: &mut Vec<Value>, zones: &mut [Value]) {
+    attributes.push(json!({"name": numaplacement::METADATA_ATTRIBUTE, "value": p.metadata()}));
+    for zone in zones {
+        let id = zone["name"]
+            .as_str()
+            .and_then(|n| n.strip_prefix("node-"))
+            .and_then(|n| n.parse::<u32>().ok());
+        if let Some(v) = id.and_then(|id| p.vectors.get(&id)) {
+            zone["attributes"] = json!([{"name": numaplacement::VECTOR_ATTRIBUTE, "value": v}]);
+        }
+    }
+}
+
+/// The NUMA placement of the node's pinned containers, judged against the resource names the
+/// `zones` carry (the plugin's own test for devices).
+pub fn placement(
+    engine: &Engine,
+    extras: &Extras,
+    zones: &[Value],
+) -> Result<numaplacement::Payload, placement::Unplaced> {
+    let resources: BTreeSet<String> = zones
+        .iter()
+        .filter_map(|z| z["resources"].as_array())
+        .flatten()
+        .filter_map(|r| r["name"].as_str().map(str::to_string))
+        .collect();
+    placement::payload(
+        engine,
+        extras.seen_pods.as_deref(),
+        &extras.booked,
+        &resources,
+    )
+}
+
+/// Device-plugin resources and hugepages of NUMA node `id`; `held`: the hugepages the booked
+/// containers hold there ([`super::hugepages::available`]).
+fn zone_extras(id: u32, extras: &Extras, held: &super::hugepages::Held) -> Vec<Value> {
     let devices = extras.devices.iter().filter(|d| d.node == id).map(|d| {
         json!({
             "name": d.resource,
@@ -181,11 +230,12 @@ fn zone_extras(id: u32, extras: &Extras) -> Vec<Value> {
         .iter()
         .filter(|h| h.node == id && h.total > 0)
         .map(|h| {
+            let held = held.get(&(h.node, h.size_kb)).copied().unwrap_or(0);
             json!({
                 "name": h.resource(),
                 "capacity": h.bytes(h.total),
                 "allocatable": h.bytes(h.total),
-                "available": h.bytes(h.free.min(h.total)),
+                "available": h.bytes(super::hugepages::available(h.total, h.free, held)),
             })
         });
     devices.chain(pages).collect()
@@ -351,6 +401,7 @@ mod tests {
                 total: 512,
                 free: 500,
             }],
+            ..Default::default()
         };
         let obj = resource_topology(&e, "n1", &adv, &extras);
         let accel = resource(zone(&obj, "node-2"), "example.com/accel");
@@ -398,6 +449,84 @@ mod tests {
             !names.contains(&&json!("nodeTopologyPodsFingerprint")),
             "{names:?}"
         );
+    }
+
+    /// Hugepages the booked containers hold by their limits are not promised, on each node
+    /// their pages may come from: a container on one node, one on two nodes whose limit is
+    /// larger than either node's pool.
+    #[test]
+    fn hugepages_held_by_booked_containers_are_not_available() {
+        let mut e = engine(true);
+        let adv = Advertised {
+            policy: "single-numa-node".into(),
+            sysfs_root: std::path::PathBuf::new(),
+            method: Default::default(),
+            informer: Default::default(),
+            fingerprint: Fingerprint::Published,
+        };
+        let mut booked = Vec::new();
+        for (id, cpus, limits) in [
+            ("one", 4000, vec![(2048, 100u64 << 21)]),
+            ("two", 30_000, vec![(1 << 20, 3u64 << 30)]),
+        ] {
+            let req = ContainerRequest {
+                id: id.into(),
+                namespace: "default".into(),
+                qos: Some(Qos::Guaranteed),
+                cpu_request_milli: cpus,
+                cpu_limit_milli: Some(cpus),
+                memory_limit_bytes: Some(1 << 30),
+                ..Default::default()
+            };
+            assert!(matches!(e.create(&req), Outcome::Placed(_)), "{id}");
+            booked.push(crate::agent::ContainerInfo {
+                id: id.into(),
+                hugepage_limits: limits
+                    .into_iter()
+                    .map(|(size_kb, bytes)| crate::agent::HugepageLimit { size_kb, bytes })
+                    .collect(),
+                ..Default::default()
+            });
+        }
+        let nodes = |id: &str| {
+            let g = e.grant(id).expect("grant");
+            g.mems.unwrap_or_else(|| e.topology().nodes_of(&g.cpus))
+        };
+        let one = nodes("one").single().expect("one node") as u32;
+        let two = nodes("two");
+        assert_eq!(two.len(), 2, "two nodes: {two}");
+        let pages = |node, size_kb, total, free| Hugepages {
+            node,
+            size_kb,
+            total,
+            free,
+        };
+        let mut hugepages: Vec<Hugepages> = (0..4).map(|n| pages(n, 2048, 512, 500)).collect();
+        hugepages.extend((0..4).map(|n| pages(n, 1 << 20, 2, 2)));
+        let extras = Extras {
+            hugepages,
+            booked,
+            ..Default::default()
+        };
+        let obj = resource_topology(&e, "n1", &adv, &extras);
+        for n in 0..4u32 {
+            let z = zone(&obj, &format!("node-{n}"));
+            let small = resource(z, "hugepages-2Mi");
+            let big = resource(z, "hugepages-1Gi");
+            assert_eq!(small["capacity"], (512u64 << 21).to_string());
+            assert_eq!(small["allocatable"], (512u64 << 21).to_string());
+            // 512 pages less the 100 held, within the 500 free; elsewhere the free ones.
+            let want_small: u64 = if n == one { 412 } else { 500 };
+            assert_eq!(
+                small["available"],
+                (want_small << 21).to_string(),
+                "node {n}"
+            );
+            // Three 1Gi pages held where the pool has two: none left on both its nodes.
+            let want_big: u64 = if two.contains(n as usize) { 0 } else { 2 };
+            assert_eq!(big["available"], (want_big << 30).to_string(), "node {n}");
+            assert_eq!(big["capacity"], (2u64 << 30).to_string());
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! about 240 bytes, for a record of about 100) and the two 1,024-bit sets took 272 bytes
 //! inline though a container created through NRI or the proxies carries neither.
 
-use crate::agent::{ContainerInfo, PodInfo};
+use crate::agent::{ContainerInfo, HugepageLimit, PodInfo};
 use crate::pod_resources::KubeletDevice;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,6 +35,7 @@ pub(super) struct Kept {
     /// The annotations but the grant record.
     annotations: HashMap<String, String>,
     kubelet_devices: Vec<KubeletDevice>,
+    hugepage_limits: Vec<HugepageLimit>,
     /// The annotation [`GRANT_KEY`], if the inputs had it.
     record: Option<Box<str>>,
     /// `cpus` and `mems`, when either is set.
@@ -58,6 +59,7 @@ impl Kept {
             cpus,
             mems,
             kubelet_devices,
+            hugepage_limits,
         } = info;
         let record = annotations.remove(GRANT_KEY).map(String::into_boxed_str);
         if annotations.is_empty() {
@@ -80,6 +82,7 @@ impl Kept {
             env,
             annotations,
             kubelet_devices,
+            hugepage_limits,
             record,
             sets: (cpus.is_some() || mems.is_some()).then(|| Box::new((cpus, mems))),
         }
@@ -112,6 +115,7 @@ impl Kept {
             cpus,
             mems,
             kubelet_devices: self.kubelet_devices.clone(),
+            hugepage_limits: self.hugepage_limits.clone(),
         }
     }
 

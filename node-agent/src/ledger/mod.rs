@@ -342,6 +342,12 @@ impl Ledger {
                 d.mark(ids);
             }
         }));
+        let book = Arc::downgrade(&ledger);
+        ledger.agent.set_roster(Box::new(move || {
+            book.upgrade().map_or_else(Vec::new, |l| {
+                l.containers().into_iter().map(|(_, _, i)| i).collect()
+            })
+        }));
         ledger
     }
 

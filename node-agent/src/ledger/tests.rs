@@ -565,6 +565,26 @@ async fn the_book_keeps_only_what_placement_reads_again() {
     l.commit_update(t);
 }
 
+/// The agent lists a shared ledger's book (the NodeResourceTopology reads it), hugepage
+/// limits included; a plain ledger gives the agent nothing to list.
+#[tokio::test]
+async fn a_shared_ledger_lists_its_book_to_the_agent() {
+    let l = Ledger::shared(agent(), None);
+    assert!(l.agent().roster().is_empty());
+    let mut c = container("k", "guaranteed", 2, 2);
+    c.hugepage_limits = vec![crate::agent::HugepageLimit {
+        size_kb: 2048,
+        bytes: 1 << 30,
+    }];
+    created(&l, c, "id").await;
+    let listed = l.agent().roster();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].hugepage_limits[0].pages(), 512);
+    let plain = Ledger::new(agent(), None);
+    created(&plain, container("p", "burstable", 1, 2), "idp").await;
+    assert!(plain.agent().roster().is_empty());
+}
+
 // ---- the books equal the runtime at rest ---------------------------------------
 
 /// One shared 2/4 container per NUMA node (keys s0..s3, ids ids0..ids3), their cpusets.

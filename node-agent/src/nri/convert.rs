@@ -4,7 +4,9 @@ use super::proto::{
     Container, ContainerAdjustment, ContainerUpdate, Event, LinuxCPU, LinuxContainerAdjustment,
     LinuxContainerUpdate, LinuxResources, PodSandbox,
 };
-use crate::agent::{runtime_cpus, runtime_nodes, Adjustment, ContainerInfo, PodInfo, Update};
+use crate::agent::{
+    runtime_cpus, runtime_nodes, Adjustment, ContainerInfo, HugepageLimit, PodInfo, Update,
+};
 use std::collections::HashMap;
 use tap_engine::request::GRANT_KEY;
 use tap_engine::{CpuSet, NodeSet};
@@ -82,6 +84,13 @@ pub fn apply_resources(info: &mut ContainerInfo, r: &LinuxResources) {
     }
     if let Some(l) = r.memory.as_ref().and_then(|m| m.limit.as_ref()) {
         info.memory_limit = (l.value > 0).then_some(l.value);
+    }
+    if !r.hugepage_limits.is_empty() {
+        info.hugepage_limits = r
+            .hugepage_limits
+            .iter()
+            .filter_map(|h| HugepageLimit::from_runtime(&h.page_size, h.limit))
+            .collect();
     }
 }
 
@@ -196,6 +205,13 @@ mod tests {
         let mut r = LinuxResources::new();
         r.cpu = Some(cpu).into();
         r.memory = Some(mem).into();
+        // The kubelet sets every size, the ones not asked for at zero.
+        for (size, limit) in [("2MB", 64u64 << 20), ("1GB", 0)] {
+            let mut h = super::super::proto::HugepageLimit::new();
+            h.page_size = size.into();
+            h.limit = limit;
+            r.hugepage_limits.push(h);
+        }
         let mut lc = LinuxContainer::new();
         lc.resources = Some(r).into();
         let mut c = Container::new();
@@ -235,6 +251,13 @@ mod tests {
         assert_eq!(info.cpu_quota, Some(800_000));
         assert_eq!(info.cpu_period, Some(100_000));
         assert_eq!(info.memory_limit, Some(1 << 30));
+        assert_eq!(
+            info.hugepage_limits,
+            [HugepageLimit {
+                size_kb: 2048,
+                bytes: 64 << 20
+            }]
+        );
         assert_eq!(shown(info.cpus).as_deref(), Some("0-3"));
         assert_eq!(info.env, vec!["VA_VISIBLE_DEVICES=0".to_string()]);
         assert_eq!(
