@@ -77,7 +77,8 @@ e2e() {
   # The churn tests also run four seeded rounds after their phases, each at rest within the
   # bound (seeds that once ended on a shared container still holding an exclusive CPU); a
   # longer soak: TAP_CHURN_SEEDS=1-40 (docs/design/reliability.md).
-  TAP_E2E=1 TAP_CHURN_SEEDS="${TAP_CHURN_SEEDS-11,17,29,33}" cargo test -p tap-e2e -- --test-threads=1
+  # --no-fail-fast: a failing test binary does not hide the results of the ones after it.
+  TAP_E2E=1 TAP_CHURN_SEEDS="${TAP_CHURN_SEEDS-11,17,29,33}" cargo test -p tap-e2e --no-fail-fast -- --test-threads=1
   if [ -n "${TAP_CONTAINERD2_VERSIONS:-}" ]; then
     containerd2
   fi

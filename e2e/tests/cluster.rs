@@ -253,14 +253,45 @@ fn device_plugin_hint(t: &mut Tier) -> Result<()> {
         event.contains(&named),
         "the Event {event:?} does not say {named:?}"
     );
+    // The NodeResourceTopology's zone of the device counts it from the real kubelet's
+    // pod-resources API: allocatable 1, available 0 while the Pod holds it, 1 once it is gone.
+    let zone = format!("node-{node}");
+    wait_zone_device(t, &zone, "0")?;
     t.notes.push(format!(
         "device plugin: a Pod without devices went to NUMA node {k}; the accel Pod, given {id} on node {node}: \
-         grant {}, CRI cpuset_cpus {:?}, cgroup cpuset.cpus {:?}; Event TopologyPlaced: {event}",
+         grant {}, CRI cpuset_cpus {:?}, cgroup cpuset.cpus {:?}; Event TopologyPlaced: {event}; \
+         NodeResourceTopology zone {zone}: {ACCEL} allocatable 1, available 0",
         p.grant, p.spec_cpus, p.cgroup_cpus
     ));
     t.delete_pod("accel")?;
+    wait_zone_device(t, &zone, "1")?;
     drop(plugin);
     Ok(())
+}
+
+/// Waits until the agent's NodeResourceTopology zone `zone` shows one `example.com/accel`
+/// allocatable and `available` free (device counts are asked every 10 s and the object is
+/// written at most every 15 s).
+fn wait_zone_device(t: &Tier, zone: &str, available: &str) -> Result<()> {
+    util::wait_until(
+        &format!("{ACCEL} available {available} of 1 in zone {zone} of the NodeResourceTopology"),
+        Duration::from_secs(60),
+        POLL,
+        || {
+            let nrt =
+                t.cl.kube()
+                    .get_json(&["get", "noderesourcetopologies.topology.node.k8s.io", NODE])?
+                    .context("no NodeResourceTopology")?;
+            let res = nrt["zones"].as_array().and_then(|z| {
+                z.iter().find(|z| z["name"] == zone)?["resources"]
+                    .as_array()?
+                    .iter()
+                    .find(|r| r["name"] == ACCEL)
+                    .cloned()
+            });
+            Ok(res.is_some_and(|r| r["allocatable"] == "1" && r["available"] == available))
+        },
+    )
 }
 
 /// The per-Pod controls of the annotation table, one Pod each, through the kubelet: a level,
@@ -280,17 +311,22 @@ fn per_pod_controls(t: &mut Tier) -> Result<()> {
     ensure!(parse_list(&x.cgroup_cpus) == folded_node(k), "{x:?}");
     t.notes
         .push(format!("numa-policy exclusive: grant {}", x.grant));
-    // numa-policy: strict, a limit no NUMA node holds (30 CPUs on 24-CPU nodes): all CPUs.
+    // numa-policy: strict is judged by the request, as the kubelet's single-numa-node: a limit
+    // no NUMA node holds (30 CPUs on 24-CPU nodes) with a request one holds gets one node. (A
+    // request no node holds is refused: engine tests; this 2-CPU node admits no such Pod.)
     let mut big = annotated("ctl-strict", &[(NUMA_POLICY, "strict")]);
     big.cpu_limit = "30";
     let b = t.run_pod(&big)?;
-    let all: BTreeSet<usize> = host_cpus().into_iter().collect();
+    let one_node = b.field("n").parse::<usize>().is_ok();
     ensure!(
-        b.grant.is_empty() && parse_list(&b.cgroup_cpus) == all,
-        "strict: {b:?}"
+        one_node && b.field("pool").starts_with("numa") && b.field("l") == "30000",
+        "strict 100m/30: not one NUMA node: {b:?}"
     );
-    let e = t.pod_event("ctl-strict", "TopologyNotPlaced")?;
-    ensure!(e.contains("strict"), "strict: Event {e:?}");
+    let e = t.pod_event("ctl-strict", "TopologyPlaced")?;
+    t.notes.push(format!(
+        "numa-policy strict 100m/30: grant {} ; Event {e}",
+        b.grant
+    ));
     // memory-type: pmem on a DRAM-only machine: placed, and a Warning says why not.
     let m = t.run_pod(&annotated(
         "ctl-pmem",

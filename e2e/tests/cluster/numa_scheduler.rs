@@ -352,10 +352,48 @@ fn binding_by_zone_fit(t: &mut Tier) -> Result<()> {
     Ok(())
 }
 
+/// The real node's zones' CPUs as the agent's object says: zone name -> (allocatable,
+/// available) in milli-CPUs.
+fn zone_cpus(t: &Tier) -> Result<std::collections::BTreeMap<String, (u64, u64)>> {
+    let nrt =
+        t.cl.kube()
+            .get_json(&["get", "noderesourcetopologies.topology.node.k8s.io", NODE])?
+            .context("no NodeResourceTopology")?;
+    let milli = |v: &Value| {
+        let s = v.as_str().unwrap_or_default();
+        s.strip_suffix('m').map_or_else(
+            || s.parse::<u64>().ok().map(|c| c * 1000),
+            |m| m.parse().ok(),
+        )
+    };
+    let mut out = std::collections::BTreeMap::new();
+    for z in nrt["zones"].as_array().into_iter().flatten() {
+        let cpu = z["resources"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["name"] == "cpu"));
+        if let (Some(name), Some(cpu)) = (z["name"].as_str(), cpu) {
+            if let (Some(a), Some(v)) = (milli(&cpu["allocatable"]), milli(&cpu["available"])) {
+                out.insert(name.to_string(), (a, v));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The plugin's last "final verdict" line for `pod` on the real node (the zone it counted).
+fn plugin_verdict(t: &Tier, pod: &str) -> String {
+    let log = std::fs::read_to_string(t.cl.dir.join("numa-scheduler.log")).unwrap_or_default();
+    log.lines()
+        .rfind(|l| l.contains("final verdict") && l.contains(pod) && l.contains(NODE))
+        .unwrap_or("(no final verdict line)")
+        .to_string()
+}
+
 /// A Guaranteed 1-CPU Pod the NUMA-aware scheduler binds to the real node: the agent gives it
-/// an exclusive CPU on one NUMA node, and its NodeResourceTopology then shows that zone one
-/// CPU fuller.
+/// an exclusive CPU on one NUMA node, the zone the plugin counted it on, and the agent's
+/// object then shows that zone one CPU fuller than before.
 fn pinned_where_counted(t: &mut Tier) -> Result<()> {
+    let before = zone_cpus(t)?;
     t.cl.kube()
         .apply(&guaranteed("numa-real", "1", Some(NODE)))?;
     let node = bound_node(t, "numa-real")?;
@@ -369,123 +407,110 @@ fn pinned_where_counted(t: &mut Tier) -> Result<()> {
         "numa-real: no exclusive CPU on one NUMA node: {} ({GRANT_KEY})",
         placed.grant
     );
+    // The zone the plugin counted the container on (the kubelet's choice it emulates: the
+    // lowest NUMA node that fits) is the one the agent pinned it to.
+    let counted = plugin_verdict(t, "numa-real");
+    ensure!(
+        counted.contains(&format!("numaCell={numa}")),
+        "numa-real: the agent pinned it to NUMA node {numa}, the plugin counted: {counted}"
+    );
     let zone = format!("node-{numa}");
-    let mut available = String::new();
+    let was = before
+        .get(&zone)
+        .map(|z| z.1)
+        .context("zone missing before")?;
+    let mut now = (0, 0);
     util::wait_until(
         &format!("zone {zone} one CPU fuller"),
         PUBLISH_INTERVAL * 3,
         POLL,
         || {
-            let nrt =
-                t.cl.kube()
-                    .get_json(&["get", "noderesourcetopologies.topology.node.k8s.io", NODE])?
-                    .context("no NRT")?;
-            let cpu = nrt["zones"].as_array().and_then(|z| {
-                z.iter().find(|z| z["name"] == zone.as_str())?["resources"]
-                    .as_array()?
-                    .iter()
-                    .find(|r| r["name"] == "cpu")
-                    .cloned()
-            });
-            let Some(cpu) = cpu else { return Ok(false) };
-            available = format!("{} of {}", cpu["available"], cpu["allocatable"]);
-            let milli = |v: &Value| {
-                let s = v.as_str().unwrap_or_default();
-                s.strip_suffix('m').map_or_else(
-                    || s.parse::<u64>().ok().map(|c| c * 1000),
-                    |m| m.parse().ok(),
-                )
-            };
-            Ok(milli(&cpu["allocatable"])
-                .zip(milli(&cpu["available"]))
-                .is_some_and(|(a, v)| a >= v + 1000))
+            now = zone_cpus(t)?.get(&zone).copied().unwrap_or_default();
+            Ok(now.1 + 1000 <= was)
         },
     )?;
-    let verdict = t.cl.dir.join("numa-scheduler.log");
-    let log = std::fs::read_to_string(verdict).unwrap_or_default();
-    let counted = log
-        .lines()
-        .rfind(|l| l.contains("final verdict") && l.contains("numa-real") && l.contains(NODE))
-        .unwrap_or("(no final verdict line)")
-        .to_string();
-    // The zone the plugin counted the container on (the kubelet's choice it emulates: the
-    // lowest NUMA node that fits) is the one the agent pinned it to.
-    ensure!(
-        counted.contains(&format!("numaCell={numa}")),
-        "numa-real: the agent pinned it to NUMA node {numa}, the plugin counted: {counted}"
-    );
     t.notes.push(format!(
-        "NUMA scheduler: numa-real bound to {node}, grant {} (cgroup cpus {}), zone {zone} cpu {available}; plugin: {counted}",
-        placed.grant, placed.cgroup_cpus
+        "NUMA scheduler: numa-real bound to {node}, grant {} (cgroup cpus {}), zone {zone} cpu available {was}m -> {}m of {}m; plugin: {counted}",
+        placed.grant, placed.cgroup_cpus, now.1, now.0
     ));
     t.delete_pod("numa-real")?;
     Ok(())
 }
 
-/// Churn on the real node through the default scheduler (foreign pods to the plugin, which
-/// marks the node for a resync): after each step the plugin's cache accepts the agent's
-/// NodeResourceTopology, i.e. the fingerprints agree.
-fn fingerprint_through_churn(t: &mut Tier, sched: &mut Proc) -> Result<()> {
+/// A churn step: the Pod's name, its manifest and the phase it ends in.
+struct Step {
+    name: &'static str,
+    manifest: String,
+    phase: &'static str,
+}
+
+/// The churn steps on the real node: a Burstable Pod, a Guaranteed one, a completed Job pod,
+/// a Pod with an init container and a sidecar.
+fn churn_steps() -> Vec<Step> {
     let container = |name: &str, cpu: &str, cmd: &[&str]| {
         json!({"name": name, "image": tap_e2e::containerd::BUSYBOX_IMAGE,
             "imagePullPolicy": "Never", "command": cmd,
             "resources": {"requests": {"cpu": cpu, "memory": "32Mi"},
                           "limits": {"cpu": cpu, "memory": "32Mi"}}})
     };
-    let pod = |name: &str, mut spec: Value| {
+    let step = |name: &'static str, mut spec: Value, phase: &'static str| {
         // The default scheduler might pick a node without a kubelet otherwise.
         spec["nodeSelector"] = json!({"kubernetes.io/hostname": NODE});
-        json!({"apiVersion": "v1", "kind": "Pod",
+        let manifest = json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default"}, "spec": spec})
-        .to_string()
+        .to_string();
+        Step {
+            name,
+            manifest,
+            phase,
+        }
     };
     let sleep = ["/bin/sleep", "36000"];
-    let mut b = container("app", "100m", &sleep);
-    b["resources"]["limits"]["cpu"] = json!("200m");
-    let steps: Vec<(&str, String, &str)> = vec![
-        (
+    let mut burstable = container("app", "100m", &sleep);
+    burstable["resources"]["limits"]["cpu"] = json!("200m");
+    let sidecar = json!({"restartPolicy": "Always", "name": "sidecar",
+        "image": tap_e2e::containerd::BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+        "command": sleep, "resources": {"requests": {"cpu": "50m", "memory": "16Mi"}}});
+    vec![
+        step(
             "pfp-burstable",
-            pod(
-                "pfp-burstable",
-                json!({"terminationGracePeriodSeconds": 0,
-            "containers": [b]}),
-            ),
+            json!({"terminationGracePeriodSeconds": 0,
+            "containers": [burstable]}),
             "Running",
         ),
-        (
+        step(
             "pfp-guaranteed",
-            pod(
-                "pfp-guaranteed",
-                json!({"terminationGracePeriodSeconds": 0,
+            json!({"terminationGracePeriodSeconds": 0,
             "containers": [container("app", "1", &sleep)]}),
-            ),
             "Running",
         ),
-        (
+        step(
             "pfp-job",
-            pod(
-                "pfp-job",
-                json!({"restartPolicy": "Never",
+            json!({"restartPolicy": "Never",
             "containers": [container("app", "100m", &["/bin/true"])]}),
-            ),
             "Succeeded",
         ),
-        (
+        step(
             "pfp-sidecar",
-            pod(
-                "pfp-sidecar",
-                json!({"terminationGracePeriodSeconds": 0,
-            "initContainers": [container("init", "100m", &["/bin/true"]),
-                {"restartPolicy": "Always", "name": "sidecar",
-                 "image": tap_e2e::containerd::BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                 "command": sleep, "resources": {"requests": {"cpu": "50m", "memory": "16Mi"}}}],
+            json!({"terminationGracePeriodSeconds": 0,
+            "initContainers": [container("init", "100m", &["/bin/true"]), sidecar],
             "containers": [container("app", "100m", &sleep)]}),
-            ),
             "Running",
         ),
-    ];
+    ]
+}
+
+/// Churn on the real node through the default scheduler (foreign pods to the plugin, which
+/// marks the node for a resync): after each step the plugin's cache accepts the agent's
+/// NodeResourceTopology, i.e. the fingerprints agree.
+fn fingerprint_through_churn(t: &mut Tier, sched: &mut Proc) -> Result<()> {
     let mut took = Vec::new();
-    for (name, manifest, phase) in steps {
+    for Step {
+        name,
+        manifest,
+        phase,
+    } in churn_steps()
+    {
         let from = log_len(sched);
         t.cl.kube().apply(&manifest)?;
         util::wait_until(
