@@ -22,8 +22,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// Where setup-kube.sh puts kube-apiserver and kubectl.
-pub const BIN_DIR: &str = "/var/cache/kunpeng-tap/bin";
+/// Where setup-kube.sh puts kube-apiserver, kubectl and the other Kubernetes components: the
+/// folder of the release it builds by default (`K8S_VERSION`; a unit test checks the two agree).
+pub const BIN_DIR: &str = "/var/cache/kunpeng-tap/kube-v1.37.2";
 
 pub(crate) fn bin_dir() -> PathBuf {
     std::env::var_os("TAP_KUBE_BIN_DIR")
@@ -636,3 +637,22 @@ pub(crate) fn write_kubeconfig(
 }
 
 pub use crate::util::cargo_bin;
+
+#[cfg(test)]
+mod tests {
+    /// `BIN_DIR` is the folder of the release hack/e2e/setup-kube.sh builds by default.
+    #[test]
+    fn bin_dir_is_the_release_setup_kube_builds() {
+        let script = crate::util::workspace_root().join("hack/e2e/setup-kube.sh");
+        let text = std::fs::read_to_string(script).expect("hack/e2e/setup-kube.sh");
+        let version = text
+            .lines()
+            .find_map(|l| l.strip_prefix("K8S_VERSION=\"${K8S_VERSION:-"))
+            .and_then(|rest| rest.strip_suffix("}\""))
+            .expect("a default K8S_VERSION in setup-kube.sh");
+        assert_eq!(
+            super::BIN_DIR,
+            format!("/var/cache/kunpeng-tap/kube-{version}")
+        );
+    }
+}

@@ -6,7 +6,7 @@
 //! serves it (`.Capabilities`) and its NOTES say that the restriction is off elsewhere. Checked
 //! with the real `helm` for 1.26, 1.29, 1.30 and 1.34, rendered as a GitOps tool renders for a
 //! cluster (`helm template --kube-version --api-versions`, the cluster's resource list) and with
-//! the version alone, and by a real install on a kube-apiserver 1.34 whose
+//! the version alone, and by a real install on the e2e tier's kube-apiserver (1.37) whose
 //! ValidatingAdmissionPolicy API is switched off (`--runtime-config`), which is what a 1.26-1.29
 //! server offers the chart.
 
@@ -174,14 +174,14 @@ fn renders_for_each_supported_kubernetes_version() {
 }
 
 /// The API server of a cluster without admissionregistration.k8s.io/v1
-/// ValidatingAdmissionPolicy: 1.34 with that API switched off.
+/// ValidatingAdmissionPolicy: the e2e tier's (1.37) with that API switched off.
 fn start_without_vap() -> KubeCluster {
     KubeCluster::start_with(&KubeOptions {
         extra_args: vec![
             // The resource-level form: the rest of admissionregistration.k8s.io/v1 (webhooks)
             // stays, as on 1.26-1.29.
             "--runtime-config=admissionregistration.k8s.io/v1/validatingadmissionpolicies=false,admissionregistration.k8s.io/v1/validatingadmissionpolicybindings=false".into(),
-            // Its admission plugin is always on in 1.34 and waits for the policies' informers,
+            // Its admission plugin is always on (1.34 on) and waits for the policies' informers,
             // which cannot sync without the API: the server's start-up hooks then fail.
             "--disable-admission-plugins=ValidatingAdmissionPolicy".into(),
         ],

@@ -1109,7 +1109,7 @@ fn install_path(kubeconfig: &std::path::Path, work: &std::path::Path) {
     let out = ok(c);
     assert!(out.contains("STATUS: deployed"), "{out}");
     assert!(out.contains("kubectl get nodetopology"), "NOTES: {out}");
-    // kube-apiserver 1.34 serves ValidatingAdmissionPolicy: the restriction is installed.
+    // The e2e tier's kube-apiserver (1.37) serves ValidatingAdmissionPolicy: the restriction is installed.
     assert!(
         out.contains("Node restriction is on: the ValidatingAdmissionPolicy tap-kunpeng-tap-agent-node-restriction"),
         "NOTES: {out}"

@@ -189,7 +189,7 @@ fn an_agent_writes_only_its_own_node_topology() {
     let agent_unbound = kc("agent-unbound", AGENT_SA, None);
     let operator = kc("operator", OPERATOR_SA, Some("operator-node-a"));
 
-    // The API server (1.34, no feature gate) puts the Pod's node into bound tokens.
+    // The API server (1.37, no feature gate) puts the Pod's node into bound tokens.
     let who = whoami(&k, &agent_a);
     assert_eq!(
         who["username"],

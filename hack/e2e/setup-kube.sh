@@ -4,16 +4,18 @@
 #   - openssl (test certificates are generated at test time)
 #   - kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl, built in ONE
 #     `go build` from the Go module k8s.io/kubernetes at a pinned release, cached in
-#     /var/cache/kunpeng-tap/bin/ (GOPATH/GOMODCACHE/GOCACHE under /var/cache/kunpeng-tap/go so
-#     later runs reuse the downloads and the build cache).
+#     /var/cache/kunpeng-tap/kube-<version>/ (one folder per release, so a checkout of another
+#     release never finds binaries that are not its own; e2e/src/kube.rs names it; GOPATH,
+#     GOMODCACHE and GOCACHE under /var/cache/kunpeng-tap/go so later runs reuse the downloads
+#     and the build cache).
 # The k8s.io/kubernetes go.mod points its staging modules (k8s.io/api, ...) at ./staging/src via
 # `replace`; replaces of a dependency are ignored, so the build module below re-creates each of
 # them at the matching v0.X.Y release.
 set -euo pipefail
 
-K8S_VERSION="${K8S_VERSION:-v1.34.4}"
+K8S_VERSION="${K8S_VERSION:-v1.37.2}"
 CACHE=/var/cache/kunpeng-tap
-BIN="$CACHE/bin"
+BIN="$CACHE/kube-$K8S_VERSION"
 CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 # v2: the five commands (v1 built only kube-apiserver and kubectl).
 STAMP="$BIN/kube-${K8S_VERSION}-v2.stamp"
