@@ -47,12 +47,9 @@ if all_built; then
   exit 0
 fi
 
-command -v go >/dev/null || { echo "go not found on PATH" >&2; exit 1; }
-export GOPATH="$CACHE/go"
-export GOMODCACHE="$CACHE/go/pkg/mod"
-export GOCACHE="$CACHE/go/cache"
-export GOFLAGS="-buildvcs=false -mod=mod"
-export CGO_ENABLED=0
+# shellcheck source=hack/lib/go-cache.sh
+. "$(dirname "$0")/../lib/go-cache.sh"
+go_cache_env "$CACHE"
 staging_version="v0.${K8S_VERSION#v1.}"
 
 work="$CACHE/go/build-$K8S_VERSION-v2"

@@ -51,12 +51,9 @@ if [ -x "$OUT" ] && [ -f "$STAMP" ]; then
   exit 0
 fi
 
-command -v go >/dev/null || { echo "go not found on PATH" >&2; exit 1; }
-export GOPATH="$CACHE/go"
-export GOMODCACHE="$CACHE/go/pkg/mod"
-export GOCACHE="$CACHE/go/cache"
-export GOFLAGS="-buildvcs=false -mod=mod"
-export CGO_ENABLED=0
+# shellcheck source=hack/lib/go-cache.sh
+. "$(dirname "$0")/../lib/go-cache.sh"
+go_cache_env "$CACHE"
 # Only the module proxy: a fallback to `direct` would try git hosts this machine cannot reach.
 GOPROXY="$(go env GOPROXY | cut -d, -f1)"
 export GOPROXY
