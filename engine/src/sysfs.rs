@@ -458,6 +458,20 @@ mod tests {
     use super::*;
     use crate::topology::Topology;
 
+    /// `tiny` with HMAT read bandwidths that make the memory-only node 2 four times faster
+    /// than node 0's DRAM.
+    fn tiny_with_hbm_bandwidth() -> MapSource {
+        tiny()
+            .with(
+                "devices/system/node/node0/access0/initiators/read_bandwidth",
+                "100000\n",
+            )
+            .with(
+                "devices/system/node/node2/access0/initiators/read_bandwidth",
+                "400000\n",
+            )
+    }
+
     fn tiny() -> MapSource {
         let mut m = MapSource::default()
             .with("devices/system/cpu/online", "0-2,4\n")
@@ -512,15 +526,7 @@ mod tests {
 
     #[test]
     fn hmat_bandwidth_makes_a_memory_only_node_hbm() {
-        let m = tiny()
-            .with(
-                "devices/system/node/node0/access0/initiators/read_bandwidth",
-                "100000\n",
-            )
-            .with(
-                "devices/system/node/node2/access0/initiators/read_bandwidth",
-                "400000\n",
-            );
+        let m = tiny_with_hbm_bandwidth();
         let raw = discover(&m, &DiscoveryOptions::default()).unwrap();
         assert_eq!(raw.nodes[2].read_bandwidth, Some(400_000));
         let t = Topology::build(&raw).unwrap();
@@ -533,15 +539,7 @@ mod tests {
     #[test]
     fn memory_tiers_are_read_and_come_before_the_hmat() {
         let tier = |n: &str| format!("devices/virtual/memory_tiering/memory_tier{n}/nodelist");
-        let m = tiny()
-            .with(
-                "devices/system/node/node0/access0/initiators/read_bandwidth",
-                "100000\n",
-            )
-            .with(
-                "devices/system/node/node2/access0/initiators/read_bandwidth",
-                "400000\n",
-            )
+        let m = tiny_with_hbm_bandwidth()
             .with(&tier("4"), "0-1\n")
             .with(&tier("22"), "2\n");
         let d = discover_with_warnings(&m, &DiscoveryOptions::default()).unwrap();

@@ -297,6 +297,18 @@ mod tests {
             .unwrap_or_else(|| panic!("no zone {name} in {obj}"))
     }
 
+    /// What the tests' objects advertise: `single-numa-node`, the default pod set and method,
+    /// a fingerprint.
+    fn advertised() -> Advertised {
+        Advertised {
+            policy: "single-numa-node".into(),
+            sysfs_root: std::path::PathBuf::new(),
+            method: Default::default(),
+            informer: Default::default(),
+            fingerprint: Fingerprint::Published,
+        }
+    }
+
     fn resource<'a>(zone: &'a Value, name: &str) -> &'a Value {
         zone["resources"]
             .as_array()
@@ -307,13 +319,7 @@ mod tests {
     #[test]
     fn zones_follow_the_allocations() {
         let mut e = engine(true);
-        let adv = Advertised {
-            policy: "single-numa-node".into(),
-            sysfs_root: std::path::PathBuf::new(),
-            method: Default::default(),
-            informer: Default::default(),
-            fingerprint: Fingerprint::Published,
-        };
+        let adv = advertised();
         let before = resource_topology(&e, "n1", &adv, &Extras::default());
         let zones = before["zones"].as_array().expect("zones");
         assert_eq!(zones.len(), e.topology().nodes.len());
@@ -377,13 +383,7 @@ mod tests {
     #[test]
     fn extras_reach_the_zones_and_attributes() {
         let e = engine(true);
-        let adv = Advertised {
-            policy: "single-numa-node".into(),
-            sysfs_root: std::path::PathBuf::new(),
-            method: Default::default(),
-            informer: Default::default(),
-            fingerprint: Fingerprint::Published,
-        };
+        let adv = advertised();
         let extras = Extras {
             pods: Some(vec![
                 ("default".into(), "a".into()),
@@ -457,13 +457,7 @@ mod tests {
     #[test]
     fn hugepages_held_by_booked_containers_are_not_available() {
         let mut e = engine(true);
-        let adv = Advertised {
-            policy: "single-numa-node".into(),
-            sysfs_root: std::path::PathBuf::new(),
-            method: Default::default(),
-            informer: Default::default(),
-            fingerprint: Fingerprint::Published,
-        };
+        let adv = advertised();
         let mut booked = Vec::new();
         for (id, cpus, limits) in [
             ("one", 4000, vec![(2048, 100u64 << 21)]),
