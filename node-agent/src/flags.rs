@@ -358,8 +358,9 @@ pub struct Flags {
 
     /// NRI: whether the agent sends cpuset updates of running containers on its own
     /// (unsolicited `UpdateContainers`). `auto`: only to containerd 2.4 or later; older
-    /// containerd releases can deadlock their NRI on one (containerd issue 13733), so there the
-    /// updates ride on the answers to containerd's own requests. `always`, `never`.
+    /// containerd releases can deadlock their NRI on one (two locks taken in opposite orders,
+    /// fixed in NRI v0.12.1, which containerd vendors from 2.4), so there the updates ride on
+    /// the answers to containerd's own requests. `always`, `never`.
     #[arg(help_heading = "Runtime", long, value_enum, default_value = "auto")]
     pub nri_unsolicited_updates: UnsolicitedUpdates,
 

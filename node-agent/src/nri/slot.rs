@@ -16,7 +16,7 @@
 //! unsolicited `UpdateContainers` takes them the other way round (adaptation first, then the
 //! glue's, in `updateContainers` → `updateFn`), so one that arrives while containerd handles
 //! any pod or container request can deadlock containerd's NRI for good: every later create
-//! waits forever. Upstream: containerd issue 13733, fixed in NRI v0.12.1 (commit 55afaa2),
+//! waits forever. Fixed upstream in NRI v0.12.1 (commit 55afaa2, the lock order made one),
 //! which containerd vendors from 2.4 on; every 1.7, 2.0-2.3 release has the inversion.
 
 use crate::agent::Update;
@@ -70,7 +70,7 @@ fn auto_verdict(runtime: &str, version: &str) -> Verdict {
     match major_minor(version) {
         Some(v) if v >= CONTAINERD_FIXED => Verdict::Send,
         Some(_) => Verdict::AnswersOnly(format!(
-            "containerd {version}'s NRI can deadlock on an unsolicited update (containerd issue 13733, fixed from 2.4)"
+            "containerd {version}'s NRI can deadlock on an unsolicited update (the lock-order inversion fixed in NRI v0.12.1, vendored from containerd 2.4)"
         )),
         None => Verdict::AnswersOnly(format!("containerd version {version:?} not understood")),
     }
