@@ -1,6 +1,7 @@
 //! The allocation engine: the current grants, the load on every pool and NUMA node, and the
 //! create / update / remove / restore operations. Pure: no I/O, no clock, no randomness.
 
+use crate::claim::ClaimGrant;
 use crate::cpu_model::ClustersOff;
 use crate::cpuset::CpuSet;
 use crate::grant::Grant;
@@ -20,6 +21,7 @@ pub use crate::types::{
 };
 
 mod charge;
+mod claims;
 mod hint;
 mod reinstate;
 mod relocate;
@@ -57,6 +59,10 @@ pub struct Engine {
     policies: Policies,
     /// Measured usage per NUMA node, when the caller hands one (see [`UsageHint`]).
     usage_hint: Option<UsageHint>,
+    /// The booked DRA claims by uid ([`crate::claim`]).
+    claims: std::collections::BTreeMap<Arc<str>, ClaimGrant>,
+    /// Their CPUs: out of `usable`.
+    claimed: CpuSet,
 }
 
 impl Engine {
@@ -81,6 +87,8 @@ impl Engine {
             taken: CpuSet::new(),
             policies: Policies::default(),
             usage_hint: None,
+            claims: Default::default(),
+            claimed: CpuSet::new(),
         }
     }
 
@@ -116,6 +124,11 @@ impl Engine {
     /// Where `req` would be placed now, without placing it (the decision [`Engine::create`]
     /// commits, before its opt-out and already-placed checks).
     pub fn decide(&self, req: &ContainerRequest) -> Option<Choice> {
+        if !req.claims.is_empty() {
+            if let Some(c) = self.claim_choice(req) {
+                return Some(c);
+            }
+        }
         self.policies.choose(&self.view(), req, None)
     }
 
@@ -144,20 +157,23 @@ impl Engine {
         let (cfg, clusters_off) = cfg.in_force(&self.topo.cpu);
         self.clusters_off = clusters_off;
         let before = self.usable;
-        self.usable = self
-            .topo
-            .online
-            .difference(&cfg.reserved)
-            .difference(&self.topo.isolated);
-        self.capacity = capacities(self.topo.pools.iter().map(|p| &p.cpus), &self.usable);
-        self.node_capacity = capacities(self.topo.nodes.iter().map(|n| &n.cpus), &self.usable);
-        self.has_shared = with_shared_cpus(&self.topo, &self.usable, &self.taken);
         self.cfg = cfg;
+        self.set_claimed(self.claimed);
         let changed = before.symmetric_difference(&self.usable);
         if changed.is_empty() {
             return CpusetUpdates::new();
         }
         self.refresh_shared(&changed)
+    }
+
+    /// Sets the claimed CPUs and what follows from them and the configuration: the usable CPUs
+    /// (online minus reserved, isolated and claimed) and the capacities read from those.
+    fn set_claimed(&mut self, claimed: CpuSet) {
+        self.claimed = claimed;
+        self.usable = self.allocatable().difference(&claimed);
+        self.capacity = capacities(self.topo.pools.iter().map(|p| &p.cpus), &self.usable);
+        self.node_capacity = capacities(self.topo.nodes.iter().map(|n| &n.cpus), &self.usable);
+        self.has_shared = with_shared_cpus(&self.topo, &self.usable, &self.taken);
     }
 
     pub fn grant(&self, id: &str) -> Option<&Grant> {
@@ -172,7 +188,7 @@ impl Engine {
     /// goes: [`SharedIndex::add`] moves a slot it holds).
     fn put(&mut self, id: Arc<str>, g: Grant) {
         // Reserved grants are never refreshed: exclusive CPUs are never reserved ones.
-        let shared = (!g.is_exclusive() && !g.is_reserved()).then_some((g.pool, g.span));
+        let shared = (!g.is_exclusive() && !g.off_pools()).then_some((g.pool, g.span));
         let slot = self.grants.insert(Arc::clone(&id), g);
         match shared {
             Some((pool, span)) => self.shared.add(slot, &id, pool, &span),
@@ -245,7 +261,7 @@ impl Engine {
     /// is not held to its NUMA policy).
     fn refusal(&self, req: &ContainerRequest, choice: &Choice) -> Option<SkipReason> {
         use crate::request::NumaPolicy;
-        if choice.site == Site::Reserved {
+        if choice.site != Site::Pools {
             return None;
         }
         let policy = req
@@ -275,9 +291,11 @@ impl Engine {
         // A whole NUMA node (`numa-policy: exclusive`) stays the container's whatever its size.
         let whole_node = old.is_exclusive()
             && req.overrides.numa_policy == Some(crate::request::NumaPolicy::Exclusive);
-        let unchanged = old.request_milli == req.cpu_request_milli
-            && old.limit_milli == req.cpu_limit_milli
-            && (whole_node || old.exclusive.len() == req.exclusive_cpus().unwrap_or(0));
+        // A container on its claims' CPUs keeps them whatever its size.
+        let unchanged = old.site == Site::Claim
+            || old.request_milli == req.cpu_request_milli
+                && old.limit_milli == req.cpu_limit_milli
+                && (whole_node || old.exclusive.len() == req.exclusive_cpus().unwrap_or(0));
         if unchanged {
             return Outcome::Placed(Placement {
                 cpus: old.cpus,
@@ -286,6 +304,7 @@ impl Engine {
                 exclusive: old.is_exclusive(),
                 reason: match old.site {
                     Site::Reserved => Reason::Reserved,
+                    Site::Claim => Reason::Claimed,
                     Site::Pools => Reason::Fits(self.topo.pools[old.pool].level),
                 },
                 updates: CpusetUpdates::new(),
@@ -392,7 +411,7 @@ impl Engine {
             0
         };
         let all = match c.site {
-            Site::Reserved => c.span,
+            Site::Reserved | Site::Claim => c.span,
             Site::Pools if c.exclusive.is_empty() => self.shared_cpus(&c.span),
             Site::Pools => c.exclusive,
         };
@@ -414,6 +433,7 @@ impl Engine {
             cpus,
             threads,
             site: c.site,
+            claims: c.claims.clone(),
         };
         self.charge(&g);
         let id: Arc<str> = Arc::from(req.id.as_str());

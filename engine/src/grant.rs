@@ -8,6 +8,7 @@ use crate::request::{Hyperthreads, PolicyKind};
 use crate::topology::{PoolId, Topology};
 use crate::types::Site;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
@@ -32,6 +33,8 @@ pub struct Grant {
     pub threads: Hyperthreads,
     /// Where the CPUs come from: the pools, or the reserved CPUs (the span; charged nowhere).
     pub site: Site,
+    /// The uids of the DRA claims whose CPUs the grant holds ([`Site::Claim`]; else empty).
+    pub claims: Vec<Arc<str>>,
 }
 
 impl Grant {
@@ -62,8 +65,15 @@ impl Grant {
         self.site == Site::Reserved
     }
 
+    /// Whether the grant's CPUs are its span, off the pools (the reserved CPUs, or a DRA
+    /// claim's): charged nowhere, never refreshed, never moved.
+    pub fn off_pools(&self) -> bool {
+        self.site != Site::Pools
+    }
+
     /// The grant record: `v1;p=<policy>;pool=<name>;n=<nodes>;x=<exclusive>;r=<req>;l=<lim>;m=<mem>;mems=<mems>`,
-    /// and `;on=reserved` for a grant on the reserved CPUs (older agents ignore the key).
+    /// and `;on=reserved` for a grant on the reserved CPUs, `;on=claim:<uid>+<uid>` for one on
+    /// DRA claims' CPUs (older agents ignore the key).
     pub fn record(&self, topo: &Topology) -> String {
         let mut s = String::with_capacity(96);
         let _ = write!(
@@ -80,8 +90,18 @@ impl Grant {
         if let Some(m) = self.mems {
             let _ = write!(s, ";mems={m}");
         }
-        if self.is_reserved() {
-            s.push_str(";on=reserved");
+        match self.site {
+            Site::Pools => {}
+            Site::Reserved => s.push_str(";on=reserved"),
+            Site::Claim => {
+                s.push_str(";on=claim:");
+                for (i, uid) in self.claims.iter().enumerate() {
+                    if i > 0 {
+                        s.push('+');
+                    }
+                    s.push_str(uid);
+                }
+            }
         }
         s
     }
@@ -99,6 +119,8 @@ pub struct GrantRecord {
     pub memory_bytes: u64,
     pub mems: Option<NodeSet>,
     pub site: Site,
+    /// The claims' uids of a [`Site::Claim`] record.
+    pub claims: Vec<String>,
 }
 
 impl GrantRecord {
@@ -112,6 +134,7 @@ impl GrantRecord {
         let (mut policy, mut pool, mut nodes, mut excl) = (None, None, None, None);
         let (mut req, mut lim, mut mem, mut mems) = (None, None, None, None);
         let mut site = Site::Pools;
+        let mut claims = Vec::new();
         for part in parts {
             let (k, v) = part.split_once('=')?;
             match k {
@@ -130,7 +153,11 @@ impl GrantRecord {
                 "m" => mem = v.parse().ok(),
                 "mems" => mems = Some(NodeSet::parse(v).ok()?),
                 "on" if v == "reserved" => site = Site::Reserved,
-                "on" => return None,
+                "on" => {
+                    let uids = v.strip_prefix("claim:").filter(|u| !u.is_empty())?;
+                    site = Site::Claim;
+                    claims = uids.split('+').map(str::to_string).collect();
+                }
                 _ => {}
             }
         }
@@ -144,6 +171,7 @@ impl GrantRecord {
             memory_bytes: mem?,
             mems,
             site,
+            claims,
         })
     }
 }
@@ -180,5 +208,21 @@ mod tests {
             GrantRecord::parse("v1;p=topology-aware;pool=machine;n=0;x=;r=1;l=;m=0;on=moon")
                 .is_none()
         );
+    }
+
+    #[test]
+    fn a_claimed_grant_names_its_claims_in_its_record() {
+        let r = GrantRecord::parse(
+            "v1;p=topology-aware;pool=numa1;n=1;x=;r=0;l=;m=0;mems=1;on=claim:a-1+b-2",
+        )
+        .unwrap();
+        assert_eq!(
+            (r.site, r.claims.as_slice()),
+            (Site::Claim, &["a-1".to_string(), "b-2".to_string()][..])
+        );
+        for bad in ["on=claim:", "on=claims:a"] {
+            let s = format!("v1;p=topology-aware;pool=numa1;n=1;x=;r=0;l=;m=0;{bad}");
+            assert!(GrantRecord::parse(&s).is_none(), "{s}");
+        }
     }
 }

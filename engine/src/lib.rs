@@ -16,6 +16,8 @@
 //! - [`policy`]: the [`Policy`] trait, `topology-aware` and `numa-aware`, and how to plug in
 //!   another one.
 //! - [`cpu_picker`]: the shared exclusive-CPU picker.
+//! - [`claim`]: CPUs and memory claimed through DRA, picked like exclusive CPUs.
+//! - [`dra`]: the devices this node offers DRA (a group of CPUs and its memory each).
 //! - [`engine`]: the allocation state and its operations (create, update, remove, restore).
 //! - [`rebalance`]: usage-aware rebalancing: which shared containers to move between NUMA
 //!   nodes when their measured use is unbalanced ([`Engine::relocate`] moves one).
@@ -23,10 +25,12 @@
 //! - [`grant`]: one container's allocation and its record for restart recovery.
 //! - [`testdata`]: where the sysfs fixtures are (tests, benches).
 
+pub mod claim;
 pub mod cpu_model;
 pub mod cpu_picker;
 pub mod cpuset;
 pub mod devices;
+pub mod dra;
 pub mod engine;
 pub(crate) mod fit;
 pub mod grant;

@@ -315,6 +315,8 @@ pub struct ContainerRequest {
     pub memory_limit_bytes: Option<u64>,
     /// NUMA nodes of the PCI devices the container uses (GPUs), if any.
     pub device_nodes: Vec<u32>,
+    /// The DRA claims of this node's CPUs the container uses ([`crate::claim`]), if any.
+    pub claims: Vec<crate::claim::ClaimKey>,
     pub overrides: Overrides,
 }
 

@@ -308,6 +308,8 @@ pub enum Reason {
     ExclusiveNuma,
     /// A system daemon (its namespace listed, or asked by annotation): the reserved CPUs.
     Reserved,
+    /// The container uses DRA claims of this node's CPUs: their CPUs.
+    Claimed,
 }
 
 impl fmt::Display for Reason {
@@ -325,6 +327,7 @@ impl fmt::Display for Reason {
             }
             Reason::ExclusiveNuma => f.write_str("numa-policy exclusive: a whole NUMA node"),
             Reason::Reserved => f.write_str("system daemon: the reserved CPUs"),
+            Reason::Claimed => f.write_str("DRA claim: the claim's CPUs"),
         }
     }
 }
@@ -430,6 +433,8 @@ pub struct Choice {
     pub unhonoured: Option<Unhonoured>,
     /// Where the CPUs come from: the pools, or the reserved CPUs (`span`, charged nowhere).
     pub site: Site,
+    /// The uids of the DRA claims whose CPUs `span` is ([`Site::Claim`]; else empty).
+    pub claims: Vec<std::sync::Arc<str>>,
 }
 
 /// Where a grant's CPUs come from.
@@ -441,6 +446,9 @@ pub enum Site {
     /// The reserved CPUs (its span), shared by the system daemons placed there; charged to
     /// no pool or NUMA node, never changed by exclusive grants.
     Reserved,
+    /// The CPUs of the container's DRA claims (its span; [`crate::claim`]): charged nowhere,
+    /// out of the usable set while the claims are booked.
+    Claim,
 }
 
 /// The maps on the placement path hash container ids with foldhash's fixed-seed hasher: a

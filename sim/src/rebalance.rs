@@ -258,7 +258,7 @@ impl Run<'_> {
         let shared = |id: &str| {
             self.engine
                 .grant(id)
-                .filter(|g| !g.is_exclusive() && !g.is_reserved() && !g.cpus.is_empty())
+                .filter(|g| !g.is_exclusive() && !g.off_pools() && !g.cpus.is_empty())
         };
         let mut want = vec![0.0f64; n];
         for s in &demand {

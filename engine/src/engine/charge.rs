@@ -87,7 +87,7 @@ impl Engine {
     }
 
     fn charge_both(&mut self, g: &Grant, dir: Direction) {
-        if g.is_reserved() {
+        if g.off_pools() {
             return;
         }
         let c = Charge::of(g);

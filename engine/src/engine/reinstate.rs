@@ -21,7 +21,7 @@ impl Engine {
         if g.is_exclusive() && g.exclusive.intersects(&self.taken) {
             g.exclusive = CpuSet::new();
         }
-        let cpus = if g.is_reserved() {
+        let cpus = if g.off_pools() {
             g.span
         } else if g.is_exclusive() {
             self.set_taken(self.taken.union(&g.exclusive));

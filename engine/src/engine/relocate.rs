@@ -7,6 +7,7 @@ use crate::grant::Grant;
 use crate::nodeset::NodeSet;
 use crate::request::PolicyKind;
 use crate::topology::PoolId;
+use crate::types::Site;
 use std::sync::Arc;
 
 /// Why [`Engine::relocate`] refused.
@@ -18,6 +19,8 @@ pub enum RelocateError {
     Exclusive(String),
     #[error("container {0} runs on the reserved CPUs: only containers on the pools move")]
     Reserved(String),
+    #[error("container {0} runs on the CPUs of a DRA claim: only containers on the pools move")]
+    Claimed(String),
     #[error("pool {0} does not exist")]
     NoSuchPool(PoolId),
     #[error("container {id} does not fit pool {pool} (request, memory, or size)")]
@@ -39,8 +42,10 @@ impl Engine {
         if g.is_exclusive() {
             return Err(RelocateError::Exclusive(id.to_string()));
         }
-        if g.is_reserved() {
-            return Err(RelocateError::Reserved(id.to_string()));
+        match g.site {
+            Site::Pools => {}
+            Site::Reserved => return Err(RelocateError::Reserved(id.to_string())),
+            Site::Claim => return Err(RelocateError::Claimed(id.to_string())),
         }
         if to >= self.topo.pools.len() {
             return Err(RelocateError::NoSuchPool(to));

@@ -135,7 +135,7 @@ impl Engine {
         loop {
             let starving = self.grants.values().find_map(|g| {
                 let cpus = self.shared_cpus(&g.span);
-                (!g.is_exclusive() && !g.is_reserved() && cpus.is_empty()).then_some(g.span)
+                (!g.is_exclusive() && !g.off_pools() && cpus.is_empty()).then_some(g.span)
             });
             let Some(span) = starving else { break };
             let Some(id) = self
@@ -171,7 +171,7 @@ impl Engine {
             let Some(g) = self.grants.get_mut(e.request.id.as_str()) else {
                 continue;
             };
-            if g.is_reserved() {
+            if g.off_pools() {
                 g.cpus = g.visible(&self.topo, &g.span);
             } else if !g.is_exclusive() {
                 g.cpus = g.visible(&self.topo, &g.span.intersection(&usable).difference(&taken));
@@ -189,8 +189,10 @@ impl Engine {
 
     /// The grant a record describes, if it still holds (see the module's rules).
     fn grant_from_record(&self, r: &GrantRecord, e: &Existing) -> Option<Grant> {
-        if r.site == Site::Reserved {
-            return self.reserved_grant(e, e.cpus.unwrap_or_default());
+        match r.site {
+            Site::Reserved => return self.reserved_grant(e, e.cpus.unwrap_or_default()),
+            Site::Claim => return self.claimed_grant(r, e),
+            Site::Pools => {}
         }
         let pool = self.topo.pool_by_name(&r.pool)?;
         if !r.exclusive.is_subset(&self.usable) {
@@ -246,6 +248,32 @@ impl Engine {
             cpus: CpuSet::new(),
             threads,
             site: Site::Pools,
+            claims: Vec::new(),
+        })
+    }
+
+    /// The grant of a container on the CPUs of the claims its record names, when they are all
+    /// booked again ([`Engine::restore_claims`] runs first) and the live cpuset is theirs.
+    fn claimed_grant(&self, r: &GrantRecord, e: &Existing) -> Option<Grant> {
+        let (span, mems) = self.claims_span(&r.claims)?;
+        if e.cpus.is_some_and(|live| !live.is_subset(&span)) {
+            return None;
+        }
+        let req = &e.request;
+        Some(Grant {
+            policy: PolicyKind::TopologyAware,
+            pool: self.topo.deepest_pool_containing(&span),
+            nodes: self.topo.nodes_of(&span),
+            span,
+            exclusive: CpuSet::new(),
+            request_milli: req.cpu_request_milli,
+            limit_milli: req.cpu_limit_milli,
+            memory_bytes: 0,
+            mems: Some(mems),
+            cpus: CpuSet::new(),
+            threads: crate::policy::Settings::new(&self.cfg, req).threads,
+            site: Site::Claim,
+            claims: r.claims.iter().map(|u| Arc::from(u.as_str())).collect(),
         })
     }
 
@@ -276,6 +304,7 @@ impl Engine {
             cpus: CpuSet::new(),
             threads: set.threads,
             site: Site::Reserved,
+            claims: Vec::new(),
         })
     }
 
@@ -365,6 +394,7 @@ impl Engine {
             cpus: CpuSet::new(),
             threads: crate::policy::Settings::new(&self.cfg, req).threads,
             site: Site::Pools,
+            claims: Vec::new(),
         })
     }
 

@@ -111,7 +111,7 @@ type Loads = (Vec<[u64; 6]>, Vec<[u64; 3]>);
 fn recharged(e: &Engine) -> Loads {
     let mut pools = vec![[0u64; 6]; e.topo.pools.len()];
     let mut nodes = vec![[0u64; 3]; e.topo.nodes.len()];
-    for (_, g) in e.grants().filter(|(_, g)| !g.is_reserved()) {
+    for (_, g) in e.grants().filter(|(_, g)| !g.off_pools()) {
         let shared = u64::from(!g.is_exclusive());
         for (i, a) in e.topo.ancestors(g.pool).enumerate() {
             let first = u64::from(i == 0);

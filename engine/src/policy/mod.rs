@@ -260,6 +260,7 @@ pub fn pool_choice(
         reason,
         unhonoured,
         site: Site::Pools,
+        claims: Vec::new(),
     }
 }
 

@@ -127,6 +127,7 @@ fn place(
             reason: Reason::NumaNodes(count),
             unhonoured,
             site: crate::types::Site::Pools,
+            claims: Vec::new(),
         }
     };
 
