@@ -17,6 +17,10 @@
 #                    tests' own (dev profile, also static musl) build. CI's arm64 tier: the
 #                    release build (about 17 min cold on 2 cores) adds nothing its tests check
 #     --copy-to DIR  copy the stripped binaries to DIR as well
+#     --guest        also build what the arm64 NUMA guest runs (e2e/tests/numa_vm.rs): the
+#                    tests' build takes tap-e2e's numa_vm test (its CRI client and checks run in
+#                    the guest) and tap-touch, copied with the agent to $OUT/guest/; implies
+#                    --dev-agent. Without --test: that build only, nothing run (setup-vm.sh)
 #
 # Output (stripped): /var/cache/kunpeng-tap/arm64/out/{kunpeng-tap,kunpeng-tap-operator}.
 # Cache: /var/cache/kunpeng-tap/arm64/{chroot,target,cargo,out} (env TAP_ARM64_CACHE moves it).
@@ -68,6 +72,7 @@ run_tests=0
 copy_to=
 amd64_profile=release
 dev_agent=0
+guest=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --agent-only) agent_only=1 ;;
@@ -75,7 +80,8 @@ while [ $# -gt 0 ]; do
     --copy-to) copy_to=${2:?--copy-to needs a directory}; shift ;;
     --amd64-profile) amd64_profile=${2:?--amd64-profile needs dev or release}; shift ;;
     --dev-agent) dev_agent=1 ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    --guest) guest=1 ;;
+    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "build-arm64: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -86,6 +92,8 @@ done
   exit 2
 }
 [ "$dev_agent" = 0 ] || agent_only=1
+# --guest: the agent is the tests' build's (as --dev-agent); without --test nothing is run.
+[ "$guest" = 0 ] || { dev_agent=1; agent_only=1; }
 
 SRC=$(cd "$(dirname "$0")/.." && pwd -P)
 C_SRC=$SRC
@@ -307,17 +315,39 @@ cargo_t() { # cargo SUBCOMMAND ARGS... for the musl target, std built from sourc
 }
 
 # --- build ---------------------------------------------------------------------------------------
+# copy_guest_programs PROFILE_DIR: the numa_vm test binary (from the build's JSON messages),
+# tap-touch and the agent, into $OUT/guest.
+copy_guest_programs() {
+  local exe
+  exe=$(grep -o '"executable":"[^"]*/numa_vm-[0-9a-f]*"' "$OUT/tests-build.json" | tail -1 | cut -d'"' -f4)
+  [ -n "$exe" ] || die "the tests' build made no numa_vm test binary"
+  mkdir -p "$OUT/guest"
+  cp "$CACHE/target/${exe#"$C_TARGET"/}" "$OUT/guest/numa_vm.new"
+  cp "$CACHE/target/$TARGET/$1/tap-touch" "$OUT/guest/tap-touch.new"
+  cp "$OUT/kunpeng-tap" "$OUT/guest/kunpeng-tap.new"
+  for b in numa_vm tap-touch kunpeng-tap; do
+    mv "$OUT/guest/$b.new" "$OUT/guest/$b"
+    say "$OUT/guest/$b: $(stat -c %s "$OUT/guest/$b") bytes"
+  done
+}
+
 # The agent and the operator in two invocations: together, Cargo would unify their kube
 # features, and the agent would differ from (and rebuild after) an --agent-only build.
 TEST_ARGS=(-p tap-engine -p node-agent)
+# The guest's programs come from the same build as the tests: cargo's -Zbuild-std builds std
+# differently for `cargo test` and `cargo build`, so a separate build would compile every
+# dependency again. Its dependency graph is the tier's with tap-e2e added.
+[ "$guest" = 0 ] || TEST_ARGS+=(-p tap-e2e --test numa_vm)
 [ "${TAP_ARM64_TEST_PROFILE:-test}" != release ] || TEST_ARGS+=(--release)
 if [ "$dev_agent" = 1 ]; then
   # The tests' build makes the agent too (its integration tests run it).
   phase "tests under qemu (build, the agent included)"
-  cargo_t test --no-run "${TEST_ARGS[@]}"
+  cargo_t test --no-run --message-format=json-render-diagnostics "${TEST_ARGS[@]}" \
+    > "$OUT/tests-build.json"
   test_dir=debug
   [ "${TAP_ARM64_TEST_PROFILE:-test}" != release ] || test_dir=release
   cp "$CACHE/target/$TARGET/$test_dir/kunpeng-tap" "$OUT/kunpeng-tap"
+  [ "$guest" = 0 ] || copy_guest_programs "$test_dir"
   bins=(kunpeng-tap)
   if [ -n "$copy_to" ]; then
     mkdir -p "$copy_to"

@@ -14,6 +14,7 @@ pub mod helm;
 pub mod images;
 pub mod kube;
 pub mod nri_runtime;
+pub mod numa_guest;
 pub mod procmem;
 pub mod stats;
 pub mod util;

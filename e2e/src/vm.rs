@@ -2,13 +2,16 @@
 //! need a kernel with several nodes: cgroup cpusets and `cpuset.mems` enforced, pages seen in
 //! `/proc/<pid>/numa_maps`, a live sysfs with sockets, NUMA nodes and distances.
 //!
-//! No root image: the guest mounts the host's `/` read-only over 9p with an overlay in guest
-//! RAM on top (`e2e/vm/init.sh`), so it runs the host's own containerd, runc, agent and test
-//! binaries. The host and the guest talk through an exchange folder shared over a second,
-//! writable 9p mount at the same path on both sides: the host writes `run.sh`, the guest runs
-//! it, leaves `run.log`, `rc` and whatever files the script writes there, and powers off. The
-//! guest has no network device. One boot per test binary: TCG is slow.
-//! Installed by `hack/e2e/setup-vm.sh` (kernel and QEMU).
+//! No root image: the guest mounts a root read-only over 9p with an overlay in guest RAM on top
+//! (`e2e/vm/init.sh`, for both architectures). The x86 guest's root is the host's `/`, so it
+//! runs the host's own containerd, runc, agent and test binaries; the arm64 guest's is a folder
+//! of Debian's arm64 packages ([`ARM64_ROOT`]: busybox, libc, containerd, runc), laid out as the
+//! host's e2e setup lays out the amd64 ones. The host and the guest talk through an exchange
+//! folder shared over a second, writable 9p mount at the same path on both sides: the host
+//! writes `run.sh` (and whatever programs it brings), the guest runs it, leaves `run.log`, `rc`
+//! and whatever files the script writes there, and powers off. The guest has no network
+//! device. One boot per test binary: TCG is slow.
+//! Installed by `hack/e2e/setup-vm.sh` (kernels, QEMU, the arm64 root).
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -19,6 +22,10 @@ use std::time::{Duration, Instant};
 pub const X86_CACHE: &str = "/var/cache/kunpeng-tap/vm/x86";
 /// The arm64 guest's kernel (`kimg/`) and busybox (`bb/`).
 pub const ARM64_CACHE: &str = "/var/cache/kunpeng-tap/vm/arm64";
+/// The arm64 guest's `/` (setup-vm.sh): Debian's arm64 busybox-static, libc6, libseccomp2,
+/// and containerd and runc where setup-containerd.sh puts the amd64 ones, with a busybox
+/// image tarball for arm64.
+pub const ARM64_ROOT: &str = "/var/cache/kunpeng-tap/vm/arm64/root";
 /// The modules the inits load, relative to the kernel's `kernel/` folder; the ones a kernel
 /// has built in are not there and are skipped.
 const MODULES: &[&str] = &[
@@ -37,9 +44,10 @@ const MODULES: &[&str] = &[
 /// A guest's architecture: what it boots and how.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
-    /// Runs the host's own binaries from its `/` (9p, read-only, with an overlay).
+    /// Runs the host's own binaries from its `/`.
     X86,
-    /// QEMU `virt` with `-cpu max`; busybox and what the test copies into the exchange folder.
+    /// QEMU `virt` with `-cpu max`; runs [`ARM64_ROOT`]'s binaries and what the test copies
+    /// into the exchange folder.
     Arm64,
 }
 
@@ -51,18 +59,19 @@ impl Arch {
         })
     }
 
+    /// The folder the guest mounts as its `/` (read-only, with an overlay).
+    fn root(self) -> &'static Path {
+        Path::new(match self {
+            Arch::X86 => "/",
+            Arch::Arm64 => ARM64_ROOT,
+        })
+    }
+
     fn busybox(self) -> PathBuf {
         match self {
             // The one setup-containerd.sh unpacks.
             Arch::X86 => PathBuf::from("/var/cache/kunpeng-tap/containerd/root/bin/busybox"),
             Arch::Arm64 => self.cache().join("bb/bin/busybox"),
-        }
-    }
-
-    fn init(self) -> &'static str {
-        match self {
-            Arch::X86 => include_str!("../vm/init.sh"),
-            Arch::Arm64 => include_str!("../vm/init-arm64.sh"),
         }
     }
 
@@ -254,6 +263,13 @@ pub fn check_installed(arch: Arch) -> Result<PathBuf> {
             bail!("{tool} is missing: run hack/e2e/setup-vm.sh");
         }
     }
+    let root = arch.root();
+    if !root.join("bin/sh").exists() && !root.join("bin/busybox").exists() {
+        bail!(
+            "the guest's root {} has no shell: run hack/e2e/setup-vm.sh",
+            root.display()
+        );
+    }
     if !arch.busybox().exists() {
         bail!(
             "{} is missing: run hack/e2e/setup-containerd.sh and setup-vm.sh",
@@ -287,7 +303,7 @@ fn initramfs(arch: Arch, kernel: &Path, dir: &Path) -> Result<PathBuf> {
         std::fs::create_dir_all(root.join(sub))?;
     }
     std::fs::copy(arch.busybox(), root.join("bin/busybox"))?;
-    std::fs::write(root.join("init"), arch.init())?;
+    std::fs::write(root.join("init"), include_str!("../vm/init.sh"))?;
     set_mode(&root.join("init"), 0o755)?;
     for m in MODULES {
         let src = kmods.join(m);
@@ -320,15 +336,9 @@ fn set_mode(p: &Path, mode: u32) -> Result<()> {
     Ok(())
 }
 
-/// Boots an x86 guest of `shape`, runs `script` (sh) in it and waits until it powers off or
-/// `timeout` passes (then QEMU is killed and the run has no `rc`).
-pub fn run_x86(shape: &Shape, script: &str, timeout: Duration) -> Result<GuestRun> {
-    let dir = exchange_dir()?;
-    run(Arch::X86, shape, &dir, script, timeout)
-}
-
 /// Boots a guest of `arch` and `shape` with `dir` as its exchange folder (where the caller may
-/// have put files for it), runs `script` in it and waits as [`run_x86`] does.
+/// have put files for it), runs `script` (sh) in it and waits until it powers off or `timeout`
+/// passes (then QEMU is killed and the run has no `rc`).
 pub fn run(
     arch: Arch,
     shape: &Shape,
@@ -344,11 +354,12 @@ pub fn run(
     cmd.args(arch.machine_args())
         .args(["-nographic", "-no-reboot", "-nic", "none"])
         .args(shape.qemu_args());
-    if arch == Arch::X86 {
-        cmd.arg("-virtfs")
-            .arg("local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap");
-    }
     cmd.arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=host,security_model=none,readonly=on,multidevs=remap",
+            arch.root().display()
+        ))
+        .arg("-virtfs")
         .arg(format!(
             "local,path={},mount_tag=xchg,security_model=none,multidevs=remap",
             dir.display()

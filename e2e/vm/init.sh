@@ -1,5 +1,6 @@
 #!/bin/busybox sh
-# /init of the NUMA guests (e2e/src/vm.rs). The host's / is shared read-only over 9p (tag
+# /init of the NUMA guests (e2e/src/vm.rs), x86 and arm64. The guest's root (the host's / for
+# x86, a folder of Debian arm64 packages for arm64) is shared read-only over 9p (tag
 # `host`) and made writable with an overlay whose upper layer is guest RAM; the exchange folder
 # (tag `xchg`, writable) is mounted at the same path as on the host. The guest runs
 # `<xchg>/run.sh` chrooted in the overlay with proc, sysfs, devtmpfs, cgroup2 and tmpfs /tmp
@@ -13,6 +14,9 @@ mkdir -p /host /upper /merged
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 host /host || echo "GUEST: 9p mount of / failed"
 mount -t tmpfs tmpfs /upper; mkdir -p /upper/u /upper/w
 mount -t overlay overlay -o lowerdir=/host,upperdir=/upper/u,workdir=/upper/w /merged || echo "GUEST: overlay failed"
+mkdir -p /merged/proc /merged/sys /merged/dev /merged/tmp /merged/run
+# A root of unpacked packages (arm64) has busybox but no links to it yet.
+[ -e /merged/bin/sh ] || chroot /merged /bin/busybox --install -s /bin
 mount -t proc proc /merged/proc; mount -t sysfs sys /merged/sys; mount -t devtmpfs dev /merged/dev
 mkdir -p /merged/dev/pts /merged/dev/shm
 mount -t devpts devpts /merged/dev/pts; mount -t tmpfs tmpfs /merged/dev/shm

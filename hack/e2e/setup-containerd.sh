@@ -21,6 +21,8 @@ mkdir -p "$CACHE" "$IMG"
 
 # debian_archive, private_apt_options
 . "$(dirname "$0")/../lib/debian-apt.sh"
+# busybox_image
+. "$(dirname "$0")/../lib/busybox-image.sh"
 
 # The CRI client crate (k8s-cri) generates its bindings with protoc at build time.
 bash "$(dirname "$0")/../ensure-protoc.sh"
@@ -57,28 +59,7 @@ fi
 
 # The image: one busybox layer; `tap.local/pause:1` (sandbox image) and `tap.local/busybox:1`.
 if [ ! -e "$IMAGE_STAMP" ]; then
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
-  mkdir -p "$work/rootfs/bin" "$work/rootfs/etc" "$work/rootfs/tmp" "$work/rootfs/proc" \
-    "$work/rootfs/sys" "$work/rootfs/dev"
-  cp "$ROOT/bin/busybox" "$work/rootfs/bin/busybox"
-  for a in sh sleep cat ls echo grep true; do ln -s busybox "$work/rootfs/bin/$a"; done
-  echo 'root:x:0:0:root:/:/bin/sh' > "$work/rootfs/etc/passwd"
-  echo 'root:x:0:' > "$work/rootfs/etc/group"
-  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$work/rootfs" \
-    -cf "$work/layer.tar" .
-  diff=$(sha256sum "$work/layer.tar" | cut -d' ' -f1)
-  mkdir -p "$work/archive/$diff"
-  mv "$work/layer.tar" "$work/archive/$diff/layer.tar"
-  cat > "$work/config.json" <<CFG
-{"architecture":"amd64","os":"linux","created":"1970-01-01T00:00:00Z","config":{"Env":["PATH=/bin"],"Cmd":["/bin/sleep","2147483647"],"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:$diff"]},"history":[{"created":"1970-01-01T00:00:00Z","created_by":"hack/e2e/setup-containerd.sh"}]}
-CFG
-  cfg=$(sha256sum "$work/config.json" | cut -d' ' -f1)
-  mv "$work/config.json" "$work/archive/$cfg.json"
-  cat > "$work/archive/manifest.json" <<MAN
-[{"Config":"$cfg.json","RepoTags":["tap.local/pause:1","tap.local/busybox:1"],"Layers":["$diff/layer.tar"]}]
-MAN
-  tar -C "$work/archive" -cf "$IMG/busybox.tar" .
+  busybox_image "$ROOT/bin/busybox" amd64 "$IMG/busybox.tar" hack/e2e/setup-containerd.sh
   touch "$IMAGE_STAMP"
   echo "setup-containerd: built $IMG/busybox.tar"
 fi

@@ -7,7 +7,10 @@
 # and test binaries (docs/design/numa-vm.md). The busybox of the guest's initramfs is the one
 # setup-containerd.sh unpacks (run first: hack/test.sh runs the setup scripts in name order).
 # The kernel comes from a private apt configuration whose archive is read from the system's own
-# apt configuration (no host is written here). Idempotent; quick when cached.
+# apt configuration (no host is written here). The arm64 guest gets a root of its own (its
+# binaries are not the host's): Debian's arm64 packages unpacked under $ARM/root, and the
+# programs it runs built for aarch64 by hack/build-arm64.sh --guest. Idempotent; quick when
+# cached.
 set -euo pipefail
 
 CACHE=/var/cache/kunpeng-tap/vm
@@ -16,6 +19,7 @@ ARM="$CACHE/arm64"
 APT="$CACHE/apt"
 STAMP="$X86/.installed-v1"
 ARM_STAMP="$ARM/.installed-v1"
+ROOT_STAMP="$ARM/.root-v1"
 BUSYBOX=/var/cache/kunpeng-tap/containerd/root/bin/busybox
 # The kernel series the guest runs: Debian bookworm's stock kernel.
 KERNEL_META=linux-image-amd64
@@ -32,8 +36,11 @@ fi
 qemu-system-x86_64 --version | head -1
 qemu-system-aarch64 --version | head -1
 
+HACK=$(cd "$(dirname "$0")/.." && pwd)
 # debian_archive, private_apt_options
-. "$(dirname "$0")/../lib/debian-apt.sh"
+. "$HACK/lib/debian-apt.sh"
+# busybox_image
+. "$HACK/lib/busybox-image.sh"
 
 # A private apt configuration for bookworm amd64 and arm64 (its own lists and archive cache).
 aptopts=()
@@ -92,3 +99,58 @@ if [ ! -e "$ARM_STAMP" ] || ! ls "$ARM"/kimg/boot/vmlinuz-* >/dev/null 2>&1 || [
   touch "$ARM_STAMP"
 fi
 echo "setup-vm: arm64 guest kernel $(ls "$ARM"/kimg/boot/vmlinuz-* | head -1 | sed 's/.*vmlinuz-//') ready under $ARM"
+
+# The arm64 guest's root, which it mounts as its / (the x86 guest mounts the host's): Debian's
+# arm64 busybox-static, libc6 and libseccomp2 (bookworm), and containerd 1.7 (trixie) and runc
+# (bookworm), the releases setup-containerd.sh takes for amd64, unpacked with `dpkg -x`, never
+# installed. containerd, runc and an arm64 busybox image sit at the paths the e2e harness uses
+# on the host (/var/cache/kunpeng-tap/containerd/...), so the same code runs in both guests.
+arm64_root() {
+  local new="$ARM/root.new" apt64="$CACHE/apt-arm64" archive ctd bin interp lib
+  archive=$(debian_archive)
+  [ -n "$archive" ] || { echo "setup-vm: no Debian archive in this system's apt sources" >&2; exit 1; }
+  private_apt_options "$apt64"
+  for suite in trixie bookworm; do
+    echo "deb [arch=arm64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $archive $suite main"
+  done > "$apt64/etc/sources.list"
+  aptopts+=(-o "APT::Architecture=arm64" -o "APT::Architectures=arm64")
+  flock /var/lock/kunpeng-tap-apt apt-get "${aptopts[@]}" -qq update
+  echo "setup-vm: downloading the arm64 guest's containerd/trixie runc libseccomp2 libc6 busybox-static (bookworm)"
+  cd "$apt64/archives"
+  rm -f ./*.deb
+  flock /var/lock/kunpeng-tap-apt apt-get "${aptopts[@]}" -qq download \
+    containerd/trixie runc/bookworm libseccomp2/bookworm libc6/bookworm busybox-static/bookworm
+  rm -rf "$new"
+  ctd="$new/var/cache/kunpeng-tap/containerd"
+  mkdir -p "$ctd/root" "$new/etc"
+  for d in ./libc6_*.deb ./libseccomp2_*.deb ./busybox-static_*.deb; do dpkg-deb -x "$d" "$new"; done
+  for d in ./containerd_*.deb ./runc_*.deb; do dpkg-deb -x "$d" "$ctd/root"; done
+  rm -f ./*.deb
+  echo 'root:x:0:0:root:/root:/bin/sh' > "$new/etc/passwd"
+  echo 'root:x:0:' > "$new/etc/group"
+  echo '127.0.0.1 localhost' > "$new/etc/hosts"
+  : > "$new/etc/resolv.conf"
+  busybox_image "$new/bin/busybox" arm64 "$ctd/images/busybox.tar" hack/e2e/setup-vm.sh
+  # Each program finds its loader and libraries in the root.
+  for bin in "$ctd"/root/usr/bin/containerd "$ctd"/root/usr/bin/containerd-shim-runc-v2 \
+    "$ctd"/root/usr/bin/ctr "$ctd"/root/usr/sbin/runc; do
+    interp=$(readelf -l "$bin" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
+    [ -e "$new$interp" ] || { echo "setup-vm: $bin needs $interp, not in the arm64 root" >&2; exit 1; }
+    for lib in $(readelf -d "$bin" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'); do
+      [ -e "$new/lib/aarch64-linux-gnu/$lib" ] || [ -e "$new/usr/lib/aarch64-linux-gnu/$lib" ] ||
+        { echo "setup-vm: $bin needs $lib, not in the arm64 root" >&2; exit 1; }
+    done
+  done
+  rm -rf "$ARM/root"
+  mv "$new" "$ARM/root"
+  touch "$ROOT_STAMP"
+}
+if [ ! -e "$ROOT_STAMP" ] || [ ! -x "$ARM/root/bin/busybox" ]; then
+  arm64_root
+fi
+echo "setup-vm: arm64 guest root ready under $ARM/root ($(du -sh "$ARM/root" | cut -f1))"
+
+# What the arm64 guest runs besides that root: the numa_vm test binary, tap-touch and the agent,
+# built for aarch64 with the arm64 tier's tests (seconds when that tier has run on this
+# checkout).
+bash "$HACK/build-arm64.sh" --guest
