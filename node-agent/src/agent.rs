@@ -9,6 +9,7 @@ pub use crate::fold::HostFold;
 use crate::hook::Hook;
 use crate::metrics::Metrics;
 
+pub mod claims;
 mod device_hints;
 pub mod rebalance;
 use crate::pod_resources::{DeviceSource, KubeletDevice};
@@ -424,6 +425,7 @@ impl Agent {
             cpu_limit_milli: limit,
             memory_limit_bytes: c.memory_limit.filter(|m| *m > 0).map(|m| m as u64),
             device_nodes: self.device_nodes(&c.env, &c.kubelet_devices),
+            claims: own_claims(&c.kubelet_devices),
             overrides,
         }
     }
@@ -700,6 +702,12 @@ impl Agent {
         }
         self.log_clusters_off(&e);
         drop(e);
+        self.moved(ups);
+    }
+
+    /// Hands the containers whose cpuset a change outside a runtime hook moved to the runtime
+    /// mode's ledger, to be written.
+    fn moved(&self, ups: tap_engine::CpusetUpdates) {
         if !ups.is_empty() {
             if let Some(sink) = self.change_sink.get() {
                 sink(
@@ -780,6 +788,17 @@ impl Agent {
 /// The engine's grants by container key, as `/grants` shows them: the cpuset and memory
 /// nodes the engine wants in the runtime's terms (folded where a fold is set), whether the
 /// CPUs are the container's alone, and the pool.
+/// The claims of this node's CPU driver ([`crate::dra::DRIVER`]) among a container's devices.
+fn own_claims(devices: &[KubeletDevice]) -> Vec<tap_engine::claim::ClaimKey> {
+    let mut out: Vec<tap_engine::claim::ClaimKey> = Vec::new();
+    for d in devices.iter().filter(|d| d.resource == crate::dra::DRIVER) {
+        if let Some(k) = d.claim.as_ref().filter(|k| !out.contains(k)) {
+            out.push(k.clone());
+        }
+    }
+    out
+}
+
 fn grants_json(e: &Engine, fold: Option<&HostFold>) -> serde_json::Value {
     let topo = e.topology();
     let mut out = serde_json::Map::new();
@@ -948,6 +967,7 @@ pub(crate) mod tests {
             resource: "example.com/accel".into(),
             id: id.into(),
             numa_nodes: vec![node],
+            claim: None,
         };
         let mut c = burstable("c1", 4, 8);
         c.kubelet_devices = vec![accel("accel-3", 3)];
@@ -987,6 +1007,7 @@ pub(crate) mod tests {
             resource: "example.com/accel".into(),
             id: id.into(),
             numa_nodes: vec![node],
+            claim: None,
         };
         let mut big = burstable("big", 20, 24);
         big.kubelet_devices = vec![accel("accel-0", 3)];

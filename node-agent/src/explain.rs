@@ -290,6 +290,7 @@ fn sample_lines(agent: &Agent) -> String {
             resource: "example.com/accel".into(),
             id: "accel-0".into(),
             numa_nodes: vec![last],
+            claim: None,
         }];
         let line = sample_line(agent, &mut notes, &c);
         let _ = writeln!(out, "  {:<16} -> {line}", "kubelet-device");

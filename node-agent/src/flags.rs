@@ -52,6 +52,39 @@ pub enum NrtMode {
     Off,
 }
 
+/// `--dra-driver`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DraDriverMode {
+    /// Not a DRA driver (containers that use other drivers' claims are still placed near
+    /// their devices).
+    Off,
+    /// The DRA driver `dra.tap.kunpeng.io`: this node's ResourceSlice and the kubelet plugin.
+    On,
+}
+
+/// `--dra-device-level`: the CPU group each DRA device is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DraLevel {
+    Numa,
+    Socket,
+    Die,
+    Cluster,
+    Cache,
+}
+
+impl DraLevel {
+    pub fn level(self) -> tap_engine::topology::Level {
+        use tap_engine::topology::Level;
+        match self {
+            DraLevel::Numa => Level::Numa,
+            DraLevel::Socket => Level::Socket,
+            DraLevel::Die => Level::Die,
+            DraLevel::Cluster => Level::Cluster,
+            DraLevel::Cache => Level::Cache,
+        }
+    }
+}
+
 /// Which of the node's pods the scheduler plugin's cache counts (its `informerMode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum PodInformer {
@@ -419,6 +452,24 @@ pub struct Flags {
     #[arg(help_heading = "Kube link", long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub pod_events: bool,
 
+    /// Act as the DRA driver `dra.tap.kunpeng.io` for CPUs and memory: publish this node's
+    /// CPU groups as devices (a ResourceSlice) and prepare the claims the kube-scheduler
+    /// allocates them through the kubelet's plugin socket; a container that uses a claim gets
+    /// its CPUs and memory nodes. Needs the API server (in-cluster or KUBECONFIG) and
+    /// `--kubelet-root-dir`. `off` or `on`.
+    #[arg(help_heading = "DRA", long, value_enum, default_value = "off")]
+    pub dra_driver: DraDriverMode,
+
+    /// The CPU group each DRA device is: `numa` (a NUMA node), `socket`, `die`, `cluster`
+    /// (Kunpeng clusters), `cache` (L3 groups); a level the machine lacks falls back to `numa`.
+    #[arg(help_heading = "DRA", long, value_enum, default_value = "numa")]
+    pub dra_device_level: DraLevel,
+
+    /// The kubelet's root folder: the plugin registers under `plugins_registry/` and serves
+    /// under `plugins/dra.tap.kunpeng.io/`.
+    #[arg(help_heading = "DRA", long, default_value = "/var/lib/kubelet")]
+    pub kubelet_root_dir: PathBuf,
+
     /// Where the agent keeps its cached policy and the proxies' grant records (made 0700).
     #[arg(help_heading = "Runtime", long, default_value = "/var/lib/kunpeng-tap")]
     pub state_dir: PathBuf,
@@ -614,6 +665,7 @@ mod tests {
         assert_eq!(
             headings.into_iter().collect::<Vec<_>>(),
             [
+                "DRA",
                 "Kube link",
                 "Observability",
                 "Policy",

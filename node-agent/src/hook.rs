@@ -24,6 +24,10 @@ pub enum Hook {
     Rollback,
     /// A rebalancing round.
     Rebalance,
+    /// A DRA claim prepared for the kubelet (its CPUs booked).
+    Prepare,
+    /// A DRA claim unprepared (its CPUs given back).
+    Unprepare,
 }
 
 impl Hook {
@@ -39,6 +43,8 @@ impl Hook {
             Hook::Sync => "sync",
             Hook::Rollback => "rollback",
             Hook::Rebalance => "rebalance",
+            Hook::Prepare => "prepare",
+            Hook::Unprepare => "unprepare",
         }
     }
 }

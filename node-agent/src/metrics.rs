@@ -101,6 +101,9 @@ pub enum ErrorKind {
     /// a create placed on none of its devices' NUMA nodes, or a device on a node the machine
     /// lacks (placed without its device hint).
     DeviceHint,
+    /// a DRA claim the kubelet asked to prepare or unprepare was refused (not booked, or
+    /// not given back: the kubelet retries).
+    Claim,
     /// a per-Pod control the placement could not honour (placed without it): the control's
     /// own label (`whole_cores`, `sibling_pair`, ...).
     Unhonoured(tap_engine::Unhonoured),
@@ -132,6 +135,7 @@ impl ErrorKind {
             ErrorKind::ExclusiveNuma => "exclusive_numa",
             ErrorKind::PodResources => "pod_resources",
             ErrorKind::DeviceHint => "device_hint",
+            ErrorKind::Claim => "claim",
             ErrorKind::Unhonoured(u) => u.kind(),
         }
     }

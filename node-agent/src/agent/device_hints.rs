@@ -92,6 +92,7 @@ mod tests {
             resource: "example.com/accel".into(),
             id: id.into(),
             numa_nodes: nodes.to_vec(),
+            claim: None,
         }
     }
 

@@ -1,7 +1,7 @@
 use anyhow::Context;
 use clap::Parser;
 use node_agent::agent::Agent;
-use node_agent::flags::{Flags, RuntimeMode};
+use node_agent::flags::{DraDriverMode, Flags, RuntimeMode};
 use node_agent::fold::HostFold;
 use node_agent::metrics::Metrics;
 use node_agent::pod_resources::client::KubeletPodResources;
@@ -61,6 +61,16 @@ fn run(flags: Flags) -> anyhow::Result<()> {
         print!("{}", explain::explain(&agent));
         return Ok(());
     }
+    let dra = (flags.dra_driver == DraDriverMode::On).then(|| node_agent::dra::run::DraOptions {
+        node: kube_link::node_name(&flags),
+        level: flags.dra_device_level.level(),
+        kubelet_root: flags.kubelet_root_dir.clone(),
+        state_dir: flags.state_dir.clone(),
+    });
+    if let Some(opts) = &dra {
+        // Before the runtime mode restores the containers: those on a claim's CPUs find it.
+        node_agent::dra::run::restore_claims(&agent, opts);
+    }
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         arch = std::env::consts::ARCH,
@@ -100,6 +110,10 @@ fn run(flags: Flags) -> anyhow::Result<()> {
                     tracing::error!("NodeTopology link stopped: {e:#}");
                 }
             });
+        }
+        if let Some(opts) = dra {
+            let (a, s) = (agent.clone(), shutdown.clone());
+            tokio::spawn(node_agent::dra::run::run(opts, a, s));
         }
         let result = match flags.container_runtime_mode {
             RuntimeMode::Nri => nri::run(&flags, agent.clone(), shutdown.clone()).await,

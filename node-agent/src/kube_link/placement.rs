@@ -256,6 +256,7 @@ mod tests {
             resource: "example.com/accel".into(),
             id: "a0".into(),
             numa_nodes: vec![2],
+            claim: None,
         }];
         booked.push(dev);
         booked.push(place(&mut e, "b2", "plain", Qos::Burstable, 1));

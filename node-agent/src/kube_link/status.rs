@@ -293,6 +293,7 @@ mod tests {
             cpu_limit_milli: Some(8000),
             memory_limit_bytes: None,
             device_nodes: vec![],
+            claims: vec![],
             overrides: Default::default(),
         };
         e.create(&req);
@@ -438,6 +439,7 @@ mod tests {
             cpu_limit_milli: None,
             memory_limit_bytes: None,
             device_nodes: vec![],
+            claims: vec![],
             overrides: Default::default(),
         }
     }

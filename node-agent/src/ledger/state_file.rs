@@ -28,7 +28,7 @@ pub enum StateFileError {
     },
     #[error("{path} is {size} bytes, more than the {MAX_FILE} a state file can be")]
     TooLarge { path: PathBuf, size: u64 },
-    #[error("{path} is not a JSON object of grant records: {source}")]
+    #[error("{path} is not the JSON the agent writes there: {source}")]
     Corrupt {
         path: PathBuf,
         source: serde_json::Error,
@@ -55,13 +55,19 @@ impl StateFile {
 
     /// The records, empty when there is no file yet.
     pub fn load(&self) -> Result<Records, StateFileError> {
+        self.load_as()
+    }
+
+    /// What the file holds as `T` (its default when there is no file yet): the same checks,
+    /// for another file of the state folder.
+    pub fn load_as<T: serde::de::DeserializeOwned + Default>(&self) -> Result<T, StateFileError> {
         let read_err = |source| StateFileError::Read {
             path: self.path.clone(),
             source,
         };
         let meta = match fs::metadata(&self.path) {
             Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Records::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(T::default()),
             Err(e) => return Err(read_err(e)),
         };
         if meta.len() > MAX_FILE {
@@ -85,13 +91,18 @@ impl StateFile {
 
     /// Replaces the file with `records`, atomically.
     pub fn save(&self, records: &Records) -> Result<(), StateFileError> {
-        self.write(records).map_err(|source| StateFileError::Write {
+        self.save_as(records)
+    }
+
+    /// Replaces the file with `value` as JSON, atomically.
+    pub fn save_as<T: serde::Serialize>(&self, value: &T) -> Result<(), StateFileError> {
+        self.write(value).map_err(|source| StateFileError::Write {
             path: self.path.clone(),
             source,
         })
     }
 
-    fn write(&self, records: &Records) -> std::io::Result<()> {
+    fn write<T: serde::Serialize>(&self, records: &T) -> std::io::Result<()> {
         let dir = self.path.parent().unwrap_or(Path::new("."));
         DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;

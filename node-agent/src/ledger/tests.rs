@@ -992,6 +992,7 @@ impl crate::pod_resources::DeviceSource for Devices {
                 resource: "example.com/accel".into(),
                 id: format!("{}-accel", c.pod),
                 numa_nodes: vec![*node],
+                claim: None,
             }]),
             Devices::Failing => Err(PodResourcesError::PodNotListed(c.pod.into())),
             Devices::NoSocket => Err(PodResourcesError::NoSocket("/nowhere".into())),

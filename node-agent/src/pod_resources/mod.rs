@@ -24,6 +24,8 @@ pub struct KubeletDevice {
     pub id: String,
     /// NUMA nodes of the device (empty: the plugin reported none).
     pub numa_nodes: Vec<u32>,
+    /// The DRA claim the device was allocated through (`None`: a device plugin's device).
+    pub claim: Option<tap_engine::claim::ClaimKey>,
 }
 
 impl fmt::Display for KubeletDevice {
@@ -156,14 +158,18 @@ pub fn container_devices(
                 resource: d.resource_name.clone(),
                 id: id.clone(),
                 numa_nodes: nodes.clone(),
+                claim: None,
             });
         }
     }
-    let claimed = c
-        .dynamic_resources
-        .iter()
-        .flat_map(|r| r.claim_resources.iter());
-    out.extend(claimed.map(|r| {
+    let claimed = c.dynamic_resources.iter().flat_map(|r| {
+        let key = tap_engine::claim::ClaimKey {
+            namespace: r.claim_namespace.clone(),
+            name: r.claim_name.clone(),
+        };
+        r.claim_resources.iter().map(move |res| (key.clone(), res))
+    });
+    out.extend(claimed.map(|(claim, r)| {
         let d = dra::DraDevice {
             driver: r.driver_name.clone(),
             pool: r.pool_name.clone(),
@@ -173,6 +179,7 @@ pub fn container_devices(
             numa_nodes: dra.numa_node(&d).into_iter().collect(),
             id: format!("{}/{}", d.pool, d.device),
             resource: d.driver,
+            claim: Some(claim),
         }
     }));
     out
