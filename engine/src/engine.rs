@@ -63,6 +63,9 @@ pub struct Engine {
     claims: std::collections::BTreeMap<Arc<str>, ClaimGrant>,
     /// Their CPUs: out of `usable`.
     claimed: CpuSet,
+    /// The uids of the claims each [`Site::Claim`] grant uses, by container id (kept here so a
+    /// grant stays plain data on the placement path).
+    claim_users: std::collections::HashMap<Arc<str>, Vec<Arc<str>>>,
 }
 
 impl Engine {
@@ -89,6 +92,7 @@ impl Engine {
             usage_hint: None,
             claims: Default::default(),
             claimed: CpuSet::new(),
+            claim_users: Default::default(),
         }
     }
 
@@ -342,6 +346,9 @@ impl Engine {
         };
         self.hint_removed(id, &g);
         self.uncharge(&g);
+        if g.site == Site::Claim {
+            self.claim_users.remove(id);
+        }
         if g.is_exclusive() {
             self.set_taken(self.taken.difference(&g.exclusive));
             self.refresh_shared(&g.exclusive)
@@ -433,7 +440,6 @@ impl Engine {
             cpus,
             threads,
             site: c.site,
-            claims: c.claims.clone(),
         };
         self.charge(&g);
         let id: Arc<str> = Arc::from(req.id.as_str());
@@ -443,6 +449,10 @@ impl Engine {
             self.put(id, g);
             self.refresh_shared(&ex)
         } else {
+            if g.site == Site::Claim {
+                self.claim_users
+                    .insert(Arc::clone(&id), self.claim_uids(req));
+            }
             self.hint_placed(&id, &g);
             self.put(id, g);
             CpusetUpdates::new()
@@ -458,9 +468,25 @@ impl Engine {
         }
     }
 
-    /// The grant record of a placed container (see [`Grant::record`]).
+    /// The grant record of a placed container (see [`Grant::record`]), with the uids of its
+    /// claims after `on=claim:`.
     pub fn record(&self, id: &str) -> Option<String> {
-        self.grants.get(id).map(|g| g.record(&self.topo))
+        let g = self.grants.get(id)?;
+        let mut s = g.record(&self.topo);
+        if g.site == Site::Claim {
+            let uids = self
+                .claim_users
+                .get(id)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            for (i, uid) in uids.iter().enumerate() {
+                if i > 0 {
+                    s.push('+');
+                }
+                s.push_str(uid);
+            }
+        }
+        Some(s)
     }
 
     /// Per-pool figures for status and metrics.

@@ -8,7 +8,6 @@ use crate::request::{Hyperthreads, PolicyKind};
 use crate::topology::{PoolId, Topology};
 use crate::types::Site;
 use std::fmt::Write as _;
-use std::sync::Arc;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
@@ -31,10 +30,9 @@ pub struct Grant {
     pub cpus: CpuSet,
     /// Which hyperthreads of the grant the container sees (`cpus` follows it).
     pub threads: Hyperthreads,
-    /// Where the CPUs come from: the pools, or the reserved CPUs (the span; charged nowhere).
+    /// Where the CPUs come from: the pools, the reserved CPUs or DRA claims' CPUs (the span;
+    /// charged nowhere). The engine keeps which claims a [`Site::Claim`] grant uses.
     pub site: Site,
-    /// The uids of the DRA claims whose CPUs the grant holds ([`Site::Claim`]; else empty).
-    pub claims: Vec<Arc<str>>,
 }
 
 impl Grant {
@@ -72,8 +70,9 @@ impl Grant {
     }
 
     /// The grant record: `v1;p=<policy>;pool=<name>;n=<nodes>;x=<exclusive>;r=<req>;l=<lim>;m=<mem>;mems=<mems>`,
-    /// and `;on=reserved` for a grant on the reserved CPUs, `;on=claim:<uid>+<uid>` for one on
-    /// DRA claims' CPUs (older agents ignore the key).
+    /// and `;on=reserved` for a grant on the reserved CPUs, `;on=claim:` for one on DRA
+    /// claims' CPUs, which the engine follows with the claims' uids (`<uid>+<uid>`; older
+    /// agents ignore the key).
     pub fn record(&self, topo: &Topology) -> String {
         let mut s = String::with_capacity(96);
         let _ = write!(
@@ -93,15 +92,7 @@ impl Grant {
         match self.site {
             Site::Pools => {}
             Site::Reserved => s.push_str(";on=reserved"),
-            Site::Claim => {
-                s.push_str(";on=claim:");
-                for (i, uid) in self.claims.iter().enumerate() {
-                    if i > 0 {
-                        s.push('+');
-                    }
-                    s.push_str(uid);
-                }
-            }
+            Site::Claim => s.push_str(";on=claim:"),
         }
         s
     }

@@ -431,10 +431,9 @@ pub struct Choice {
     pub reason: Reason,
     /// A per-Pod control this choice could not honour.
     pub unhonoured: Option<Unhonoured>,
-    /// Where the CPUs come from: the pools, or the reserved CPUs (`span`, charged nowhere).
+    /// Where the CPUs come from: the pools, the reserved CPUs or the request's DRA claims
+    /// (`span`, charged nowhere).
     pub site: Site,
-    /// The uids of the DRA claims whose CPUs `span` is ([`Site::Claim`]; else empty).
-    pub claims: Vec<std::sync::Arc<str>>,
 }
 
 /// Where a grant's CPUs come from.

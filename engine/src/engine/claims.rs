@@ -135,8 +135,16 @@ impl Engine {
             reason: Reason::Claimed,
             unhonoured: None,
             site: Site::Claim,
-            claims: mine.iter().map(|g| Arc::from(g.uid.as_str())).collect(),
         })
+    }
+
+    /// The uids of the booked claims `req` uses.
+    pub(super) fn claim_uids(&self, req: &ContainerRequest) -> Vec<Arc<str>> {
+        self.claims
+            .iter()
+            .filter(|(_, g)| req.claims.contains(&g.key))
+            .map(|(uid, _)| Arc::clone(uid))
+            .collect()
     }
 
     /// The span of a restored grant whose record names `uids`: the union of those claims'

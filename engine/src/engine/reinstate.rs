@@ -13,10 +13,14 @@ impl Engine {
     /// cpuset is corrected by the returned updates). Returns the cpuset updates of other
     /// containers, and of `id` itself when its cpuset has to change.
     pub fn reinstate(&mut self, id: &str, previous: Option<Grant>) -> Vec<CpusetUpdate> {
+        let users = self.claim_users.get(id).cloned();
         let mut updates = self.release(id);
         let Some(mut g) = previous else {
             return updates.to_vec();
         };
+        if let Some(uids) = users.filter(|_| g.site == crate::types::Site::Claim) {
+            self.claim_users.insert(Arc::from(id), uids);
+        }
         let before = g.cpus;
         if g.is_exclusive() && g.exclusive.intersects(&self.taken) {
             g.exclusive = CpuSet::new();

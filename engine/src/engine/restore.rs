@@ -118,7 +118,16 @@ impl Engine {
             // Shared cpusets are filled in once all exclusive CPUs are known.
             g.cpus = g.visible(&self.topo, &g.exclusive);
             self.charge(&g);
-            self.put(Arc::from(e.request.id.as_str()), g);
+            let id: Arc<str> = Arc::from(e.request.id.as_str());
+            if g.site == Site::Claim {
+                let uids = e.record.as_deref().and_then(GrantRecord::parse);
+                let uids = uids.map(|r| r.claims).unwrap_or_default();
+                self.claim_users.insert(
+                    Arc::clone(&id),
+                    uids.iter().map(|u| Arc::from(u.as_str())).collect(),
+                );
+            }
+            self.put(id, g);
             match source {
                 Source::Record => report.from_record += 1,
                 Source::Inferred => report.inferred += 1,
@@ -248,7 +257,6 @@ impl Engine {
             cpus: CpuSet::new(),
             threads,
             site: Site::Pools,
-            claims: Vec::new(),
         })
     }
 
@@ -273,7 +281,6 @@ impl Engine {
             cpus: CpuSet::new(),
             threads: crate::policy::Settings::new(&self.cfg, req).threads,
             site: Site::Claim,
-            claims: r.claims.iter().map(|u| Arc::from(u.as_str())).collect(),
         })
     }
 
@@ -304,7 +311,6 @@ impl Engine {
             cpus: CpuSet::new(),
             threads: set.threads,
             site: Site::Reserved,
-            claims: Vec::new(),
         })
     }
 
@@ -394,7 +400,6 @@ impl Engine {
             cpus: CpuSet::new(),
             threads: crate::policy::Settings::new(&self.cfg, req).threads,
             site: Site::Pools,
-            claims: Vec::new(),
         })
     }
 

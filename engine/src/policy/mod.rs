@@ -260,7 +260,6 @@ pub fn pool_choice(
         reason,
         unhonoured,
         site: Site::Pools,
-        claims: Vec::new(),
     }
 }
 

@@ -127,7 +127,6 @@ fn place(
             reason: Reason::NumaNodes(count),
             unhonoured,
             site: crate::types::Site::Pools,
-            claims: Vec::new(),
         }
     };
 

@@ -72,7 +72,6 @@ pub fn choice(view: &StateView<'_>, set: &Settings, cpus: CpuSet) -> Choice {
         reason: Reason::Reserved,
         unhonoured,
         site: Site::Reserved,
-        claims: Vec::new(),
     }
 }
 
