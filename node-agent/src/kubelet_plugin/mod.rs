@@ -9,10 +9,17 @@
 //! (`v1.DRAResourceHealth`) is optional for the kubelet: one not advertised is never called, so
 //! it is not served.
 //!
+//! The kubelet's plugin watcher dials the registration socket by its bare path, and grpc-go then
+//! sends that path as the HTTP/2 `:authority`, which h2's server (tonic's) refuses: the
+//! registration socket is served by a small unary gRPC server on h2's frame codec instead
+//! (`lenient`). The kubelet's DRA client dials `unix:<path>` (authority `localhost`), so the DRA
+//! socket is tonic's.
+//!
 //! Each claim of a call is prepared (or unprepared) on its own task: a claim's failure, even a
 //! driver's panic, becomes that claim's `error` in the response (the kubelet retries it) and the
 //! other claims are answered as the driver answered them.
 
+mod lenient;
 pub mod proto;
 mod registration;
 mod server;
@@ -164,33 +171,22 @@ pub async fn serve_with_status<D: DraDriver>(
         supported_versions: vec![DRA_SERVICE_V1.to_string()],
     };
     let both = stop.child_token();
-    let dra_served = server::serve(dra, server::DraService::new(driver), both.clone());
     let registration = registration::RegistrationService::new(info, status);
-    let reg_served = server::serve(reg, registration, both.clone());
-    let (d, r) = tokio::join!(
-        stop_both_on_error(dra_served, &both),
-        stop_both_on_error(reg_served, &both)
-    );
+    let reg_served = lenient::serve(reg, registration, both.clone());
+    let dra_served = async {
+        let r = server::serve(dra, server::DraService::new(driver), both.clone()).await;
+        // The registration socket is no use without the DRA socket.
+        both.cancel();
+        r
+    };
+    let (d, ()) = tokio::join!(dra_served, reg_served);
     // The registration socket goes first: the kubelet deregisters the plugin when it goes.
     remove_socket(&reg_path);
     remove_socket(&dra_path);
     d.map_err(|source| PluginError::Serve {
         path: dra_path,
         source,
-    })?;
-    r.map_err(|source| PluginError::Serve {
-        path: reg_path,
-        source,
     })
-}
-
-async fn stop_both_on_error<F>(served: F, both: &CancellationToken) -> F::Output
-where
-    F: std::future::Future<Output = Result<(), tonic::transport::Error>>,
-{
-    let r = served.await;
-    both.cancel();
-    r
 }
 
 /// Binds a Unix socket at `path`, creating its directory and replacing a stale socket.

@@ -1,19 +1,15 @@
 //! The `pluginregistration.Registration` service the kubelet's plugin watcher calls on the
 //! registration socket: GetInfo names the driver and its DRA socket, NotifyRegistrationStatus
-//! says whether the kubelet took it.
+//! says whether the kubelet took it. Served by [`super::lenient`] (the watcher's `:authority`
+//! is the socket's path).
 
-use super::proto::{self, *};
-use super::server::{method_of, unary};
+use super::lenient::{Answer, Unary};
+use super::proto::*;
 use super::RegistrationState;
-use futures_util::future::BoxFuture;
-use std::convert::Infallible;
+use bytes::Bytes;
+use prost::Message;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use tokio::sync::watch;
-use tonic::body::Body;
-use tonic::codegen::http;
-use tonic::server::NamedService;
-use tonic::Status;
 
 #[derive(Clone)]
 pub(super) struct RegistrationService {
@@ -29,7 +25,7 @@ impl RegistrationService {
         }
     }
 
-    fn notified(&self, s: RegistrationStatus) -> RegistrationStatusResponse {
+    fn notified(&self, s: RegistrationStatus) {
         let state = if s.plugin_registered {
             tracing::info!(driver = %self.info.name, "the kubelet registered the DRA plugin");
             RegistrationState::Registered
@@ -38,41 +34,22 @@ impl RegistrationService {
             RegistrationState::Refused(s.error)
         };
         self.status.send_replace(state);
-        RegistrationStatusResponse {}
     }
+}
 
-    async fn route(self, req: http::Request<Body>) -> http::Response<Body> {
-        match method_of(&req).as_str() {
-            "GetInfo" => {
-                let info = (*self.info).clone();
-                unary(req, move |_: InfoRequest| std::future::ready(info)).await
+impl Unary for RegistrationService {
+    fn call(&self, path: &str, request: Bytes) -> Answer {
+        let malformed = |e: prost::DecodeError| (tonic::Code::InvalidArgument, e.to_string());
+        match path {
+            GET_INFO => {
+                InfoRequest::decode(request).map_err(malformed)?;
+                Ok(self.info.encode_to_vec().into())
             }
-            "NotifyRegistrationStatus" => {
-                unary(req, move |s: RegistrationStatus| {
-                    std::future::ready(self.notified(s))
-                })
-                .await
+            NOTIFY_REGISTRATION_STATUS => {
+                self.notified(RegistrationStatus::decode(request).map_err(malformed)?);
+                Ok(RegistrationStatusResponse {}.encode_to_vec().into())
             }
-            other => Status::unimplemented(other.to_string()).into_http(),
+            other => Err((tonic::Code::Unimplemented, format!("no method {other}"))),
         }
-    }
-}
-
-impl NamedService for RegistrationService {
-    const NAME: &'static str = proto::REGISTRATION_SERVICE;
-}
-
-impl tower::Service<http::Request<Body>> for RegistrationService {
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { Ok(this.route(req).await) })
     }
 }

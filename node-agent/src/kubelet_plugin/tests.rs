@@ -4,6 +4,7 @@
 use super::proto::*;
 use super::*;
 use hyper_util::rt::TokioIo;
+use prost::Message;
 use std::sync::Mutex;
 use std::time::Duration;
 use tonic::codegen::http::uri::PathAndQuery;
@@ -271,4 +272,93 @@ fn dns_subdomains() {
         assert!(is_dns_subdomain(ok), "{ok}");
     }
     assert!(!is_dns_subdomain(&"a".repeat(254)));
+}
+
+/// An HPACK literal header field without indexing, with a literal name, no Huffman coding.
+fn literal(block: &mut Vec<u8>, name: &str, value: &str) {
+    block.push(0);
+    for s in [name, value] {
+        let len = u8::try_from(s.len()).expect("a short string");
+        assert!(len < 127, "{s} needs a longer length prefix");
+        block.push(len);
+        block.extend_from_slice(s.as_bytes());
+    }
+}
+
+/// An HTTP/2 frame: 24-bit length, type, flags, stream id.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len())
+        .expect("a small frame")
+        .to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// GetInfo as the kubelet's plugin watcher sends it: grpc-go dialled with the socket's bare path
+/// puts that path in `:authority` (h2's server resets such a stream).
+#[tokio::test]
+async fn get_info_with_the_socket_path_as_authority() {
+    use futures_util::StreamExt;
+    use tokio::io::AsyncWriteExt;
+    let p = Running::start("authority").await;
+    let socket = p.paths.registration_socket(DRIVER);
+    let mut io = tokio::net::UnixStream::connect(&socket)
+        .await
+        .expect("connect");
+    let mut block = Vec::new();
+    literal(&mut block, ":method", "POST");
+    literal(&mut block, ":scheme", "http");
+    literal(&mut block, ":path", GET_INFO);
+    literal(&mut block, ":authority", &socket.display().to_string());
+    literal(&mut block, "content-type", "application/grpc");
+    literal(&mut block, "te", "trailers");
+    let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    bytes.extend(h2_frame(0x4, 0, 0, &[]));
+    bytes.extend(h2_frame(0x1, 0x4, 1, &block));
+    bytes.extend(h2_frame(0x0, 0x1, 1, &[0, 0, 0, 0, 0]));
+    io.write_all(&bytes).await.expect("write");
+    let mut codec: h2::Codec<_, bytes::Bytes> = h2::Codec::new(io);
+    let (mut status, mut data, mut grpc_status) = (None, Vec::new(), None);
+    while let Some(f) = codec.next().await {
+        match f.expect("a frame") {
+            h2::frame::Frame::Headers(h) => {
+                let end = h.is_end_stream();
+                let (pseudo, fields) = h.into_parts();
+                status = status.or(pseudo.status);
+                grpc_status = grpc_status.or(fields.get("grpc-status").cloned());
+                if end {
+                    break;
+                }
+            }
+            h2::frame::Frame::Data(d) => data.extend_from_slice(d.payload()),
+            _ => {}
+        }
+    }
+    assert_eq!(status.map(|s| s.as_u16()), Some(200));
+    assert_eq!(grpc_status.as_ref().map(|v| v.as_bytes()), Some(&b"0"[..]));
+    assert!(data.len() > 5 && data[0] == 0, "{data:?}");
+    let info = PluginInfo::decode(&data[5..]).expect("PluginInfo");
+    assert_eq!(info.name, DRIVER);
+    assert_eq!(info.supported_versions, ["v1.DRAPlugin"]);
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn an_unknown_method_is_unimplemented() {
+    let p = Running::start("unknown").await;
+    let ch = channel(p.paths.registration_socket(DRIVER));
+    let mut grpc = tonic::client::Grpc::new(ch);
+    grpc.ready().await.expect("ready");
+    let codec = tonic_prost::ProstCodec::<InfoRequest, PluginInfo>::default();
+    let path = PathAndQuery::from_static("/pluginregistration.Registration/Nope");
+    let r = grpc
+        .unary(tonic::Request::new(InfoRequest {}), path, codec)
+        .await;
+    assert_eq!(
+        r.map(|_| ()).unwrap_err().code(),
+        tonic::Code::Unimplemented
+    );
+    p.stop().await;
 }
