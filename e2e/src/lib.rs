@@ -10,6 +10,7 @@ pub mod containerd;
 pub mod cpumeter;
 pub mod device_plugin;
 pub mod docker;
+pub mod dra_accel;
 pub mod helm;
 pub mod images;
 pub mod kube;
