@@ -304,6 +304,29 @@ async fn run(cri: &mut Cri, pod: &str, qos: CgroupQos, c: &ContainerSpec) -> Res
     Ok(Placed { id, pid })
 }
 
+/// Where a container's CPUs, memory nodes and pages are (its cgroup and `numa_maps`).
+struct Whereabouts {
+    cpus: BTreeSet<usize>,
+    mems: BTreeSet<usize>,
+    pages: BTreeMap<u32, u64>,
+}
+
+/// Runs the guide's Pod shape (Burstable, 1 CPU requested, 2 limit, 256 MiB, 64 MiB touched)
+/// as Pod `pod` and reports where it is under `report[pod]`.
+async fn guide_shaped_pod(
+    cri: &mut Cri,
+    pod: &str,
+    report: &mut Value,
+) -> Result<(Placed, Whereabouts)> {
+    let c = toucher("app", 1000, 2000, 256 * MIB, 64)?;
+    let p = run(cri, pod, CgroupQos::Burstable, &c).await?;
+    let cpus = parse_list(&cgroup_cpuset(p.pid)?)?;
+    let mems = parse_list(&cgroup_mems(p.pid)?)?;
+    let pages = touched_pages(p.pid, 64)?;
+    report[pod] = json!({"cpuset.cpus": list(&cpus), "cpuset.mems": list(&mems), "numa_maps_anon_pages": pages});
+    Ok((p, Whereabouts { cpus, mems, pages }))
+}
+
 /// Anonymous pages per node of `pid` once it has touched `mib` MiB (90% of its pages seen).
 fn touched_pages(pid: u32, mib: u64) -> Result<BTreeMap<u32, u64>> {
     let want = mib * MIB / PAGE * 9 / 10;

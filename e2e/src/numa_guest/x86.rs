@@ -82,21 +82,15 @@ async fn guide_pod_on_one_node(
     cri: &mut Cri,
     nodes: &GuestNodes,
     report: &mut Value,
-) -> Result<Placed> {
-    let c = toucher("app", 1000, 2000, 256 * MIB, 64)?;
-    let p = run(cri, "guide", CgroupQos::Burstable, &c).await?;
-    let cpus = parse_list(&cgroup_cpuset(p.pid)?)?;
-    let mems = parse_list(&cgroup_mems(p.pid)?)?;
-    let pages = touched_pages(p.pid, 64)?;
-    report["guide"] = json!({"cpuset.cpus": list(&cpus), "cpuset.mems": list(&mems), "numa_maps_anon_pages": pages});
-    let node = nodes.exactly(&cpus).with_context(|| {
+) -> Result<()> {
+    let (_, at) = guide_shaped_pod(cri, "guide", report).await?;
+    let node = nodes.exactly(&at.cpus).with_context(|| {
         format!(
-            "cpuset {cpus:?} is not one NUMA node's CPUs {:?}",
-            nodes.cpus
+            "cpuset {:?} is not one NUMA node's CPUs {:?}",
+            at.cpus, nodes.cpus
         )
     })?;
-    memory_on_node(&mems, &pages, node)?;
-    Ok(p)
+    memory_on_node(&at.mems, &at.pages, node)
 }
 
 /// A resize that no longer fits the container's NUMA node moves it to another one (the engine
