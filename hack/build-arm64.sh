@@ -17,10 +17,10 @@
 #                    tests' own (dev profile, also static musl) build. CI's arm64 tier: the
 #                    release build (about 17 min cold on 2 cores) adds nothing its tests check
 #     --copy-to DIR  copy the stripped binaries to DIR as well
-#     --guest        also build what the arm64 NUMA guest runs (e2e/tests/numa_vm.rs): the
-#                    tests' build takes tap-e2e's numa_vm test (its CRI client and checks run in
-#                    the guest) and tap-touch, copied with the agent to $OUT/guest/; implies
-#                    --dev-agent. Without --test: that build only, nothing run (setup-vm.sh)
+#     --guest        also build what the arm64 NUMA guest runs (e2e/tests/numa_vm.rs) after the
+#                    tests' build: tap-e2e's numa_vm test (its CRI client and checks run in the
+#                    guest) and tap-touch, copied with the tests' agent to $OUT/guest/; implies
+#                    --dev-agent. Without --test: those builds only, nothing run (setup-vm.sh)
 #
 # Output (stripped): /var/cache/kunpeng-tap/arm64/out/{kunpeng-tap,kunpeng-tap-operator}.
 # Cache: /var/cache/kunpeng-tap/arm64/{chroot,target,cargo,out} (env TAP_ARM64_CACHE moves it).
@@ -319,7 +319,7 @@ cargo_t() { # cargo SUBCOMMAND ARGS... for the musl target, std built from sourc
 # tap-touch and the agent, into $OUT/guest.
 copy_guest_programs() {
   local exe
-  exe=$(grep -o '"executable":"[^"]*/numa_vm-[0-9a-f]*"' "$OUT/tests-build.json" | tail -1 | cut -d'"' -f4)
+  exe=$(grep -o '"executable":"[^"]*/numa_vm-[0-9a-f]*"' "$OUT/guest-build.json" | tail -1 | cut -d'"' -f4)
   [ -n "$exe" ] || die "the tests' build made no numa_vm test binary"
   mkdir -p "$OUT/guest"
   cp "$CACHE/target/${exe#"$C_TARGET"/}" "$OUT/guest/numa_vm.new"
@@ -334,20 +334,25 @@ copy_guest_programs() {
 # The agent and the operator in two invocations: together, Cargo would unify their kube
 # features, and the agent would differ from (and rebuild after) an --agent-only build.
 TEST_ARGS=(-p tap-engine -p node-agent)
-# The guest's programs come from the same build as the tests: cargo's -Zbuild-std builds std
-# differently for `cargo test` and `cargo build`, so a separate build would compile every
-# dependency again. Its dependency graph is the tier's with tap-e2e added.
-[ "$guest" = 0 ] || TEST_ARGS+=(-p tap-e2e --test numa_vm)
 [ "${TAP_ARM64_TEST_PROFILE:-test}" != release ] || TEST_ARGS+=(--release)
 if [ "$dev_agent" = 1 ]; then
   # The tests' build makes the agent too (its integration tests run it).
   phase "tests under qemu (build, the agent included)"
-  cargo_t test --no-run --message-format=json-render-diagnostics "${TEST_ARGS[@]}" \
-    > "$OUT/tests-build.json"
+  cargo_t test --no-run "${TEST_ARGS[@]}"
   test_dir=debug
   [ "${TAP_ARM64_TEST_PROFILE:-test}" != release ] || test_dir=release
   cp "$CACHE/target/$TARGET/$test_dir/kunpeng-tap" "$OUT/kunpeng-tap"
-  [ "$guest" = 0 ] || copy_guest_programs "$test_dir"
+  if [ "$guest" = 1 ]; then
+    # A `cargo test` build as well: -Zbuild-std builds std differently for `cargo build`, which
+    # would compile every dependency again. Its own invocation, as target selection (--test)
+    # applies to every package named: the e2e crate's dev-dependency tap-operator turns on
+    # more of kube's features, so kube's crates and those above them (node-agent's library)
+    # are compiled a second time, beside the tests' own.
+    phase "the arm64 NUMA guest's programs (build)"
+    cargo_t test --no-run --message-format=json-render-diagnostics -p tap-e2e --test numa_vm \
+      > "$OUT/guest-build.json"
+    copy_guest_programs "$test_dir"
+  fi
   bins=(kunpeng-tap)
   if [ -n "$copy_to" ]; then
     mkdir -p "$copy_to"

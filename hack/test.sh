@@ -7,8 +7,8 @@
 #         operation against their baseline (hack/bench-ir.sh)
 #   arm64: builds the agent for aarch64 (static musl) in a Debian trixie chroot and runs the
 #         engine's and the agent's tests under qemu-user, and the arm64 agent's --explain
-#         against the amd64 one; the same build makes what the arm64 NUMA guest of the e2e
-#         tier runs (hack/build-arm64.sh --agent-only --test --dev-agent --guest; root)
+#         against the amd64 one; then builds what the arm64 NUMA guest of the e2e tier runs
+#         (hack/build-arm64.sh --agent-only --test --dev-agent --guest; root)
 #   e2e:  installs and starts real components (hack/e2e/*.sh) and runs the e2e tier (TAP_E2E=1);
 #         with TAP_CONTAINERD2_VERSIONS set, also the containerd2 tier's tests for those versions
 #   containerd2: builds containerd 2.x (hack/e2e/setup-containerd2.sh; TAP_CONTAINERD2_VERSIONS,
@@ -64,8 +64,8 @@ arm64() {
   # profile): the release build added about 17 min to a cold run and nothing its tests check
   # (`bash hack/build-arm64.sh` builds the release binaries). The amd64 agent of the --explain
   # comparison: the dev build the unit tier has made.
-  # --guest: the same build also makes the numa_vm test binary and tap-touch for the arm64
-  # NUMA guest (e2e tier), which a build of their own would take minutes to redo.
+  # --guest: also the numa_vm test binary and tap-touch for the arm64 NUMA guest (e2e tier),
+  # built beside the tests (a cargo build of their own would compile every dependency again).
   bash hack/build-arm64.sh --agent-only --test --dev-agent --guest --amd64-profile dev
 }
 
