@@ -124,6 +124,37 @@ pub struct Cluster {
     kubelet_runs: usize,
     /// Bring-up time of the last [`Cluster::start`] (to a Ready node).
     pub bring_up: Duration,
+    /// The host-wide lock ([`HOST_LOCK`]), held until everything above is gone.
+    _host_lock: std::fs::File,
+}
+
+/// Two clusters on one host undo each other (the `/kubepods` cgroups, the bridge, the kubelet's
+/// device-plugin folder), so a cluster holds this file's lock from start to teardown; a second
+/// test binary waits for it.
+pub const HOST_LOCK: &str = "/tmp/tap-e2e-cluster.lock";
+
+/// Takes [`HOST_LOCK`], waiting for another cluster to be torn down.
+fn lock_host() -> Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(HOST_LOCK)
+        .with_context(|| format!("opening {HOST_LOCK}"))?;
+    match f.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let t = Instant::now();
+            eprintln!("cluster: another cluster holds {HOST_LOCK}; waiting");
+            f.lock().with_context(|| format!("locking {HOST_LOCK}"))?;
+            let waited = t.elapsed().as_secs_f64();
+            eprintln!("cluster: waited {waited:.1}s for {HOST_LOCK}");
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("locking {HOST_LOCK}"))
+        }
+    }
+    Ok(f)
 }
 
 impl Cluster {
@@ -135,6 +166,7 @@ impl Cluster {
     /// [`Cluster::start`] with other knobs.
     pub fn start_with(opts: ClusterOptions) -> Result<Cluster> {
         check_installed()?;
+        let host_lock = lock_host()?;
         let t0 = Instant::now();
         let node_ip = node_ip()?;
         let dir = crate::util::temp_dir("tap-cl")?;
@@ -152,6 +184,7 @@ impl Cluster {
             saved_sysctls: Vec::new(),
             kubelet_runs: 0,
             bring_up: Duration::ZERO,
+            _host_lock: host_lock,
         };
         // From here on, dropping `c` undoes whatever was done.
         let kube = KubeCluster::start_with(&KubeOptions {
