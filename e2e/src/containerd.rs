@@ -216,6 +216,12 @@ impl Containerd {
         args
     }
 
+    /// The only folder containerd reads CDI specs from (empty unless a DRA driver under test
+    /// writes there: containers that name no CDI device are not affected).
+    pub fn cdi_dir(&self) -> PathBuf {
+        self.dir.join("cdi")
+    }
+
     /// The NRI socket plugins connect to (alone in its folder, which a plugin's Pod mounts).
     pub fn nri_socket(&self) -> PathBuf {
         self.dir.join("nri/nri.sock")
@@ -246,7 +252,14 @@ impl Containerd {
         };
         let d = &self.dir;
         std::fs::write(d.join("config.toml"), cfg)?;
-        for sub in ["cni-bin", "cni-conf", "nri-plugins", "nri-conf", "nri"] {
+        for sub in [
+            "cni-bin",
+            "cni-conf",
+            "nri-plugins",
+            "nri-conf",
+            "nri",
+            "cdi",
+        ] {
             std::fs::create_dir_all(d.join(sub))?;
         }
         if let Some(conf) = &self.opts.cni_conflist {
@@ -296,7 +309,8 @@ state = "{state}"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "{pause}"
 [plugins.'io.containerd.cri.v1.runtime']
-  enable_cdi = false
+  enable_cdi = true
+  cdi_spec_dirs = ["{d}/cdi"]
   disable_apparmor = true
   # Lowering oom_score_adj (the sandbox's -998) is refused in unprivileged or nested hosts.
   restrict_oom_score_adj = true
@@ -351,7 +365,8 @@ state = "{state}"
   level = "info"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{pause}"
-  enable_cdi = false
+  enable_cdi = true
+  cdi_spec_dirs = ["{d}/cdi"]
   disable_apparmor = true
   # Lowering oom_score_adj (the sandbox's -998) is refused in unprivileged or nested hosts.
   restrict_oom_score_adj = true

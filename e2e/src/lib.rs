@@ -11,6 +11,7 @@ pub mod cpumeter;
 pub mod device_plugin;
 pub mod docker;
 pub mod dra_accel;
+pub mod dra_peer;
 pub mod helm;
 pub mod images;
 pub mod kube;

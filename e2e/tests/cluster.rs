@@ -13,6 +13,8 @@
 //! stage packs them (`scratch`, the binary in /usr/local/bin, user 65532) and imported with
 //! `ctr images import`; the agent's image has a second layer with the fixture.
 
+#[path = "cluster/dra_peer.rs"]
+mod dra_peer;
 #[path = "cluster/numa_scheduler.rs"]
 mod numa_scheduler;
 #[path = "cluster/tier.rs"]
@@ -764,6 +766,11 @@ fn cluster_tier() {
     let only: Option<Vec<String>> = std::env::var("TAP_CLUSTER_SCENARIOS")
         .ok()
         .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
+    // dra_peer is opt-in: it runs only when named (it needs hack/e2e/setup-dra-driver-cpu.sh,
+    // which CI does not run).
+    let peer_named = only
+        .as_ref()
+        .is_some_and(|o| o.iter().any(|s| s == "dra_peer"));
     let mut run = |name: &str, t: &mut Tier, f: &dyn Fn(&mut Tier) -> Result<()>| -> bool {
         if only.as_ref().is_some_and(|o| !o.iter().any(|s| s == name)) {
             return true;
@@ -811,7 +818,8 @@ fn cluster_tier() {
         )
         && run("helm_uninstall", &mut t, &|t| helm_uninstall(t))
         && run("cri_proxy_mode", &mut t, &cri_proxy_mode)
-        && run("smt_and_cache_controls", &mut t, &smt_and_cache_controls);
+        && run("smt_and_cache_controls", &mut t, &smt_and_cache_controls)
+        && (!peer_named || run("dra_peer", &mut t, &dra_peer::dra_peer));
     for n in &t.notes {
         eprintln!("NOTE {n}");
     }
