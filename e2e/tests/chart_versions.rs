@@ -4,7 +4,7 @@
 //! The agent's node restriction is an `admissionregistration.k8s.io/v1`
 //! ValidatingAdmissionPolicy, served from 1.30 on: the chart renders it only where the API server
 //! serves it (`.Capabilities`) and its NOTES say that the restriction is off elsewhere. Checked
-//! with the real `helm` for 1.26, 1.29, 1.30 and 1.34, rendered as a GitOps tool renders for a
+//! with the real `helm` for 1.26, 1.29, 1.30, 1.34 and 1.37, rendered as a GitOps tool renders for a
 //! cluster (`helm template --kube-version --api-versions`, the cluster's resource list) and with
 //! the version alone, and by a real install on the e2e tier's kube-apiserver (1.37) whose
 //! ValidatingAdmissionPolicy API is switched off (`--runtime-config`), which is what a 1.26-1.29
@@ -106,6 +106,7 @@ fn renders_for_each_supported_kubernetes_version() {
         ("1.29.4", 29),
         ("1.30.0", 30),
         ("1.34.4", 34),
+        ("1.37.2", 37),
     ] {
         let api = served(minor);
         for (how, objs) in [
@@ -334,5 +335,49 @@ fn installs_where_validating_admission_policy_is_not_served() {
         "helm install without ValidatingAdmissionPolicy: {} objects, {:.1}s",
         objs.len(),
         t0.elapsed().as_secs_f64()
+    );
+}
+
+/// The DRA driver (`agent.flags.draDriver=on`) renders the DeviceClass of resource.k8s.io/v1
+/// and the agent's plugin folders where DRA is GA (1.34 on: the e2e tier's 1.37 here), and is
+/// refused with the reason below it.
+#[test]
+fn the_dra_driver_renders_where_dra_is_served_and_is_refused_below() {
+    if skip_unless_enabled("the_dra_driver_renders_where_dra_is_served_and_is_refused_below") {
+        return;
+    }
+    let on = ["agent.flags.draDriver=on"];
+    let objs = render_for("1.37.2", &[], &on);
+    let class = objs
+        .iter()
+        .find(|o| o["kind"] == "DeviceClass")
+        .expect("a DeviceClass");
+    assert_eq!(class["apiVersion"], "resource.k8s.io/v1");
+    assert_eq!(class["metadata"]["name"], "dra.tap.kunpeng.io");
+    let ds = objs.iter().find(|o| o["kind"] == "DaemonSet").unwrap();
+    let args = ds["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains("--dra-driver=on"), "{args}");
+    let vols = ds["spec"]["template"]["spec"]["volumes"].to_string();
+    assert!(vols.contains("/var/lib/kubelet/plugins_registry"), "{vols}");
+    assert!(
+        !kinds(&render_for("1.37.2", &[], &[])).contains("DeviceClass"),
+        "off by default"
+    );
+    let mut c = helm();
+    c.args([
+        "template",
+        RELEASE,
+        &chart(),
+        "--kube-version",
+        "1.30.0",
+        "--set",
+        on[0],
+    ]);
+    let out = run(c);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("needs DRA's resource.k8s.io/v1 (Kubernetes >= 1.34)"),
+        "{err}"
     );
 }

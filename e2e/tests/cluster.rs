@@ -13,6 +13,10 @@
 //! stage packs them (`scratch`, the binary in /usr/local/bin, user 65532) and imported with
 //! `ctr images import`; the agent's image has a second layer with the fixture.
 
+#[path = "cluster/dra_accel.rs"]
+mod dra_accel;
+#[path = "cluster/dra_cpu.rs"]
+mod dra_cpu;
 #[path = "cluster/dra_peer.rs"]
 mod dra_peer;
 #[path = "cluster/numa_scheduler.rs"]
@@ -50,6 +54,9 @@ fn helm_install(t: &Tier) -> Result<()> {
                 "podResourcesSocket": t.cl.dir.join("kubelet/pod-resources/kubelet.sock").display().to_string(),
                 "foldCpusToHost": true,
                 "logFormat": "text",
+                // The DRA driver for CPUs and memory, on the tier's kubelet (its --root-dir).
+                "draDriver": "on",
+                "kubeletRootDir": t.cl.dir.join("kubelet").display().to_string(),
             },
             "extraArgs": [format!("--sysfs-root={IMAGE_FIXTURE}")],
             "extraEnv": env.iter().map(|(k, v)| serde_json::json!({"name": k, "value": v})).collect::<Vec<_>>(),
@@ -803,6 +810,8 @@ fn cluster_tier() {
             nodetopology_and_release(t)
         })
         && run("device_plugin_hint", &mut t, &device_plugin_hint)
+        && run("dra_accel_hint", &mut t, &dra_accel::dra_accel_hint)
+        && run("dra_cpu_claim", &mut t, &dra_cpu::dra_cpu_claim)
         && run("per_pod_controls", &mut t, &per_pod_controls)
         && run("reserved_cpus", &mut t, &reserved_cpus)
         && run(

@@ -5,6 +5,8 @@
 //!   the state is updated).
 //! - `create_remove/*`: a full create (decision + commit + grant record) and the remove that
 //!   puts the state back, so every iteration sees the same 1,000-container state.
+//! - `claim_release/*`: the engine's share of a DRA prepare (a claim of 4 CPUs of one NUMA
+//!   node booked, shared containers moved off them) and of the unprepare that gives them back.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
@@ -57,6 +59,13 @@ fn bench(c: &mut Criterion) {
                 black_box(e.remove("new"));
             })
         });
+        let ask = claim_ask(&e);
+        c.bench_function(&format!("claim_release/{name}/dra-4-cpus"), |b| {
+            b.iter(|| {
+                black_box(e.claim(black_box(&ask)).expect("claim"));
+                black_box(e.release_claim("uid-bench"));
+            })
+        });
         if policy == PolicyKind::TopologyAware {
             c.bench_function(&format!("decide/{name}/guaranteed-4-exclusive"), |b| {
                 b.iter(|| black_box(e.decide(black_box(&guaranteed))))
@@ -71,6 +80,27 @@ fn bench(c: &mut Criterion) {
                 },
             );
         }
+    }
+}
+
+/// A DRA claim of 4 CPUs of NUMA node 3.
+fn claim_ask(e: &Engine) -> tap_engine::claim::ClaimAsk {
+    use tap_engine::claim::{ClaimAsk, ClaimKey, PartAsk};
+    let device = tap_engine::dra::pool_of(e.topology(), "numa3")
+        .expect("NUMA node 3")
+        .id;
+    ClaimAsk {
+        uid: "uid-bench".into(),
+        key: ClaimKey {
+            namespace: "default".into(),
+            name: "bench".into(),
+        },
+        parts: vec![PartAsk {
+            request: "cpus".into(),
+            device,
+            cpus: 4,
+            memory_bytes: 256 << 20,
+        }],
     }
 }
 

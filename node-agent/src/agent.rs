@@ -229,6 +229,8 @@ pub struct Agent {
     /// The NUMA nodes of this node's DRA devices (kept by the kube link, read with the
     /// kubelet's device allocation).
     dra: Arc<crate::pod_resources::dra::DraTopology>,
+    /// Woken when the configuration changes (the DRA driver's devices follow it).
+    config_changed: tokio::sync::Notify,
     /// The next engine call panics (tests of the panic guard's callers).
     #[cfg(test)]
     panic_next: std::sync::atomic::AtomicBool,
@@ -288,6 +290,7 @@ impl Agent {
             roster: std::sync::OnceLock::new(),
             change_sink: std::sync::OnceLock::new(),
             dra: Arc::default(),
+            config_changed: tokio::sync::Notify::new(),
             #[cfg(test)]
             panic_next: std::sync::atomic::AtomicBool::new(false),
         };
@@ -702,7 +705,14 @@ impl Agent {
         }
         self.log_clusters_off(&e);
         drop(e);
+        self.config_changed.notify_one();
         self.moved(ups);
+    }
+
+    /// Resolves at the next configuration change (or at once when one happened since the last
+    /// wait).
+    pub async fn config_changed(&self) {
+        self.config_changed.notified().await
     }
 
     /// Hands the containers whose cpuset a change outside a runtime hook moved to the runtime

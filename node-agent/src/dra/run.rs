@@ -93,7 +93,8 @@ async fn connect(shutdown: &CancellationToken) -> Option<kube::Client> {
     }
 }
 
-/// Each pass (and each time the kubelet registers the plugin): the slice, then the claims.
+/// Each pass (and at once when the kubelet registers the plugin or the configuration changes:
+/// reserved CPUs change the devices): the slice, then the claims.
 async fn publish_loop(
     opts: &DraOptions,
     agent: &Agent,
@@ -115,6 +116,7 @@ async fn publish_loop(
         release_deleted_claims(agent, driver, &client).await;
         tokio::select! {
             _ = tokio::time::sleep(PASS) => {}
+            _ = agent.config_changed() => {}
             r = registered.changed() => if r.is_err() { return },
             _ = shutdown.cancelled() => return,
         }
