@@ -5,7 +5,7 @@
 //! plugin prepare it, the agent reads the claim's device from the kubelet's pod-resources API
 //! and its NUMA node from the ResourceSlice, and places the container there.
 
-use super::tier::{PodDef, Tier, POLL};
+use super::tier::{Placed, PodDef, Tier, POLL};
 use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -35,15 +35,7 @@ pub(crate) fn dra_accel_hint(t: &mut Tier) -> Result<()> {
 
 fn claimed_pod(t: &mut Tier, plugin: &DraAccel, probe_node: usize, node: usize) -> Result<()> {
     let device = format!("accel-{node}");
-    let devices = [DraDevice {
-        name: device.clone(),
-        numa_node: u32::try_from(node)?,
-    }];
-    let kube = t.cl.kube();
-    kube.apply(&device_class().to_string())?;
-    kube.apply(&resource_slice(NODE, &devices).to_string())?;
-    kube.apply(&template().to_string())?;
-    kube.apply(&pod_manifest()?.to_string())?;
+    publish(t, &device, node)?;
     t.wait_running(POD)?;
     let p = t.placed(POD)?;
     let got = t.assert_on_one_node("DRA accel Pod", &p, "topology-aware")?;
@@ -65,10 +57,11 @@ fn claimed_pod(t: &mut Tier, plugin: &DraAccel, probe_node: usize, node: usize) 
         "the kubelet prepared another claim {name} than {uid}: {:?}",
         plugin.prepared()
     );
-    let mems = mems(t, &p.id)?;
+    let (spec_mems, cgroup_mems) = mems(t, &p)?;
     t.notes.push(format!(
         "DRA: a Pod without devices went to NUMA node {probe_node}; the Pod claiming {DRIVER} {device} \
-         (NUMA {node}): grant {}, CRI cpuset_cpus {:?}, cgroup cpuset.cpus {:?}, {mems}; \
+         (NUMA {node}): grant {}, CRI cpuset_cpus {:?}, cgroup cpuset.cpus {:?}, CRI cpuset_mems \
+         {spec_mems:?}, cgroup cpuset.mems {cgroup_mems:?}; \
          Event TopologyPlaced: {event}; ResourceClaim {name} status.allocation.devices.results: {result}",
         p.grant, p.spec_cpus, p.cgroup_cpus
     ));
@@ -79,6 +72,21 @@ fn claimed_pod(t: &mut Tier, plugin: &DraAccel, probe_node: usize, node: usize) 
         POLL,
         || Ok(plugin.unprepared().iter().any(|c| c.uid == uid)),
     )
+}
+
+/// The DeviceClass, the node's ResourceSlice with `device` on NUMA node `node`, the claim
+/// template and the Pod.
+fn publish(t: &Tier, device: &str, node: usize) -> Result<()> {
+    let devices = [DraDevice {
+        name: device.to_string(),
+        numa_node: u32::try_from(node)?,
+    }];
+    let kube = t.cl.kube();
+    kube.apply(&device_class().to_string())?;
+    kube.apply(&resource_slice(NODE, &devices).to_string())?;
+    kube.apply(&template().to_string())?;
+    kube.apply(&pod_manifest()?.to_string())?;
+    Ok(())
 }
 
 /// The Pod's ResourceClaim (made from the template) and its allocation result, checked to be
@@ -114,17 +122,20 @@ fn claim_allocation(t: &Tier, device: &str) -> Result<(Value, Value)> {
     Ok((claim.clone(), results.clone()))
 }
 
-/// The container's memory nodes: the OCI spec's and the cgroup's.
-fn mems(t: &Tier, id: &str) -> Result<String> {
+/// The container's memory nodes, the OCI spec's and the cgroup's, checked: the policy binds
+/// memory only when asked to (the grant record then carries `mems=`).
+fn mems(t: &Tier, p: &Placed) -> Result<(String, String)> {
     let mut cri = t.cri()?;
     let (spec, pid) = t.rt.block_on(async {
-        let spec = cri.spec_mems(id).await?;
-        anyhow::Ok((spec, cri.pid(id).await?))
+        let spec = cri.spec_mems(&p.id).await?;
+        anyhow::Ok((spec, cri.pid(&p.id).await?))
     })?;
-    Ok(format!(
-        "CRI cpuset_mems {spec:?}, cgroup cpuset.mems {:?}",
-        cgroup_mems(pid)?
-    ))
+    ensure!(
+        !p.field("mems").is_empty() || spec.is_empty(),
+        "memory nodes {spec:?} set without a mems= record: grant {}",
+        p.grant
+    );
+    Ok((spec, cgroup_mems(pid)?))
 }
 
 fn template() -> Value {
