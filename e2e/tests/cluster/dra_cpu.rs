@@ -48,8 +48,16 @@ fn claims(t: &mut Tier, slice_version: &str) -> Result<()> {
     t.wait_running(POD)?;
     let running = t0.elapsed();
     let cpus = aligned_pod(t)?;
+    let log = t.agent_log()?;
+    let prepared: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("DRA claim prepared"))
+        .filter_map(|l| l.split("elapsed_us=").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .collect();
+    ensure!(!prepared.is_empty(), "no prepare logged by the agent");
     t.notes.push(format!(
-        "DRA CPU claim: Pod create to Running {:.1}s",
+        "DRA CPU claim: Pod create to Running {:.1}s; NodePrepareResources in the agent (API read, booking, checkpoint) {prepared:?} µs",
         running.as_secs_f64()
     ));
     too_big(t)?;

@@ -120,9 +120,17 @@ impl DraDriver for TapDriver {
     type Error = PrepareError;
 
     async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
+        let start = std::time::Instant::now();
         let out = self.prepare_once(claim).await;
-        if let Err(e) = &out {
-            self.failed(Hook::Prepare, claim, e);
+        match &out {
+            Ok(devices) => tracing::info!(
+                claim = %format!("{}/{}", claim.namespace, claim.name),
+                uid = %claim.uid,
+                devices = devices.len(),
+                elapsed_us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
+                "DRA claim prepared"
+            ),
+            Err(e) => self.failed(Hook::Prepare, claim, e),
         }
         out
     }
