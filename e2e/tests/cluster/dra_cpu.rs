@@ -20,6 +20,7 @@ const TAP: &str = "dra.tap.kunpeng.io";
 const ACCEL: &str = tap_e2e::dra_accel::DRIVER;
 const POD: &str = "dra-cpu";
 const TOO_BIG: &str = "dra-cpu-too-big";
+const REPLICATED: &str = "dra-cpu-guaranteed";
 /// The NUMA node the accel device is on.
 const ACCEL_NODE: usize = 3;
 
@@ -61,6 +62,7 @@ fn claims(t: &mut Tier, slice_version: &str) -> Result<()> {
         running.as_secs_f64()
     ));
     too_big(t)?;
+    replicated(t)?;
     restart_agent(t, &cpus)?;
     // Claims prepared, Pods placed and refused, the agent restarted: the slice never written.
     ensure!(
@@ -190,6 +192,51 @@ fn too_big(t: &mut Tier) -> Result<()> {
     t.notes
         .push(format!("DRA claim of 25 CPUs: Pending, {why}"));
     t.delete_pod(TOO_BIG)
+}
+
+/// A Guaranteed Pod whose requests replicate its 1-CPU claim (as docs/user/dra.md recommends):
+/// its container gets the claim's CPU and nothing else; no exclusive CPU is taken for it.
+fn replicated(t: &mut Tier) -> Result<()> {
+    let kube = t.cl.kube();
+    kube.apply(&template("one-cpu", "1", false).to_string())?;
+    let mut pod: Value = serde_json::from_str(&PodDef::new(REPLICATED, "1", "1").manifest())?;
+    pod["spec"]["resourceClaims"] =
+        json!([{"name": "cpus", "resourceClaimTemplateName": "one-cpu"}]);
+    pod["spec"]["containers"][0]["resources"]["claims"] = json!([{"name": "cpus"}]);
+    kube.apply(&pod.to_string())?;
+    t.wait_running(REPLICATED)?;
+    let p = t.placed(REPLICATED)?;
+    ensure!(
+        p.grant.contains(";on=claim:") && p.field("x").is_empty(),
+        "{p:?}"
+    );
+    let claims = booked(t)?;
+    ensure!(
+        claims.iter().any(|c| c.len() == 1),
+        "no 1-CPU claim booked: {claims:?}"
+    );
+    let nt = t.node_topology()?;
+    let zones = nt["status"]["zones"].as_array().context("no zones")?;
+    let exclusive: Vec<&Value> = zones
+        .iter()
+        .map(|z| &z["exclusiveCPUs"])
+        .filter(|x| *x != "")
+        .collect();
+    ensure!(
+        exclusive.is_empty(),
+        "exclusive CPUs taken beside the claim: {exclusive:?}"
+    );
+    t.notes.push(format!(
+        "DRA Guaranteed 1/1 Pod with a 1-CPU claim: grant {}, claims booked {claims:?}",
+        p.grant
+    ));
+    t.delete_pod(REPLICATED)?;
+    util::wait_until(
+        "the 1-CPU claim given back",
+        Duration::from_secs(60),
+        POLL,
+        || Ok(booked(t)?.len() == 1),
+    )
 }
 
 /// The agent's restart leaves the claim, its container and the books alone.
@@ -350,6 +397,8 @@ fn clean_up(t: &Tier) -> Result<()> {
     let objects = [
         ("pod", POD, Some("default")),
         ("pod", TOO_BIG, Some("default")),
+        ("pod", REPLICATED, Some("default")),
+        ("resourceclaimtemplate", "one-cpu", Some("default")),
         ("resourceclaimtemplate", "cpu-and-accel", Some("default")),
         ("resourceclaimtemplate", "too-big", Some("default")),
         ("resourceslice", slice.as_str(), None),
