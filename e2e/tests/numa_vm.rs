@@ -56,10 +56,17 @@ fn boot_and_check(
 ) -> Result<()> {
     let run = vm::run(arch, shape, dir, script, timeout)?;
     let report = std::fs::read_to_string(run.dir.join("report.json")).unwrap_or_default();
+    // The init's own lines: when the guest was up, when it was done.
+    let init: Vec<&str> = run
+        .console
+        .lines()
+        .filter(|l| l.starts_with("GUEST:"))
+        .collect();
     println!(
-        "{arch:?} guest ran {:.1} s wall, rc {:?}\nreport: {report}",
+        "{arch:?} guest ran {:.1} s wall, rc {:?}\n{}\nreport: {report}",
         run.wall.as_secs_f64(),
-        run.rc
+        run.rc,
+        init.join("\n")
     );
     if run.rc != Some(0) {
         bail!(
