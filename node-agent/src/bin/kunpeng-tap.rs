@@ -59,6 +59,12 @@ fn run(flags: Flags) -> anyhow::Result<()> {
 
     if flags.explain {
         print!("{}", explain::explain(&agent));
+        if flags.dra_driver == DraDriverMode::On {
+            let devices = agent.dra_devices(flags.dra_device_level.level());
+            let node = kube_link::node_name(&flags);
+            println!("DRA ResourceSlice (--dra-driver=on):");
+            print!("{}", node_agent::dra::slice::yaml(&node, &devices));
+        }
         return Ok(());
     }
     let dra = (flags.dra_driver == DraDriverMode::On).then(|| node_agent::dra::run::DraOptions {

@@ -112,6 +112,19 @@ fn attribute(v: &AttrValue) -> DeviceAttribute {
     }
 }
 
+/// The slice `node` publishes, as YAML (what `kubectl get resourceslice -o yaml` shows of
+/// it, but for the fields the API server adds): for `--explain`.
+pub fn yaml(node: &str, devices: &[DeviceSpec]) -> String {
+    let mut slice = build(node, devices, 1);
+    slice.metadata.annotations = None;
+    let mut v = serde_json::to_value(&slice).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("apiVersion".into(), "resource.k8s.io/v1".into());
+        o.insert("kind".into(), "ResourceSlice".into());
+    }
+    serde_yaml::to_string(&v).unwrap_or_default()
+}
+
 /// A stable fingerprint of what the devices say (xxhash64 of their description).
 pub fn fingerprint(devices: &[DeviceSpec]) -> String {
     let text = format!("{devices:?}");
