@@ -63,11 +63,16 @@ pub fn resource_slice(node: &str, devices: &[DraDevice]) -> Value {
 
 /// The DeviceClass `accel.example.com`: every device of the driver.
 pub fn device_class() -> Value {
+    device_class_of(DRIVER)
+}
+
+/// A DeviceClass named after `driver` that selects every device of it.
+pub fn device_class_of(driver: &str) -> Value {
     json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
-        "metadata": {"name": DRIVER},
-        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}]},
+        "metadata": {"name": driver},
+        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{driver}\"")}}]},
     })
 }
 
