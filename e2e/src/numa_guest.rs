@@ -3,7 +3,7 @@
 //! where the containers' cgroups and pages are (`cpuset.cpus`, `cpuset.mems`, `numa_maps`).
 //!
 //! The x86 guest runs it from the `in_guest` test of e2e/tests/numa_vm.rs (the host's own test
-//! binary); the arm64 guest from `tap-numa-guest`, this crate's binary cross-built for aarch64
+//! binary); the arm64 guest from `arm64_in_guest`, the same test binary built for aarch64
 //! (`hack/build-arm64.sh --guest`). Both write what they saw to `TAP_GUEST_REPORT`, a JSON file
 //! in the exchange folder the host reads.
 
@@ -184,19 +184,35 @@ impl GuestAgent {
             log,
             metrics,
         };
+        a.wait_restored(restored)?;
+        Ok(a)
+    }
+
+    /// Waits (up to 3 minutes: TCG) until the log says "state restored" more than `before`
+    /// times; fails when the agent exits first.
+    fn wait_restored(&mut self, before: usize) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(180);
-        while a.log().matches("state restored from the runtime").count() <= restored {
-            if let Some(st) = a.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                bail!("the agent exited ({st}):\n{}", a.log());
+        while self
+            .log()
+            .matches("state restored from the runtime")
+            .count()
+            <= before
+        {
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!("the agent exited ({st}):\n{}", self.log());
             }
             ensure!(
                 Instant::now() < deadline,
                 "the agent never restored:\n{}",
-                a.log()
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(200));
         }
-        Ok(a)
+        Ok(())
     }
 
     fn log(&self) -> String {
