@@ -19,6 +19,8 @@ use tonic::codegen::http::{HeaderMap, HeaderValue, StatusCode};
 
 /// What a client sends first on an HTTP/2 connection.
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// How long a new connection may take to send the preface.
+const PREFACE_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 /// The most a request message may hold.
 const MAX_MESSAGE: usize = 64 * 1024;
 
@@ -34,6 +36,8 @@ pub(super) trait Unary: Clone + Send + Sync + 'static {
 pub(super) enum ConnError {
     #[error("reading the HTTP/2 preface: {0}")]
     Preface(std::io::Error),
+    #[error("no HTTP/2 preface within {PREFACE_WITHIN:?}")]
+    NoPreface,
     #[error("not an HTTP/2 client")]
     NotHttp2,
     #[error("reading a frame: {0}")]
@@ -74,9 +78,12 @@ async fn connection<U: Unary>(
     stop: CancellationToken,
 ) -> Result<(), ConnError> {
     let mut preface = [0u8; 24];
-    io.read_exact(&mut preface)
-        .await
-        .map_err(ConnError::Preface)?;
+    tokio::select! {
+        _ = stop.cancelled() => return Ok(()),
+        r = tokio::time::timeout(PREFACE_WITHIN, io.read_exact(&mut preface)) => {
+            r.map_err(|_| ConnError::NoPreface)?.map_err(ConnError::Preface)?;
+        }
+    }
     if &preface != PREFACE {
         return Err(ConnError::NotHttp2);
     }

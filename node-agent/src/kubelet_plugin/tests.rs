@@ -362,3 +362,22 @@ async fn an_unknown_method_is_unimplemented() {
     );
     p.stop().await;
 }
+
+/// A connection that never speaks holds up no other.
+#[tokio::test]
+async fn a_silent_connection_does_not_block_get_info() {
+    let p = Running::start("silent").await;
+    let socket = p.paths.registration_socket(DRIVER);
+    let _silent = tokio::net::UnixStream::connect(&socket)
+        .await
+        .expect("connect");
+    let ch = channel(socket);
+    let info = tokio::time::timeout(
+        Duration::from_secs(5),
+        call::<_, PluginInfo>(&ch, GET_INFO, InfoRequest {}),
+    )
+    .await
+    .expect("GetInfo within 5 s");
+    assert_eq!(info.name, DRIVER);
+    p.stop().await;
+}
