@@ -790,3 +790,94 @@ mod tests {
             .contains("needs --container-runtime-service-endpoint"));
     }
 }
+
+/// docs/user/flags.md against the flags themselves: the table names every flag once, under its
+/// `--help` heading, with its default as the binary has it.
+#[cfg(test)]
+mod doc_tests {
+    use super::Flags;
+    use clap::CommandFactory;
+    use std::collections::BTreeMap;
+
+    /// The table's rows: each flag named in a row's first cell (`--a`, `--b` or `-v`, `--verbose`)
+    /// with the heading above it and the row's default cell.
+    fn documented(md: &str) -> BTreeMap<String, (String, String)> {
+        let mut heading = String::new();
+        let mut out = BTreeMap::new();
+        for line in md.lines().filter(|l| l.starts_with("| ")) {
+            let cells: Vec<&str> = line
+                .split(" | ")
+                .map(|c| c.trim_matches(|c| c == '|' || c == ' '))
+                .collect();
+            if let Some(h) = cells[0]
+                .strip_prefix("**")
+                .and_then(|h| h.strip_suffix("**"))
+            {
+                heading = h.to_string();
+                continue;
+            }
+            for name in cells[0]
+                .split(", ")
+                .filter_map(|n| n.trim_matches('`').strip_prefix("--"))
+            {
+                let default = cells.get(1).copied().unwrap_or_default().to_string();
+                out.insert(name.to_string(), (heading.clone(), default));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_flags_page_lists_every_flag_under_its_heading_with_its_default() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/user/flags.md");
+        let md = std::fs::read_to_string(path).expect("docs/user/flags.md");
+        let docs = documented(&md);
+        let cmd = Flags::command();
+        let mut missing = Vec::new();
+        for a in cmd
+            .get_arguments()
+            .filter(|a| a.get_long().is_some_and(|l| l != "help" && l != "version"))
+        {
+            let long = a.get_long().unwrap_or_default();
+            let Some((heading, default)) = docs.get(long) else {
+                missing.push(long.to_string());
+                continue;
+            };
+            assert_eq!(
+                Some(heading.as_str()),
+                a.get_help_heading(),
+                "--{long}: heading in flags.md"
+            );
+            let want: Vec<String> = a
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            match want.as_slice() {
+                [] => {}
+                [v] if v.is_empty() => assert!(
+                    default.starts_with("empty") || default.is_empty(),
+                    "--{long}: default {default:?}, the binary's is empty"
+                ),
+                [v] => assert!(
+                    default.contains(&format!("`{v}`")),
+                    "--{long}: default {default:?}, the binary's is {v:?}"
+                ),
+                many => panic!("--{long}: several defaults {many:?}"),
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "flags missing from docs/user/flags.md: {missing:?}"
+        );
+        let known: Vec<&str> = cmd.get_arguments().filter_map(|a| a.get_long()).collect();
+        let stale: Vec<&String> = docs
+            .keys()
+            .filter(|k| !known.contains(&k.as_str()))
+            .collect();
+        assert!(
+            stale.is_empty(),
+            "docs/user/flags.md names flags the binary lacks: {stale:?}"
+        );
+    }
+}
