@@ -67,6 +67,11 @@ fn run(flags: Flags) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    // The PCIe roots' NUMA nodes, for DRA devices that name only their root.
+    if let Ok(sys) = tap_engine::sysfs::open_root(&flags.sysfs_root) {
+        let roots = node_agent::pod_resources::dra::PcieRoots::read(&sys);
+        agent.dra_topology().set_pcie_roots(roots);
+    }
     let dra = (flags.dra_driver == DraDriverMode::On).then(|| node_agent::dra::run::DraOptions {
         node: kube_link::node_name(&flags),
         level: flags.dra_device_level.level(),

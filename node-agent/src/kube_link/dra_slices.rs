@@ -3,7 +3,8 @@
 //! is placed on its node, as one holding a device-plugin device is.
 
 use crate::pod_resources::dra::{
-    numa_node_of, DraDevice, DraTopology, SliceDevices, NUMA_NODE_ATTRIBUTE,
+    numa_node_of, DraDevice, DraTopology, PcieRoots, SliceDevices, NUMA_NODE_ATTRIBUTE,
+    PCIE_ROOT_ATTRIBUTE,
 };
 use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -13,15 +14,19 @@ use kube::ResourceExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// The devices of one slice and their NUMA nodes.
-pub fn slice_devices(slice: &ResourceSlice) -> SliceDevices {
+/// The devices of one slice and their NUMA nodes: the `numaNode` attribute, else the NUMA node
+/// of the device's `pcieRoot` on this machine.
+pub fn slice_devices(slice: &ResourceSlice, roots: &PcieRoots) -> SliceDevices {
     let spec = &slice.spec;
     let devices = spec.devices.iter().flatten().map(|d| {
-        let numa = d
-            .attributes
-            .as_ref()
-            .and_then(|a| a.get(NUMA_NODE_ATTRIBUTE))
-            .and_then(|v| numa_node_of(v.int));
+        let attr = |name: &str| d.attributes.as_ref().and_then(|a| a.get(name));
+        let numa = attr(NUMA_NODE_ATTRIBUTE)
+            .and_then(|v| numa_node_of(v.int))
+            .or_else(|| {
+                attr(PCIE_ROOT_ATTRIBUTE)
+                    .and_then(|v| v.string.as_deref())
+                    .and_then(|r| roots.numa_node(r))
+            });
         let dev = DraDevice {
             driver: spec.driver.clone(),
             pool: spec.pool.name.clone(),
@@ -43,18 +48,19 @@ pub async fn watch(client: kube::Client, node: String, dra: Arc<DraTopology>) {
     let mut stream = std::pin::pin!(watcher(api, wc).default_backoff());
     let mut listing: HashMap<String, SliceDevices> = HashMap::new();
     let mut warned = false;
+    let roots = dra.pcie_roots();
     while let Some(ev) = stream.next().await {
         match ev {
             Ok(watcher::Event::Init) => listing.clear(),
             Ok(watcher::Event::InitApply(s)) => {
-                listing.insert(s.name_any(), slice_devices(&s));
+                listing.insert(s.name_any(), slice_devices(&s, &roots));
             }
             Ok(watcher::Event::InitDone) => {
                 dra.replace(std::mem::take(&mut listing));
                 warned = false;
                 tracing::debug!(node = %node, devices = dra.len(), "ResourceSlices read");
             }
-            Ok(watcher::Event::Apply(s)) => dra.put(&s.name_any(), slice_devices(&s)),
+            Ok(watcher::Event::Apply(s)) => dra.put(&s.name_any(), slice_devices(&s, &roots)),
             Ok(watcher::Event::Delete(s)) => dra.remove(&s.name_any()),
             Err(e) if !warned => {
                 warned = true;
@@ -87,12 +93,32 @@ mod tests {
                         "resource.kubernetes.io/numaNode": {"string": "1"}}},
                     {"name": "accel-2", "attributes": {
                         "resource.kubernetes.io/numaNode": {"int": -3}}},
-                    {"name": "accel-3"}
+                    {"name": "accel-3"},
+                    {"name": "nic-0", "attributes": {
+                        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:3a"}}},
+                    {"name": "nic-1", "attributes": {
+                        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:99"}}},
+                    {"name": "nic-2", "attributes": {
+                        "resource.kubernetes.io/numaNode": {"int": 0},
+                        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:3a"}}}
                 ]
             }
         }))
         .expect("a slice");
-        let got = slice_devices(&slice);
+        // This machine: root pci0000:3a on NUMA node 2 (its first function says so; a bridge
+        // without a node and a non-function entry are passed over).
+        let sys = tap_engine::source::MapSource::default()
+            .with("devices/pci0000:3a/power/control", "auto\n")
+            .with("devices/pci0000:3a/0000:3a:00.0/numa_node", "-1\n")
+            .with("devices/pci0000:3a/0000:3a:02.0/numa_node", "2\n")
+            .with("devices/pci0000:00/0000:00:00.0/numa_node", "0\n")
+            .with("devices/system/node/node0/cpulist", "0-3\n");
+        let roots = PcieRoots::read(&sys);
+        assert_eq!(
+            (roots.numa_node("pci0000:3a"), roots.numa_node("pci0000:00")),
+            (Some(2), Some(0))
+        );
+        let got = slice_devices(&slice, &roots);
         let nodes: Vec<(&str, Option<u32>)> = got
             .devices
             .iter()
@@ -104,7 +130,10 @@ mod tests {
                 ("accel-0", Some(1)),
                 ("accel-1", None),
                 ("accel-2", None),
-                ("accel-3", None)
+                ("accel-3", None),
+                ("nic-0", Some(2)),
+                ("nic-1", None),
+                ("nic-2", Some(0))
             ]
         );
         assert!(got

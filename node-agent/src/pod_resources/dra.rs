@@ -10,6 +10,46 @@ use std::sync::RwLock;
 /// The attribute DRA drivers publish a device's NUMA node under.
 pub const NUMA_NODE_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
 
+/// The attribute DRA drivers publish a device's PCIe root complex under (`pci0000:3a`): where a
+/// device has no NUMA node attribute, the root's NUMA node (from sysfs) is taken.
+pub const PCIE_ROOT_ATTRIBUTE: &str = "resource.kubernetes.io/pcieRoot";
+
+/// The NUMA node of each PCIe root complex of this machine, read from sysfs: a root
+/// `devices/pci<domain>:<bus>` holds the functions below it, and the first of them with a
+/// `numa_node` of 0 or more gives the root's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PcieRoots(HashMap<String, u32>);
+
+impl PcieRoots {
+    /// The roots under `sys` (a sysfs root); none where sysfs shows none (a fixture dump).
+    pub fn read(sys: &(impl tap_engine::source::FileSource + ?Sized)) -> PcieRoots {
+        let mut out = HashMap::new();
+        let roots = sys.list("devices").unwrap_or_default();
+        for root in roots.iter().filter(|r| r.starts_with("pci")) {
+            let functions = sys.list(&format!("devices/{root}")).unwrap_or_default();
+            let node = functions
+                .iter()
+                .filter(|f| f.contains(':') && f.contains('.'))
+                .filter_map(|f| sys.read(&format!("devices/{root}/{f}/numa_node")).ok())
+                .find_map(|v| {
+                    v.trim()
+                        .parse::<i64>()
+                        .ok()
+                        .and_then(|n| numa_node_of(Some(n)))
+                });
+            if let Some(n) = node {
+                out.insert(root.clone(), n);
+            }
+        }
+        PcieRoots(out)
+    }
+
+    /// The NUMA node of root `name` (`pci0000:3a`).
+    pub fn numa_node(&self, name: &str) -> Option<u32> {
+        self.0.get(name).copied()
+    }
+}
+
 /// A device as DRA names it: its driver, the driver's pool and the device's name there.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DraDevice {
@@ -32,9 +72,21 @@ pub struct SliceDevices {
 #[derive(Debug, Default)]
 pub struct DraTopology {
     slices: RwLock<HashMap<String, SliceDevices>>,
+    /// This machine's PCIe roots, for devices named by their root only (set once at start).
+    roots: std::sync::OnceLock<PcieRoots>,
 }
 
 impl DraTopology {
+    /// Sets the machine's PCIe roots (once; a second call is ignored).
+    pub fn set_pcie_roots(&self, roots: PcieRoots) {
+        let _ = self.roots.set(roots);
+    }
+
+    /// The machine's PCIe roots (none before [`DraTopology::set_pcie_roots`]).
+    pub fn pcie_roots(&self) -> PcieRoots {
+        self.roots.get().cloned().unwrap_or_default()
+    }
+
     /// Slice `name` holds `devices` now (a new slice, or a changed one).
     pub fn put(&self, name: &str, devices: SliceDevices) {
         self.write().insert(name.to_string(), devices);
