@@ -81,6 +81,22 @@ pub enum ReservedAnnotation {
     Honoured,
 }
 
+/// The CPU group each device of the agent's DRA driver is.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DraDeviceLevel {
+    /// A NUMA node.
+    Numa,
+    /// A socket.
+    Socket,
+    /// A die.
+    Die,
+    /// A CPU cluster (Kunpeng).
+    Cluster,
+    /// CPUs sharing an L3 cache.
+    Cache,
+}
+
 /// Whether the node agents move shared containers between NUMA nodes by their measured CPU
 /// use.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
@@ -162,6 +178,11 @@ pub struct PolicySettings {
     /// or `usage`.
     #[serde(default, skip_serializing_if = "RebalanceMode::is_off")]
     pub rebalance: RebalanceMode,
+    /// The CPU group each device of the agent's DRA driver is (`numa`, `socket`, `die`,
+    /// `cluster`, `cache`), where the agent runs it (`--dra-driver=on`); absent: the agent's
+    /// `--dra-device-level`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra_device_level: Option<DraDeviceLevel>,
     /// Whether Pod annotations may override the policy, level and memory binding.
     #[serde(default = "yes")]
     pub annotations_allowed: bool,
@@ -177,6 +198,7 @@ impl Default for PolicySettings {
             reserved_cpus_for: ReservedCpusFor::default(),
             rebalance: RebalanceMode::Off,
             annotations_allowed: true,
+            dra_device_level: None,
         }
     }
 }
@@ -251,6 +273,11 @@ pub struct TopologyPolicySpec {
     #[serde(default)]
     #[schemars(range(min = PRIORITY_MIN, max = PRIORITY_MAX))]
     pub priority: i32,
+    /// The CPU group each device of the agent's DRA driver is (`numa`, `socket`, `die`,
+    /// `cluster`, `cache`), where the agent runs it (`--dra-driver=on`); absent: the agent's
+    /// `--dra-device-level`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra_device_level: Option<DraDeviceLevel>,
     /// Whether Pod annotations may override the policy, level and memory binding.
     #[serde(default = "yes")]
     pub annotations_allowed: bool,
@@ -267,6 +294,7 @@ impl TopologyPolicySpec {
             reserved_cpus_for: self.reserved_cpus_for.clone(),
             rebalance: self.rebalance,
             annotations_allowed: self.annotations_allowed,
+            dra_device_level: self.dra_device_level,
         }
     }
 }

@@ -137,6 +137,9 @@ pub struct EngineConfig {
     pub cache_affinity: CacheAffinity,
     /// Usage-aware rebalancing of shared containers (off by default).
     pub rebalance: Rebalance,
+    /// The CPU group each DRA device is ([`crate::dra`]), where a policy sets it; `None`: the
+    /// agent's own setting.
+    pub dra_level: Option<Level>,
 }
 
 impl Default for EngineConfig {
@@ -155,6 +158,7 @@ impl Default for EngineConfig {
             exclusive_cores: CoreGrain::WholeCores,
             cache_affinity: CacheAffinity::On,
             rebalance: Rebalance::Off,
+            dra_level: None,
         }
     }
 }

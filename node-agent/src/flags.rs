@@ -571,6 +571,8 @@ impl Flags {
             exclusive_cores: self.exclusive_cores,
             cache_affinity: self.cache_affinity,
             rebalance: self.rebalance,
+            // The flag's level is the DRA driver's default; a policy's overrides it.
+            dra_level: None,
         }
     }
 

@@ -115,6 +115,7 @@ fn policies(n: usize) -> Vec<PolicyInput> {
                     rebalance: Default::default(),
                     priority: (i % 10) as i32,
                     annotations_allowed: true,
+                    dra_device_level: None,
                 },
             }
         })

@@ -313,6 +313,7 @@ mod tests {
                 rebalance: tap_api::RebalanceMode::Usage,
                 priority: prio,
                 annotations_allowed: false,
+                dra_device_level: None,
             },
         }
     }

@@ -216,6 +216,7 @@ mod tests {
                 rebalance: Default::default(),
                 priority: prio,
                 annotations_allowed: true,
+                dra_device_level: None,
             },
         }
     }

@@ -60,15 +60,13 @@ impl Agent {
         self.inspect(|e| e.claim_of(uid).cloned())
     }
 
-    /// The DRA devices this node offers at `level` (the engine's allocatable CPUs).
+    /// The DRA devices this node offers: at the policy's level where it sets one, else at
+    /// `level` (over the engine's allocatable CPUs).
     pub fn dra_devices(&self, level: Level) -> Vec<DeviceSpec> {
         self.inspect(|e| {
-            tap_engine::dra::devices(
-                e.topology(),
-                &e.allocatable(),
-                level,
-                e.config().exclusive_cores,
-            )
+            let cfg = e.config();
+            let level = cfg.dra_level.unwrap_or(level);
+            tap_engine::dra::devices(e.topology(), &e.allocatable(), level, cfg.exclusive_cores)
         })
     }
 }

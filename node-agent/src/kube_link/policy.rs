@@ -105,8 +105,22 @@ pub fn engine_config(
         reserved_for: reserved_access(&s.reserved_cpus_for),
         annotations_allowed: s.annotations_allowed,
         rebalance: rebalance(s.rebalance),
+        dra_level: s.dra_device_level.map(dra_level),
         ..base.clone()
     })
+}
+
+/// A policy's DRA device level as the engine's pool level.
+pub fn dra_level(l: tap_api::DraDeviceLevel) -> tap_engine::topology::Level {
+    use tap_api::DraDeviceLevel as D;
+    use tap_engine::topology::Level;
+    match l {
+        D::Numa => Level::Numa,
+        D::Socket => Level::Socket,
+        D::Die => Level::Die,
+        D::Cluster => Level::Cluster,
+        D::Cache => Level::Cache,
+    }
 }
 
 pub fn load_cache(path: &Path) -> std::io::Result<Option<CachedPolicy>> {
@@ -155,7 +169,24 @@ mod tests {
             },
             rebalance: tap_api::RebalanceMode::Usage,
             annotations_allowed: false,
+            dra_device_level: None,
         }
+    }
+
+    #[test]
+    fn a_policys_dra_device_level_overrides_the_flag_and_its_absence_keeps_it() {
+        let base = EngineConfig::default();
+        let clusters = PolicySettings {
+            dra_device_level: Some(tap_api::DraDeviceLevel::Cluster),
+            ..settings()
+        };
+        let c = engine_config(&base, &CpuSet::new(), Some(&clusters)).unwrap();
+        assert_eq!(c.dra_level, Some(tap_engine::topology::Level::Cluster));
+        let c = engine_config(&base, &CpuSet::new(), Some(&settings())).unwrap();
+        assert_eq!(c.dra_level, None, "absent: the agent's --dra-device-level");
+        let yaml = "policy: topology-aware\ndraDeviceLevel: cache\n";
+        let s: PolicySettings = serde_yaml::from_str(yaml).unwrap();
+        assert_eq!(s.dra_device_level, Some(tap_api::DraDeviceLevel::Cache));
     }
 
     #[test]
