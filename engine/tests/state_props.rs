@@ -110,6 +110,7 @@ fn config() -> impl Strategy<Value = EngineConfig> {
                     tap_engine::CacheAffinity::Off
                 },
                 rebalance: tap_engine::Rebalance::Off,
+                dra_level: None,
                 exclusive_cores: if whole {
                     tap_engine::CoreGrain::WholeCores
                 } else {

@@ -504,6 +504,7 @@ pub fn container_request(
         cpu_limit_milli: c.cpu_limit,
         memory_limit_bytes: c.memory_limit,
         device_nodes,
+        claims: Vec::new(),
         overrides,
     }
 }
