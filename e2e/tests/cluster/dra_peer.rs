@@ -20,19 +20,20 @@ use super::tier::{parse_list, PodDef, Tier, NS, POLL};
 use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tap_e2e::cluster::NODE;
 use tap_e2e::containerd::cgroup_mems;
 use tap_e2e::docker::TapAgent;
 use tap_e2e::dra_accel::{self, DraAccel, DraDevice};
 use tap_e2e::dra_peer::{self, DraCpu, PeerPaths};
-use tap_e2e::images::build_static;
+use tap_e2e::images::oci_arch;
 use tap_e2e::util;
 
 const STD_NUMA: &str = "resource.kubernetes.io/numaNode";
 const ACCEL: &str = dra_accel::DRIVER;
 const TAP: &str = "dra.tap.kunpeng.io";
+/// The claimed Pods, one per round (`-1`, `-2`, …): the last stays for the plain one.
 const CLAIMED: &str = "peer-claimed";
 const PLAIN: &str = "peer-plain";
 const ALIGNED: &str = "peer-aligned";
@@ -96,6 +97,13 @@ impl Running {
             Running::Tap(a) => a.log_tail(n),
         }
     }
+
+    fn log_text(&self) -> String {
+        match self {
+            Running::Peer(p) => p.log_text(),
+            Running::Tap(a) => a.log_text(),
+        }
+    }
 }
 
 /// One of the driver's devices as its ResourceSlice shows it.
@@ -121,7 +129,8 @@ pub(crate) fn dra_peer(t: &mut Tier) -> Result<()> {
     let r = plugin
         .wait_registered(Duration::from_secs(60))
         .and_then(|()| publish_accel(t, node))
-        .and_then(|()| both(t, node));
+        .and_then(|()| agent_copy(t))
+        .and_then(|agent| both(t, node, &agent));
     let cleaned = delete_all(
         t,
         &[
@@ -153,10 +162,23 @@ fn publish_accel(t: &Tier, node: i64) -> Result<()> {
 }
 
 /// Both legs, each whatever the other's outcome; fails if either failed.
-fn both(t: &mut Tier, node: i64) -> Result<()> {
+/// The static release agent the tier's image was built with (`target/image/<arch>/`, made at
+/// the tier's start), copied into the cluster's folder before the legs: no rebuild of a checkout
+/// that changed since, and no later one under the legs.
+fn agent_copy(t: &Tier) -> Result<PathBuf> {
+    let built = util::workspace_root()
+        .join("target/image")
+        .join(oci_arch())
+        .join("kunpeng-tap");
+    let copy = t.cl.dir.join("kunpeng-tap");
+    std::fs::copy(&built, &copy).with_context(|| format!("copying {}", built.display()))?;
+    Ok(copy)
+}
+
+fn both(t: &mut Tier, node: i64, agent: &Path) -> Result<()> {
     let mut failed = Vec::new();
     for d in [Driver::Peer, Driver::Tap] {
-        match leg(t, d, node) {
+        match leg(t, d, node, agent) {
             Ok(row) => {
                 eprintln!("{row}");
                 t.notes.push(row);
@@ -168,13 +190,29 @@ fn both(t: &mut Tier, node: i64) -> Result<()> {
     Ok(())
 }
 
-fn leg(t: &mut Tier, d: Driver, node: i64) -> Result<String> {
-    let run = start(t, d)?;
+fn leg(t: &mut Tier, d: Driver, node: i64, agent: &Path) -> Result<String> {
+    let run = start(t, d, agent)?;
     let r = measure(t, d, node);
     if r.is_err() {
         eprintln!("--- {} log\n{}", d.title(), run.log_tail(80));
     }
-    let pods = [CLAIMED, PLAIN, ALIGNED, FOUR].map(|p| ("pod", p, Some("default")));
+    // When each claim was prepared and unprepared, for the create-to-Running times.
+    let prepares: Vec<String> = run
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("repare"))
+        .map(str::to_string)
+        .collect();
+    let from = prepares.len().saturating_sub(60);
+    eprintln!(
+        "--- {} prepare lines\n{}",
+        d.title(),
+        prepares[from..].join("\n")
+    );
+    let claimed: Vec<String> = (1..=ROUNDS).map(|r| format!("{CLAIMED}-{r}")).collect();
+    let mut names: Vec<&str> = claimed.iter().map(String::as_str).collect();
+    names.extend([PLAIN, ALIGNED, FOUR]);
+    let pods: Vec<_> = names.iter().map(|p| ("pod", *p, Some("default"))).collect();
     let templates = TEMPLATES.map(|n| ("resourceclaimtemplate", n, Some("default")));
     let cleaned = delete_all(t, &pods).and_then(|()| delete_all(t, &templates));
     drop(run);
@@ -183,7 +221,7 @@ fn leg(t: &mut Tier, d: Driver, node: i64) -> Result<String> {
     r.and_then(|row| cleaned.and(gone).map(|()| row))
 }
 
-fn start(t: &Tier, d: Driver) -> Result<Running> {
+fn start(t: &Tier, d: Driver, agent: &Path) -> Result<Running> {
     let kubelet = t.cl.dir.join("kubelet");
     let kubeconfig = t.cl.kube().kubeconfig.clone();
     let ctd = t.cl.containerd();
@@ -211,10 +249,9 @@ fn start(t: &Tier, d: Driver) -> Result<Running> {
         Driver::Tap => {
             // The static release build the agent's image ships, with the API server reached
             // through KUBECONFIG (an env(1) in front: TapAgent passes no environment).
-            let bin = build_static("node-agent", "kunpeng-tap");
             let args: Vec<String> = vec![
                 format!("KUBECONFIG={}", kubeconfig.display()),
-                bin.display().to_string(),
+                agent.display().to_string(),
                 "--container-runtime-mode=NRI".into(),
                 format!("--nri-socket-path={}", ctd.nri_socket().display()),
                 "--sysfs-root=/sys".into(),
@@ -302,15 +339,19 @@ fn slice_devices(list: &Value) -> Vec<Device> {
 /// container's alone and go back to the plain one when the claimed Pod is deleted.
 fn claimed_and_plain(t: &Tier, d: Driver) -> Result<String> {
     let mut times = Vec::new();
+    let mut refusals = Vec::new();
+    let mut name = String::new();
     for round in 1..=ROUNDS {
-        let (_, secs) = run_timed(t, &pod(CLAIMED, Some(TEMPLATES[0]))?)?;
+        name = format!("{CLAIMED}-{round}");
+        let (_, secs) = run_timed(t, &pod(&name, Some(TEMPLATES[0]))?)?;
         times.push(format!("{secs:.2}"));
+        refusals.push(prepare_failures(t, &name)?);
         if round < ROUNDS {
-            t.delete_pod(CLAIMED)?;
+            delete_claimed(t, &name)?;
         }
     }
-    let results = allocation(t, CLAIMED, d)?;
-    let c = t.placed(CLAIMED)?;
+    let results = allocation(t, &name, d)?;
+    let c = t.placed(&name)?;
     let c_mems = mems(t, &c.id)?;
     let c_cpus = parse_list(&c.cgroup_cpus);
     ensure!(
@@ -327,7 +368,7 @@ fn claimed_and_plain(t: &Tier, d: Driver) -> Result<String> {
         p.cgroup_cpus,
         c.cgroup_cpus
     );
-    t.delete_pod(CLAIMED)?;
+    t.delete_pod(&name)?;
     let mut after = BTreeSet::new();
     util::wait_until(
         "the claimed CPUs back to the plain container",
@@ -341,13 +382,14 @@ fn claimed_and_plain(t: &Tier, d: Driver) -> Result<String> {
     t.delete_pod(PLAIN)?;
     Ok(format!(
         "1-CPU claim: allocation {results}; claimed container cgroup cpuset.cpus {:?} (CRI {:?}), {}, grant {:?}, \
-         Pod create->Running {} s; plain Burstable container next to it: cgroup cpuset.cpus {:?}, \
+         Pod create->Running {} s (the kubelet's failed prepares on the way: {}); plain Burstable container next to it: cgroup cpuset.cpus {:?}, \
          create->Running {plain_s:.2}s; after the claimed Pod's deletion {}",
         c.cgroup_cpus,
         c.spec_cpus,
         c_mems,
         c.grant,
         times.join(", "),
+        refusals.join(", "),
         p.cgroup_cpus,
         list(&after)
     ))
@@ -397,6 +439,54 @@ fn four(t: &Tier, devices: &[Device]) -> Result<String> {
     };
     t.delete_pod(FOUR)?;
     Ok(out)
+}
+
+/// Deletes the claimed Pod and waits until its ResourceClaim is gone too, so that the next
+/// round does not start while the claim still holds its CPU.
+fn delete_claimed(t: &Tier, pod: &str) -> Result<()> {
+    let p =
+        t.cl.kube()
+            .get_json(&["-n", "default", "get", "pod", pod])?
+            .context("no Pod")?;
+    let claim = p["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        .as_str()
+        .with_context(|| format!("no claim: {}", p["status"]))?
+        .to_string();
+    t.delete_pod(pod)?;
+    util::wait_until(
+        &format!("ResourceClaim {claim} deleted"),
+        Duration::from_secs(60),
+        POLL,
+        || {
+            let c =
+                t.cl.kube()
+                    .get_json(&["-n", "default", "get", "resourceclaim", &claim])?;
+            Ok(c.is_none())
+        },
+    )
+}
+
+/// The kubelet's `FailedPrepareDynamicResources` Events on `pod` (Warnings it records when the
+/// driver refuses a prepare, before it retries): how many, and the first message.
+fn prepare_failures(t: &Tier, pod: &str) -> Result<String> {
+    // By uid: both legs name their Pods alike.
+    let p =
+        t.cl.kube()
+            .get_json(&["-n", "default", "get", "pod", pod])?
+            .context("no Pod")?;
+    let uid = p["metadata"]["uid"].as_str().context("no uid")?;
+    let field = format!("involvedObject.uid={uid},reason=FailedPrepareDynamicResources");
+    let list =
+        t.cl.kube()
+            .get_json(&["get", "events", "-n", "default", "--field-selector", &field])?;
+    let items = list
+        .and_then(|l| l["items"].as_array().cloned())
+        .unwrap_or_default();
+    let count: i64 = items.iter().map(|e| e["count"].as_i64().unwrap_or(1)).sum();
+    Ok(match items.first() {
+        Some(e) => format!("{count} ({})", e["message"].as_str().unwrap_or_default()),
+        None => "0".to_string(),
+    })
 }
 
 /// The scheduler's reason for leaving `pod` Pending (its FailedScheduling Event).
