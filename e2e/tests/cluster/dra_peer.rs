@@ -209,6 +209,14 @@ fn leg(t: &mut Tier, d: Driver, node: i64, agent: &Path) -> Result<String> {
         d.title(),
         prepares[from..].join("\n")
     );
+    let kubelet: Vec<String> =
+        t.cl.kubelet_log()
+            .lines()
+            .filter(|l| l.contains("repare") && l.contains(CLAIMED))
+            .map(str::to_string)
+            .collect();
+    let from = kubelet.len().saturating_sub(60);
+    eprintln!("--- kubelet prepare lines\n{}", kubelet[from..].join("\n"));
     let claimed: Vec<String> = (1..=ROUNDS).map(|r| format!("{CLAIMED}-{r}")).collect();
     let mut names: Vec<&str> = claimed.iter().map(String::as_str).collect();
     names.extend([PLAIN, ALIGNED, FOUR]);
