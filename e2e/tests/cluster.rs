@@ -798,6 +798,9 @@ fn cluster_tier() {
     // Later scenarios need the earlier ones' state: stop at the first failure.
     let _ = run("helm_install", &mut t, &|t| helm_install(t))
         && run("numa_scheduler", &mut t, &numa_scheduler::numa_scheduler)
+        // Before the guide Pod takes the 2-CPU node's second CPU: a Guaranteed 1-CPU Pod
+        // replicating its claim must fit.
+        && run("dra_cpu_claim", &mut t, &dra_cpu::dra_cpu_claim)
         && run(
             "guide_pod_and_policy_switch",
             &mut t,
@@ -811,7 +814,6 @@ fn cluster_tier() {
         })
         && run("device_plugin_hint", &mut t, &device_plugin_hint)
         && run("dra_accel_hint", &mut t, &dra_accel::dra_accel_hint)
-        && run("dra_cpu_claim", &mut t, &dra_cpu::dra_cpu_claim)
         && run("per_pod_controls", &mut t, &per_pod_controls)
         && run("reserved_cpus", &mut t, &reserved_cpus)
         && run(
