@@ -74,9 +74,6 @@ e2e() {
     [ -e "$s" ] || continue
     # containerd 2.x builds take minutes: only for the containerd2 tier.
     [ "$s" = hack/e2e/setup-containerd2.sh ] && continue
-    # dra-driver-cpu (the DRA comparison's peer) builds in 4.5 min cold: by hand, with the
-    # cluster tier's opt-in dra_peer scenario (docs/user/comparison.md).
-    [ "$s" = hack/e2e/setup-dra-driver-cpu.sh ] && continue
     echo "== $s"
     bash "$s"
   done
@@ -85,6 +82,10 @@ e2e() {
   # longer soak: TAP_CHURN_SEEDS=1-40 (docs/design/reliability.md).
   # --no-fail-fast: a failing test binary does not hide the results of the ones after it.
   TAP_E2E=1 TAP_CHURN_SEEDS="${TAP_CHURN_SEEDS-11,17,29,33}" cargo test -p tap-e2e --no-fail-fast -- --test-threads=1
+  # The DRA comparison (docs/user/comparison.md): kubernetes-sigs/dra-driver-cpu, then
+  # kunpeng-tap's DRA driver, one after the other as the node's only NRI plugin, in a cluster
+  # of their own (the run above installs the chart's agent); about a minute.
+  TAP_E2E=1 TAP_CLUSTER_SCENARIOS=dra_peer cargo test -p tap-e2e --test cluster -- --test-threads=1
   if [ -n "${TAP_CONTAINERD2_VERSIONS:-}" ]; then
     containerd2
   fi

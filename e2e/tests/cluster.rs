@@ -773,8 +773,8 @@ fn cluster_tier() {
     let only: Option<Vec<String>> = std::env::var("TAP_CLUSTER_SCENARIOS")
         .ok()
         .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
-    // dra_peer is opt-in: it runs only when named (it needs hack/e2e/setup-dra-driver-cpu.sh,
-    // which CI does not run).
+    // dra_peer runs only when named: each DRA driver must be the node's only NRI plugin, so
+    // hack/test.sh runs it in a cluster of its own (TAP_CLUSTER_SCENARIOS=dra_peer).
     let peer_named = only
         .as_ref()
         .is_some_and(|o| o.iter().any(|s| s == "dra_peer"));
