@@ -22,6 +22,10 @@
 //! With `--nrt` it also installs the NodeResourceTopology CRD (hack/e2e/setup-nrt-crd.sh; or
 //! `TAP_NRT_CRD`) and runs the links with NodeResourceTopology publishing on, and counts those
 //! writes (`noderesourcetopologies`) in a column of their own.
+//!
+//! Each node also runs the DRA driver's slice publisher (`--dra-driver=on`, without a kubelet):
+//! the last column counts ResourceSlice writes in the window (one create per node at start,
+//! before any window; none after, whatever the churn, when the publisher writes only changes).
 
 use anyhow::{bail, Context, Result};
 use node_agent::agent::{Agent, ContainerInfo, PodInfo};
@@ -86,9 +90,9 @@ fn node(i: usize) -> String {
     format!("scale-node-{i:04}")
 }
 
-/// Write requests on NodeTopologies and on NodeResourceTopologies so far, from the API
-/// server's /metrics.
-fn writes(k: &KubeCluster) -> Result<(f64, f64)> {
+/// Write requests on NodeTopologies, on NodeResourceTopologies and on ResourceSlices so far,
+/// from the API server's /metrics.
+fn writes(k: &KubeCluster) -> Result<(f64, f64, f64)> {
     // With 1,000 watchers the exposition is large and a busy API server slow to send it: a
     // longer timeout than kubectl's usual 10 s (the last flag wins), and retries.
     let mut last = None;
@@ -98,6 +102,7 @@ fn writes(k: &KubeCluster) -> Result<(f64, f64)> {
                 return Ok((
                     count_writes(&text, "nodetopologies"),
                     count_writes(&text, "noderesourcetopologies"),
+                    count_writes(&text, "resourceslices"),
                 ))
             }
             Err(e) => last = Some(e),
@@ -228,10 +233,10 @@ async fn run(o: &Opts, k: &KubeCluster, topo: Arc<Topology>) -> Result<()> {
     let shutdown = CancellationToken::new();
     let mut agents: Vec<Arc<Agent>> = Vec::new();
     println!(
-        "| nodes | churn (creates/s per node) | window (s) | writes | writes/s | writes per node per 10 s | limit N/{}s | NodeResourceTopology writes per node per minute |",
+        "| nodes | churn (creates/s per node) | window (s) | writes | writes/s | writes per node per 10 s | limit N/{}s | NodeResourceTopology writes per node per minute | DRA ResourceSlice writes in the window |",
         USAGE_MIN_INTERVAL.as_secs()
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &o.nodes {
         let from = agents.len();
         if n > from {
@@ -267,6 +272,16 @@ async fn run(o: &Opts, k: &KubeCluster, topo: Arc<Topology>) -> Result<()> {
             };
             let (a, c, s) = (agent.clone(), client.clone(), shutdown.clone());
             tokio::spawn(kube_link::run_with_client(opts, a, c, s));
+            // The DRA driver's slice publisher of the node (--dra-driver=on, no kubelet).
+            let (a, c, s) = (agent.clone(), client.clone(), shutdown.clone());
+            let level = tap_engine::topology::Level::Numa;
+            tokio::spawn(node_agent::dra::run::publish_slices(
+                node(i),
+                level,
+                a,
+                c,
+                s,
+            ));
             agents.push(agent);
         }
         // Every node reported, then one usage interval for the start-up writes to settle.
@@ -303,14 +318,14 @@ async fn run(o: &Opts, k: &KubeCluster, topo: Arc<Topology>) -> Result<()> {
             let w1 = tokio::task::block_in_place(|| writes(k))?;
             let secs = start.elapsed().as_secs_f64();
             stop.cancel();
-            let (w, r) = (w1.0 - w0.0, w1.1 - w0.1);
+            let (w, r, slices) = (w1.0 - w0.0, w1.1 - w0.1, w1.2 - w0.2);
             let nrt = if o.nrt {
                 format!("{:.2}", r / secs / n as f64 * 60.0)
             } else {
                 "-".into()
             };
             println!(
-                "| {n} | {rate} | {secs:.0} | {w:.0} | {:.2} | {:.3} | {:.2} | {nrt} |",
+                "| {n} | {rate} | {secs:.0} | {w:.0} | {:.2} | {:.3} | {:.2} | {nrt} | {slices:.0} |",
                 w / secs,
                 w / secs / n as f64 * 10.0,
                 n as f64 / USAGE_MIN_INTERVAL.as_secs_f64()

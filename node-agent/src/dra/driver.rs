@@ -137,8 +137,13 @@ impl DraDriver for TapDriver {
 
     async fn unprepare(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
         let out = self.unprepare_once(claim).await;
-        if let Err(e) = &out {
-            self.failed(Hook::Unprepare, claim, e);
+        match &out {
+            Ok(()) => tracing::info!(
+                claim = %format!("{}/{}", claim.namespace, claim.name),
+                uid = %claim.uid,
+                "DRA claim unprepared"
+            ),
+            Err(e) => self.failed(Hook::Unprepare, claim, e),
         }
         out
     }

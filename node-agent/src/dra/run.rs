@@ -105,19 +105,42 @@ async fn publish_loop(
 ) {
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     loop {
-        let devices = agent.dra_devices(opts.level);
-        match slice::publish(&slices, &opts.node, &devices).await {
-            Ok(slice::Published::Unchanged) => {}
-            Ok(done) => {
-                tracing::info!(node = %opts.node, devices = devices.len(), "DRA ResourceSlice {done:?}")
-            }
-            Err(e) => tracing::warn!(node = %opts.node, "DRA ResourceSlice not written: {e}"),
-        }
+        publish_once(&slices, &opts.node, opts.level, agent).await;
         release_deleted_claims(agent, driver, &client).await;
         tokio::select! {
             _ = tokio::time::sleep(PASS) => {}
             _ = agent.config_changed() => {}
             r = registered.changed() => if r.is_err() { return },
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// The node's slice made to say what the agent offers now (a write only when it differs).
+async fn publish_once(slices: &Api<ResourceSlice>, node: &str, level: Level, agent: &Agent) {
+    let devices = agent.dra_devices(level);
+    match slice::publish(slices, node, &devices).await {
+        Ok(slice::Published::Unchanged) => {}
+        Ok(done) => tracing::info!(node, devices = devices.len(), "DRA ResourceSlice {done:?}"),
+        Err(e) => tracing::warn!(node, "DRA ResourceSlice not written: {e}"),
+    }
+}
+
+/// The slice publisher alone, without the kubelet plugin (how tap-kube-scale measures its
+/// writes across many simulated nodes): each pass and each configuration change.
+pub async fn publish_slices(
+    node: String,
+    level: Level,
+    agent: Arc<Agent>,
+    client: kube::Client,
+    shutdown: CancellationToken,
+) {
+    let slices: Api<ResourceSlice> = Api::all(client);
+    loop {
+        publish_once(&slices, &node, level, &agent).await;
+        tokio::select! {
+            _ = tokio::time::sleep(PASS) => {}
+            _ = agent.config_changed() => {}
             _ = shutdown.cancelled() => return,
         }
     }
