@@ -141,6 +141,14 @@ fn reported(k: &KubeCluster) -> Result<usize> {
         .unwrap_or(0))
 }
 
+/// The agents' ResourceSlices on the API server.
+fn slices(k: &KubeCluster) -> Result<usize> {
+    let v = k
+        .get_json(&["get", "resourceslices"])?
+        .context("no ResourceSlice list")?;
+    Ok(v["items"].as_array().map(Vec::len).unwrap_or(0))
+}
+
 /// Creates NodeTopology objects `from..to`.
 fn create_objects(k: &KubeCluster, from: usize, to: usize) -> Result<()> {
     for chunk in (from..to).collect::<Vec<_>>().chunks(200) {
@@ -304,6 +312,14 @@ async fn run(o: &Opts, k: &KubeCluster, topo: Arc<Topology>) -> Result<()> {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
         eprintln!("{n} nodes reported in {:.1}s", t0.elapsed().as_secs_f64());
+        // Every node's publisher has created its slice (the windows then count what follows).
+        let t1 = Instant::now();
+        while tokio::task::block_in_place(|| slices(k))? < n {
+            if t1.elapsed() > Duration::from_secs(120) {
+                bail!("fewer than {n} ResourceSlices after 120 s");
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
         tokio::time::sleep(USAGE_MIN_INTERVAL + Duration::from_secs(2)).await;
 
         for &rate in std::iter::once(&0.0).chain(o.churn.iter()) {
