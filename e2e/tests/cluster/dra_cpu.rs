@@ -316,18 +316,7 @@ fn shared_on(t: &Tier, n: usize) -> Result<BTreeSet<usize>> {
 /// The allocation results of the Pod's claim: this driver's device of the accel's node with 4
 /// CPUs and 256Mi consumed, and the accel device.
 fn allocation(t: &Tier, pod: &str) -> Result<Value> {
-    let p =
-        t.cl.kube()
-            .get_json(&["-n", "default", "get", "pod", pod])?
-            .context("no Pod")?;
-    let name = p["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-        .as_str()
-        .with_context(|| format!("no claim: {}", p["status"]))?
-        .to_string();
-    let c =
-        t.cl.kube()
-            .get_json(&["-n", "default", "get", "resourceclaim", &name])?;
-    let results = c.context("no claim")?["status"]["allocation"]["devices"]["results"].clone();
+    let results = t.claim_results(pod)?;
     let cpu = results
         .as_array()
         .and_then(|r| r.iter().find(|r| r["driver"] == TAP))

@@ -452,14 +452,7 @@ fn four(t: &Tier, devices: &[Device]) -> Result<String> {
 /// Deletes the claimed Pod and waits until its ResourceClaim is gone too, so that the next
 /// round does not start while the claim still holds its CPU.
 fn delete_claimed(t: &Tier, pod: &str) -> Result<()> {
-    let p =
-        t.cl.kube()
-            .get_json(&["-n", "default", "get", "pod", pod])?
-            .context("no Pod")?;
-    let claim = p["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-        .as_str()
-        .with_context(|| format!("no claim: {}", p["status"]))?
-        .to_string();
+    let claim = t.claim_name(pod)?;
     t.delete_pod(pod)?;
     util::wait_until(
         &format!("ResourceClaim {claim} deleted"),
@@ -545,18 +538,7 @@ fn run_timed(t: &Tier, manifest: &Value) -> Result<(String, f64)> {
 
 /// The allocation results of the Pod's claim, checked to hold one device of the driver.
 fn allocation(t: &Tier, pod: &str, d: Driver) -> Result<Value> {
-    let p =
-        t.cl.kube()
-            .get_json(&["-n", "default", "get", "pod", pod])?
-            .context("no Pod")?;
-    let name = p["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-        .as_str()
-        .with_context(|| format!("no claim: {}", p["status"]))?
-        .to_string();
-    let c =
-        t.cl.kube()
-            .get_json(&["-n", "default", "get", "resourceclaim", &name])?;
-    let results = c.context("no claim")?["status"]["allocation"]["devices"]["results"].clone();
+    let results = t.claim_results(pod)?;
     result_device(&results, d.name())?;
     Ok(results)
 }

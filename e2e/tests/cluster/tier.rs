@@ -197,6 +197,33 @@ impl Tier {
         .with_context(|| self.describe(pod))
     }
 
+    /// The name of the ResourceClaim of the Pod's first claim (its status says it).
+    pub(crate) fn claim_name(&self, pod: &str) -> Result<String> {
+        let p = self
+            .cl
+            .kube()
+            .get_json(&["-n", "default", "get", "pod", pod])?
+            .context("no Pod")?;
+        Ok(p["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+            .as_str()
+            .with_context(|| format!("no claim: {}", p["status"]))?
+            .to_string())
+    }
+
+    /// `status.allocation.devices.results` of the Pod's first claim.
+    pub(crate) fn claim_results(&self, pod: &str) -> Result<Value> {
+        let name = self.claim_name(pod)?;
+        let c = self
+            .cl
+            .kube()
+            .get_json(&["-n", "default", "get", "resourceclaim", &name])?;
+        Ok(
+            c.with_context(|| format!("no ResourceClaim {name}"))?["status"]["allocation"]
+                ["devices"]["results"]
+                .clone(),
+        )
+    }
+
     /// The message of the Pod's first Event with `reason` (waits for it up to 30 s).
     pub(crate) fn pod_event(&self, pod: &str, reason: &str) -> Result<String> {
         let field = format!("involvedObject.name={pod},reason={reason}");
