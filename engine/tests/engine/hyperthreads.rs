@@ -3,39 +3,15 @@
 //! 2-CPU container, and `hide-hyperthreads` (one thread per core in the container's cpuset).
 //! Fixture: 2 sockets x 24 cores x 2 threads, siblings n and n+48.
 
-use std::sync::Arc;
+use crate::common::{engine, placed, request};
 use tap_engine::request::Hyperthreads;
-use tap_engine::{
-    ContainerRequest, CoreGrain, CpuSet, Engine, EngineConfig, Outcome, Placement, Topology,
-    Unhonoured,
-};
+use tap_engine::{ContainerRequest, CoreGrain, CpuSet, Engine, EngineConfig, Topology, Unhonoured};
 
 const SMT: &str = "synthetic-2s-2numa-smt-96t";
 
-fn engine(name: &str, cfg: EngineConfig) -> Engine {
-    let topo =
-        Arc::new(Topology::build(&tap_engine::testdata::discover_fixture(name).unwrap()).unwrap());
-    Engine::new(topo, cfg)
-}
-
 /// A Guaranteed container of `cpus` whole CPUs.
 fn guaranteed(id: &str, cpus: u64) -> ContainerRequest {
-    ContainerRequest {
-        id: id.into(),
-        pod_name: format!("pod-{id}"),
-        namespace: "default".into(),
-        container_name: "app".into(),
-        cpu_request_milli: cpus * 1000,
-        cpu_limit_milli: Some(cpus * 1000),
-        ..Default::default()
-    }
-}
-
-fn placed(o: Outcome) -> Placement {
-    match o {
-        Outcome::Placed(p) => p,
-        Outcome::Skipped(s) => panic!("expected a placement, got skipped: {s}"),
-    }
+    request(id, cpus * 1000, Some(cpus * 1000))
 }
 
 /// Whether `cpus` is a union of whole cores of the topology.

@@ -1,38 +1,24 @@
 //! Undoing a decision exactly (an update the runtime refused): the engine gets back the state
 //! it had before, other containers' cpusets included.
 
-use std::sync::Arc;
-use tap_engine::{ContainerRequest, Engine, EngineConfig, Outcome, Qos, Topology};
+use crate::common::{self, request, GPU96};
+use tap_engine::{ContainerRequest, Engine, EngineConfig, Outcome, Qos};
 
 fn engine() -> Engine {
-    let topo = Arc::new(
-        Topology::build(
-            &tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").unwrap(),
-        )
-        .unwrap(),
-    );
-    Engine::new(topo, EngineConfig::default())
+    common::engine(GPU96, EngineConfig::default())
 }
 
 fn guaranteed(id: &str, cpus: u64) -> ContainerRequest {
     ContainerRequest {
-        id: id.into(),
-        container_name: "app".into(),
         qos: Some(Qos::Guaranteed),
-        cpu_request_milli: cpus * 1000,
-        cpu_limit_milli: Some(cpus * 1000),
-        ..Default::default()
+        ..request(id, cpus * 1000, Some(cpus * 1000))
     }
 }
 
 fn burstable(id: &str, req: u64, lim: u64) -> ContainerRequest {
     ContainerRequest {
-        id: id.into(),
-        container_name: "app".into(),
         qos: Some(Qos::Burstable),
-        cpu_request_milli: req * 1000,
-        cpu_limit_milli: Some(lim * 1000),
-        ..Default::default()
+        ..request(id, req * 1000, Some(lim * 1000))
     }
 }
 

@@ -2,45 +2,21 @@
 //! container on it while it runs; no free node, no placement (the container starts unpinned).
 //! Fixture: 2 sockets x 2 NUMA nodes of 24 CPUs (0-23, 24-47, 48-71, 72-95).
 
-use std::sync::Arc;
+use crate::common::{self, placed, request, GPU96};
 use tap_engine::request::NumaPolicy;
-use tap_engine::{
-    ContainerRequest, CpuSet, Engine, EngineConfig, Outcome, Placement, Reason, SkipReason,
-    Topology,
-};
+use tap_engine::{ContainerRequest, CpuSet, Engine, EngineConfig, Outcome, Reason, SkipReason};
 
 fn engine() -> Engine {
-    let topo = Arc::new(
-        Topology::build(
-            &tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").unwrap(),
-        )
-        .unwrap(),
-    );
-    Engine::new(topo, EngineConfig::default())
+    common::engine(GPU96, EngineConfig::default())
 }
 
 fn c(id: &str, req: u64, lim: Option<u64>) -> ContainerRequest {
-    ContainerRequest {
-        id: id.into(),
-        pod_name: format!("pod-{id}"),
-        namespace: "default".into(),
-        container_name: "app".into(),
-        cpu_request_milli: req * 1000,
-        cpu_limit_milli: lim.map(|l| l * 1000),
-        ..Default::default()
-    }
+    request(id, req * 1000, lim.map(|l| l * 1000))
 }
 
 fn exclusive(mut r: ContainerRequest) -> ContainerRequest {
     r.overrides.numa_policy = Some(NumaPolicy::Exclusive);
     r
-}
-
-fn placed(o: Outcome) -> Placement {
-    match o {
-        Outcome::Placed(p) => p,
-        Outcome::Skipped(s) => panic!("expected a placement, got skipped: {s}"),
-    }
 }
 
 fn node_cpus(e: &Engine, node: u32) -> CpuSet {

@@ -1,6 +1,7 @@
 //! Policy behaviour on fixture topologies: the reference implementation's own expectations,
 //! and what we do beyond it (exclusive CPUs, memory binding, clusters, overrides, resize).
 
+use crate::common::{engine, placed, request, topo};
 use std::sync::Arc;
 use tap_engine::request::Overrides;
 use tap_engine::{
@@ -8,15 +9,7 @@ use tap_engine::{
     Reason, SkipReason, Topology,
 };
 
-fn topo(name: &str) -> Arc<Topology> {
-    Arc::new(Topology::build(&tap_engine::testdata::discover_fixture(name).unwrap()).unwrap())
-}
-
 const KP920: &str = "synthetic-2s-4numa-96c-gpu";
-
-fn engine(name: &str, cfg: EngineConfig) -> Engine {
-    Engine::new(topo(name), cfg)
-}
 
 fn numa_cfg() -> EngineConfig {
     EngineConfig {
@@ -27,22 +20,11 @@ fn numa_cfg() -> EngineConfig {
 
 /// A container with request/limit in CPUs (limit 0 = none).
 fn c(id: &str, req: f64, lim: f64) -> ContainerRequest {
-    ContainerRequest {
-        id: id.into(),
-        pod_name: format!("pod-{id}"),
-        namespace: "default".into(),
-        container_name: "app".into(),
-        cpu_request_milli: (req * 1000.0) as u64,
-        cpu_limit_milli: (lim > 0.0).then_some((lim * 1000.0) as u64),
-        ..Default::default()
-    }
-}
-
-fn placed(o: Outcome) -> Placement {
-    match o {
-        Outcome::Placed(p) => p,
-        Outcome::Skipped(s) => panic!("expected a placement, got skipped: {s}"),
-    }
+    request(
+        id,
+        (req * 1000.0) as u64,
+        (lim > 0.0).then_some((lim * 1000.0) as u64),
+    )
 }
 
 fn level_of(e: &Engine, p: &Placement) -> Level {

@@ -2,35 +2,15 @@
 //! that is smaller than a NUMA node, between the NUMA node and the core. Fixture: 2 sockets
 //! (one NUMA node each) of 4 CCX-like L3 groups of 4 cores x 2 threads (siblings n and n+32).
 
-use std::sync::Arc;
+use crate::common::{placed, request, topo};
 use tap_engine::{
-    CacheAffinity, ContainerRequest, Engine, EngineConfig, Level, Outcome, Placement, Reason,
-    Topology, Unhonoured,
+    CacheAffinity, ContainerRequest, Engine, EngineConfig, Level, Reason, Unhonoured,
 };
 
 const CCX: &str = "synthetic-2s-2numa-64t-8ccx";
 
-fn topo(name: &str) -> Arc<Topology> {
-    Arc::new(Topology::build(&tap_engine::testdata::discover_fixture(name).unwrap()).unwrap())
-}
-
 fn c(id: &str, req: u64, lim: u64) -> ContainerRequest {
-    ContainerRequest {
-        id: id.into(),
-        pod_name: format!("pod-{id}"),
-        namespace: "default".into(),
-        container_name: "app".into(),
-        cpu_request_milli: req * 1000,
-        cpu_limit_milli: Some(lim * 1000),
-        ..Default::default()
-    }
-}
-
-fn placed(o: Outcome) -> Placement {
-    match o {
-        Outcome::Placed(p) => p,
-        Outcome::Skipped(s) => panic!("expected a placement, got skipped: {s}"),
-    }
+    request(id, req * 1000, Some(lim * 1000))
 }
 
 #[test]

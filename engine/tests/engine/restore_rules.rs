@@ -2,36 +2,17 @@
 //! exclusive container adopted later shrinks the shared ones around it, the live cpuset wins
 //! over an older record, and records are checked against the skip label and usable CPUs.
 
-use std::sync::Arc;
-use tap_engine::{
-    ContainerRequest, CpuSet, Engine, EngineConfig, Existing, Outcome, Placement, Qos, Topology,
-};
+use crate::common::{self, placed, GPU96};
+use tap_engine::{ContainerRequest, CpuSet, Engine, EngineConfig, Existing, Qos};
 
 fn engine(cfg: EngineConfig) -> Engine {
-    let topo = Arc::new(
-        Topology::build(
-            &tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").unwrap(),
-        )
-        .unwrap(),
-    );
-    Engine::new(topo, cfg)
+    common::engine(GPU96, cfg)
 }
 
 fn request(id: &str, qos: Qos, req: u64, lim: u64) -> ContainerRequest {
     ContainerRequest {
-        id: id.into(),
-        container_name: "app".into(),
         qos: Some(qos),
-        cpu_request_milli: req * 1000,
-        cpu_limit_milli: Some(lim * 1000),
-        ..Default::default()
-    }
-}
-
-fn placed(o: Outcome) -> Placement {
-    match o {
-        Outcome::Placed(p) => p,
-        other => panic!("not placed: {other:?}"),
+        ..common::request(id, req * 1000, Some(lim * 1000))
     }
 }
 

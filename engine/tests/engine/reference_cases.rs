@@ -3,10 +3,11 @@
 //! unconfined, the root as a last resort, spreading by limits, exclusive CPUs spread like
 //! shared ones), with memory topology on and off, and numbers from outside never wrap.
 
+use crate::common::placed;
 use std::sync::Arc;
 use tap_engine::topology::{RawCpu, RawNode};
 use tap_engine::{
-    ContainerRequest, CpuSet, Engine, EngineConfig, Existing, Level, NodeSet, Outcome, Placement,
+    ContainerRequest, CpuSet, Engine, EngineConfig, Existing, Level, NodeSet, Placement,
     PolicyKind, Qos, RawTopology, Reason, Topology,
 };
 
@@ -92,13 +93,6 @@ fn guaranteed(id: &str, cpus: u64, mem_gib: u64) -> ContainerRequest {
     let mut r = req(id, cpus * 1000, Some(cpus * 1000), mem_gib);
     r.qos = Some(Qos::Guaranteed);
     r
-}
-
-fn placed(o: Outcome) -> Placement {
-    match o {
-        Outcome::Placed(p) => p,
-        Outcome::Skipped(s) => panic!("expected a placement, got skipped: {s}"),
-    }
 }
 
 fn nodes(e: &Engine, p: &Placement) -> String {

@@ -3,13 +3,14 @@
 //! request capacity holds the request, else the root. It keeps state of its own: the NUMA
 //! pools in order (built once from the topology) and a count of its decisions.
 
+use crate::common::{self, placed, GPU96};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tap_engine::grant::Grant;
 use tap_engine::policy::{pool_choice, Choice, Policy, Settings};
 use tap_engine::{
-    ContainerRequest, CpuSet, Engine, EngineConfig, Level, Outcome, Placement, PolicyKind, PoolId,
-    Reason, StateView, Topology,
+    ContainerRequest, CpuSet, Engine, EngineConfig, Level, PolicyKind, PoolId, Reason, StateView,
+    Topology,
 };
 
 #[derive(Debug)]
@@ -77,12 +78,7 @@ impl Policy for FirstFitNuma {
 }
 
 fn topo() -> Arc<Topology> {
-    Arc::new(
-        Topology::build(
-            &tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").unwrap(),
-        )
-        .unwrap(),
-    )
+    common::topo(GPU96)
 }
 
 fn c(id: &str, req_milli: u64) -> ContainerRequest {
@@ -92,13 +88,6 @@ fn c(id: &str, req_milli: u64) -> ContainerRequest {
         cpu_request_milli: req_milli,
         cpu_limit_milli: Some(req_milli * 2),
         ..Default::default()
-    }
-}
-
-fn placed(o: Outcome) -> Placement {
-    match o {
-        Outcome::Placed(p) => p,
-        Outcome::Skipped(s) => panic!("skipped: {s}"),
     }
 }
 

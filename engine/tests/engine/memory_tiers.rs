@@ -3,40 +3,19 @@
 //! Fixture: a real 2-socket SNC-2 server, CPU nodes 0-3 (0 and 2 on package 0), PMEM nodes 4
 //! (nearest node 0, distance 17) and 5 (nearest node 2), both 28 away from nodes 1 and 3.
 
+use crate::common::{engine, placed, request};
 use std::sync::Arc;
 use tap_engine::request::MemoryTypes;
 use tap_engine::{
-    ContainerRequest, Engine, EngineConfig, MemoryKind, NodeSet, Outcome, Placement, PolicyKind,
-    Topology, Unhonoured,
+    ContainerRequest, Engine, EngineConfig, MemoryKind, NodeSet, PolicyKind, Topology, Unhonoured,
 };
 
 const PMEM: &str = "2socket-snc2-4numa-2pmem-112cpu-smt2";
 
-fn engine(name: &str, cfg: EngineConfig) -> Engine {
-    let topo =
-        Arc::new(Topology::build(&tap_engine::testdata::discover_fixture(name).unwrap()).unwrap());
-    Engine::new(topo, cfg)
-}
-
 fn burstable(id: &str, types: Option<&str>) -> ContainerRequest {
-    let mut r = ContainerRequest {
-        id: id.into(),
-        pod_name: format!("pod-{id}"),
-        namespace: "default".into(),
-        container_name: "app".into(),
-        cpu_request_milli: 2000,
-        cpu_limit_milli: Some(4000),
-        ..Default::default()
-    };
+    let mut r = request(id, 2000, Some(4000));
     r.overrides.memory_types = types.map(|t| MemoryTypes::parse(t).unwrap());
     r
-}
-
-fn placed(o: Outcome) -> Placement {
-    match o {
-        Outcome::Placed(p) => p,
-        Outcome::Skipped(s) => panic!("expected a placement, got skipped: {s}"),
-    }
 }
 
 #[test]
