@@ -364,23 +364,14 @@ pub enum ClusterAffinityRule {
     Kunpeng950Only,
 }
 
+crate::names! {
+    ClusterAffinityRule: "cluster affinity rule", Exact {
+        Any = "any",
+        Kunpeng950Only = "kunpeng-950-only",
+    }
+}
+
 impl ClusterAffinityRule {
-    pub const ALL: [ClusterAffinityRule; 2] = [
-        ClusterAffinityRule::Any,
-        ClusterAffinityRule::Kunpeng950Only,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ClusterAffinityRule::Any => "any",
-            ClusterAffinityRule::Kunpeng950Only => "kunpeng-950-only",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<ClusterAffinityRule> {
-        Self::ALL.into_iter().find(|r| r.as_str() == s.trim())
-    }
-
     /// Whether cluster pools may be used on `cpu`; `Err` says why not.
     pub fn check(self, cpu: &CpuModel) -> Result<(), ClustersOff> {
         match self {
@@ -393,12 +384,6 @@ impl ClusterAffinityRule {
                 }),
             },
         }
-    }
-}
-
-impl fmt::Display for ClusterAffinityRule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

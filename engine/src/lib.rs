@@ -23,6 +23,7 @@
 //!   nodes when their measured use is unbalanced ([`Engine::relocate`] moves one).
 //! - [`usage_hint`]: measured usage per NUMA node that new shared containers may be placed by.
 //! - [`grant`]: one container's allocation and its record for restart recovery.
+//! - [`names`]: one name table per setting enum (parse, display, the "use a or b" message).
 //! - [`testdata`]: where the sysfs fixtures are (tests, benches).
 
 pub mod claim;
@@ -35,6 +36,7 @@ pub mod engine;
 pub(crate) mod fit;
 pub mod grant;
 pub(crate) mod grants;
+pub mod names;
 pub mod nodeset;
 pub mod pci;
 pub mod policy;

@@ -1,11 +1,10 @@
 //! What a runtime tells us about a container, normalised: QoS class, CPU request and limit,
 //! memory limit, device hints, and the per-Pod overrides read from annotations.
 
-use crate::topology::Level;
-
 mod controls;
+mod overrides;
 pub use controls::{CoreGrain, Hyperthreads, MemoryTypes};
-use std::collections::HashMap;
+pub use overrides::{AnnotationWarning, Overrides};
 use std::fmt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -71,33 +70,16 @@ pub fn milli_cpu_from_quota(quota: i64, period: u64) -> Option<u64> {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum PolicyKind {
-    #[serde(rename = "numa-aware")]
     NumaAware,
-    #[serde(rename = "topology-aware")]
     TopologyAware,
 }
 
-impl PolicyKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PolicyKind::NumaAware => "numa-aware",
-            PolicyKind::TopologyAware => "topology-aware",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<PolicyKind> {
-        match s.trim() {
-            "numa-aware" => Some(PolicyKind::NumaAware),
-            "topology-aware" => Some(PolicyKind::TopologyAware),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for PolicyKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+crate::names! {
+    PolicyKind: "resource policy", Exact {
+        TopologyAware = "topology-aware",
+        NumaAware = "numa-aware",
     }
 }
 
@@ -138,137 +120,6 @@ pub const RESERVED_CPUS_KEY: &str = "tap.kunpeng.huawei.com/reserved-cpus";
 /// the grant record that restart recovery reads back.
 pub const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 
-/// Per-Pod (or per-container) choices read from annotations.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Overrides {
-    pub skip: bool,
-    pub policy: Option<PolicyKind>,
-    pub level: Option<Level>,
-    pub numa_policy: Option<NumaPolicy>,
-    pub memory_binding: Option<bool>,
-    pub exclusive: Option<bool>,
-    pub confine_best_effort: Option<bool>,
-    pub exclusive_cores: Option<CoreGrain>,
-    pub hide_hyperthreads: Option<bool>,
-    pub memory_types: Option<MemoryTypes>,
-    /// `reserved-cpus`: asks for (or, in a listed namespace, declines) the reserved CPUs.
-    pub reserved_cpus: Option<bool>,
-}
-
-/// A problem with an annotation: its value was ignored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AnnotationWarning {
-    pub key: String,
-    pub value: String,
-    pub expected: &'static str,
-}
-
-impl fmt::Display for AnnotationWarning {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "ignoring annotation {}={:?}: expected {}",
-            self.key, self.value, self.expected
-        )
-    }
-}
-
-impl Overrides {
-    /// Reads the overrides for container `container` of a Pod. For every key `K`, the
-    /// container-specific annotation `K.<container>` wins over `K`. The skip key is honoured as
-    /// a label or an annotation. Values that do not parse are ignored and reported.
-    pub fn from_pod(
-        labels: &HashMap<String, String>,
-        annotations: &HashMap<String, String>,
-        container: &str,
-    ) -> (Overrides, Vec<AnnotationWarning>) {
-        let mut warnings = Vec::new();
-        let lookup = |key: &str| -> Option<(String, &String)> {
-            let specific = format!("{key}.{container}");
-            if let Some(v) = annotations.get(&specific) {
-                return Some((specific, v));
-            }
-            annotations.get(key).map(|v| (key.to_string(), v))
-        };
-        let mut o = Overrides {
-            skip: labels.contains_key(SKIP_KEY) || lookup(SKIP_KEY).is_some(),
-            ..Overrides::default()
-        };
-        if let Some((k, v)) = lookup(POLICY_KEY) {
-            match v.trim() {
-                "none" | "skip" => o.skip = true,
-                other => match PolicyKind::parse(other) {
-                    Some(p) => o.policy = Some(p),
-                    None => warnings.push(AnnotationWarning {
-                        key: k,
-                        value: v.clone(),
-                        expected: "numa-aware, topology-aware or none",
-                    }),
-                },
-            }
-        }
-        if let Some((k, v)) = lookup(LEVEL_KEY) {
-            match Level::parse(v) {
-                Some(l) => o.level = Some(l),
-                None => warnings.push(AnnotationWarning {
-                    key: k,
-                    value: v.clone(),
-                    expected: "machine, socket, die, numa, cache or cluster",
-                }),
-            }
-        }
-        if let Some((k, v)) = lookup(NUMA_POLICY_KEY) {
-            match NumaPolicy::parse(v) {
-                Some(p) => o.numa_policy = Some(p),
-                None => warnings.push(AnnotationWarning {
-                    key: k,
-                    value: v.clone(),
-                    expected: "strict, preferred or exclusive",
-                }),
-            }
-        }
-        if let Some((k, v)) = lookup(EXCLUSIVE_CORES_KEY) {
-            match CoreGrain::parse(v) {
-                Some(g) => o.exclusive_cores = Some(g),
-                None => warnings.push(AnnotationWarning {
-                    key: k,
-                    value: v.clone(),
-                    expected: "whole, threads or sibling-pair",
-                }),
-            }
-        }
-        if let Some((k, v)) = lookup(MEMORY_TYPE_KEY) {
-            match MemoryTypes::parse(v) {
-                Some(t) => o.memory_types = Some(t),
-                None => warnings.push(AnnotationWarning {
-                    key: k,
-                    value: v.clone(),
-                    expected: "a comma-separated list of dram, pmem, cxl, hbm",
-                }),
-            }
-        }
-        for (key, slot) in [
-            (HIDE_HYPERTHREADS_KEY, &mut o.hide_hyperthreads),
-            (MEMORY_BINDING_KEY, &mut o.memory_binding),
-            (EXCLUSIVE_KEY, &mut o.exclusive),
-            (CONFINE_BEST_EFFORT_KEY, &mut o.confine_best_effort),
-            (RESERVED_CPUS_KEY, &mut o.reserved_cpus),
-        ] {
-            if let Some((k, v)) = lookup(key) {
-                match parse_bool(v) {
-                    Some(b) => *slot = Some(b),
-                    None => warnings.push(AnnotationWarning {
-                        key: k,
-                        value: v.clone(),
-                        expected: "true or false",
-                    }),
-                }
-            }
-        }
-        (o, warnings)
-    }
-}
-
 /// How hard a container holds to one NUMA node (`numa-policy` annotation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NumaPolicy {
@@ -281,22 +132,11 @@ pub enum NumaPolicy {
     Exclusive,
 }
 
-impl NumaPolicy {
-    pub fn parse(s: &str) -> Option<NumaPolicy> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "preferred" => Some(NumaPolicy::Preferred),
-            "strict" => Some(NumaPolicy::Strict),
-            "exclusive" => Some(NumaPolicy::Exclusive),
-            _ => None,
-        }
-    }
-}
-
-fn parse_bool(s: &str) -> Option<bool> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "true" | "yes" | "on" | "1" => Some(true),
-        "false" | "no" | "off" | "0" => Some(false),
-        _ => None,
+crate::names! {
+    NumaPolicy: "NUMA policy", Ignored {
+        Strict = "strict",
+        Preferred = "preferred",
+        Exclusive = "exclusive",
     }
 }
 
@@ -377,6 +217,7 @@ mod tests {
     }
 
     use super::*;
+    use std::collections::HashMap;
 
     fn map(kv: &[(&str, &str)]) -> HashMap<String, String> {
         kv.iter()

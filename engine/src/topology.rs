@@ -19,7 +19,6 @@ pub use crate::pci::PciDevice;
 pub use crate::raw::{RawCpu, RawNode, RawTopology};
 pub use memory::MemoryKind;
 use serde::Serialize;
-use std::fmt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -34,43 +33,14 @@ pub enum Level {
     Cluster,
 }
 
-impl Level {
-    pub const ALL: [Level; 6] = [
-        Level::Machine,
-        Level::Socket,
-        Level::Die,
-        Level::Numa,
-        Level::Cache,
-        Level::Cluster,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Level::Machine => "machine",
-            Level::Socket => "socket",
-            Level::Die => "die",
-            Level::Numa => "numa",
-            Level::Cache => "cache",
-            Level::Cluster => "cluster",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Level> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "machine" | "root" => Some(Level::Machine),
-            "socket" | "package" => Some(Level::Socket),
-            "die" => Some(Level::Die),
-            "numa" | "node" | "numa-node" => Some(Level::Numa),
-            "cache" | "llc" | "l3" => Some(Level::Cache),
-            "cluster" => Some(Level::Cluster),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Level {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+crate::names! {
+    Level: "level", Ignored {
+        Machine = "machine" | "root",
+        Socket = "socket" | "package",
+        Die = "die",
+        Numa = "numa" | "node" | "numa-node",
+        Cache = "cache" | "llc" | "l3",
+        Cluster = "cluster",
     }
 }
 

@@ -19,13 +19,10 @@ pub enum ResourcePriority {
     GpuFirst,
 }
 
-impl ResourcePriority {
-    pub fn parse(s: &str) -> Option<ResourcePriority> {
-        match s.trim() {
-            "cpu-first" => Some(ResourcePriority::CpuFirst),
-            "gpu-first" => Some(ResourcePriority::GpuFirst),
-            _ => None,
-        }
+crate::names! {
+    ResourcePriority: "resource priority", Exact {
+        CpuFirst = "cpu-first",
+        GpuFirst = "gpu-first",
     }
 }
 
@@ -40,13 +37,10 @@ pub enum CacheAffinity {
     Off,
 }
 
-impl CacheAffinity {
-    pub fn parse(s: &str) -> Option<CacheAffinity> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "on" | "true" => Some(CacheAffinity::On),
-            "off" | "false" => Some(CacheAffinity::Off),
-            _ => None,
-        }
+crate::names! {
+    CacheAffinity: "cache affinity", Ignored {
+        On = "on" | "true",
+        Off = "off" | "false",
     }
 }
 
@@ -62,20 +56,10 @@ pub enum Rebalance {
     Usage,
 }
 
-impl Rebalance {
-    pub fn parse(s: &str) -> Option<Rebalance> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "none" | "off" | "false" => Some(Rebalance::Off),
-            "usage" | "on" | "true" => Some(Rebalance::Usage),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Rebalance::Off => "none",
-            Rebalance::Usage => "usage",
-        }
+crate::names! {
+    Rebalance: "rebalance mode", Ignored {
+        Off = "none" | "off" | "false",
+        Usage = "usage" | "on" | "true",
     }
 }
 
@@ -89,6 +73,13 @@ pub enum ReservedAnnotation {
     Ignored,
     /// A Pod in any namespace that asks by annotation uses the reserved CPUs.
     Honoured,
+}
+
+crate::names! {
+    ReservedAnnotation: "reserved-cpus annotation rule", Ignored {
+        Ignored = "ignored",
+        Honoured = "honoured" | "honored",
+    }
 }
 
 /// Who may use the reserved CPUs (system daemons): the containers of Pods in `namespaces`,

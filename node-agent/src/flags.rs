@@ -16,13 +16,11 @@ pub enum RuntimeMode {
     Nri,
 }
 
-impl RuntimeMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RuntimeMode::Docker => "Docker",
-            RuntimeMode::Containerd => "Containerd",
-            RuntimeMode::Nri => "NRI",
-        }
+tap_engine::names! {
+    RuntimeMode: "container runtime mode", Ignored {
+        Docker = "Docker",
+        Containerd = "Containerd",
+        Nri = "NRI",
     }
 }
 
@@ -116,32 +114,7 @@ impl FingerprintMethod {
     }
 }
 
-fn parse_mode(s: &str) -> Result<RuntimeMode, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "docker" => Ok(RuntimeMode::Docker),
-        "containerd" => Ok(RuntimeMode::Containerd),
-        "nri" => Ok(RuntimeMode::Nri),
-        _ => Err(format!(
-            "unknown container runtime mode {s:?}: use Docker, Containerd or NRI"
-        )),
-    }
-}
-
-fn parse_policy(s: &str) -> Result<PolicyKind, String> {
-    PolicyKind::parse(s)
-        .ok_or_else(|| format!("unknown resource policy {s:?}: use topology-aware or numa-aware"))
-}
-
-fn parse_priority(s: &str) -> Result<ResourcePriority, String> {
-    ResourcePriority::parse(s)
-        .ok_or_else(|| format!("unknown resource priority {s:?}: use cpu-first or gpu-first"))
-}
-
-fn parse_cluster_rule(s: &str) -> Result<ClusterAffinityRule, String> {
-    ClusterAffinityRule::parse(s)
-        .ok_or_else(|| format!("unknown cluster affinity rule {s:?}: use any or kunpeng-950-only"))
-}
-
+/// `--exclusive-cores`: `sibling-pair` is for a Pod's annotation only.
 fn parse_core_grain(s: &str) -> Result<CoreGrain, String> {
     match CoreGrain::parse(s) {
         Some(g @ (CoreGrain::WholeCores | CoreGrain::Threads)) => Ok(g),
@@ -149,14 +122,6 @@ fn parse_core_grain(s: &str) -> Result<CoreGrain, String> {
             "unknown exclusive core grain {s:?}: use whole or threads (sibling-pair is per Pod)"
         )),
     }
-}
-
-fn parse_cache_affinity(s: &str) -> Result<CacheAffinity, String> {
-    CacheAffinity::parse(s).ok_or_else(|| format!("unknown cache affinity {s:?}: use on or off"))
-}
-
-fn parse_rebalance(s: &str) -> Result<Rebalance, String> {
-    Rebalance::parse(s).ok_or_else(|| format!("unknown rebalance mode {s:?}: use none or usage"))
 }
 
 /// At least a second: a round reads every container's cgroup files.
@@ -170,20 +135,6 @@ fn parse_rebalance_interval(s: &str) -> Result<Duration, String> {
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
-}
-
-fn parse_reserved_annotation(s: &str) -> Result<ReservedAnnotation, String> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "ignored" => Ok(ReservedAnnotation::Ignored),
-        "honoured" | "honored" => Ok(ReservedAnnotation::Honoured),
-        _ => Err(format!(
-            "unknown reserved-cpus annotation rule {s:?}: use ignored or honoured"
-        )),
-    }
-}
-
-fn parse_cpuset(s: &str) -> Result<CpuSet, String> {
-    CpuSet::parse(s).map_err(|e| e.to_string())
 }
 
 pub use tap_bin_support::LogFormat;
@@ -213,7 +164,7 @@ pub struct Flags {
 
     /// How the agent meets the runtime: Docker (Docker API proxy), Containerd (CRI proxy) or
     /// NRI (containerd >= 1.7 NRI plugin).
-    #[arg(help_heading = "Runtime", long, default_value = "Docker", value_parser = parse_mode)]
+    #[arg(help_heading = "Runtime", long, default_value = "Docker")]
     pub container_runtime_mode: RuntimeMode,
 
     /// The NRI socket (NRI mode).
@@ -225,11 +176,11 @@ pub struct Flags {
     pub nri_socket_path: PathBuf,
 
     /// Placement policy: topology-aware or numa-aware.
-    #[arg(help_heading = "Policy", long, default_value = "topology-aware", value_parser = parse_policy)]
+    #[arg(help_heading = "Policy", long, default_value = "topology-aware")]
     pub resource_policy: PolicyKind,
 
     /// Which affinity wins when they disagree: cpu-first or gpu-first.
-    #[arg(help_heading = "Policy", long, default_value = "cpu-first", value_parser = parse_priority)]
+    #[arg(help_heading = "Policy", long, default_value = "cpu-first")]
     pub resource_priority: ResourcePriority,
 
     /// Also set cpuset.mems to the chosen CPUs' NUMA nodes, and account memory limits.
@@ -244,7 +195,7 @@ pub struct Flags {
     /// use cluster pools: `any` (wherever sysfs reports clusters smaller than their NUMA node)
     /// or `kunpeng-950-only` (the reference's rule: only on CPU part 0xd06, HiSilicon Kunpeng
     /// 950, read from `midr_el1` under --sysfs-root, else `cpuinfo` under --proc-root).
-    #[arg(help_heading = "Policy", long, default_value = "any", value_parser = parse_cluster_rule)]
+    #[arg(help_heading = "Policy", long, default_value = "any")]
     pub cluster_affinity_rule: ClusterAffinityRule,
 
     /// How long shutdown waits for requests in flight.
@@ -294,7 +245,7 @@ pub struct Flags {
     /// --reserved-cpus-namespaces (and, with --reserved-cpus-annotation=honoured, Pods asking
     /// by annotation) run on them. United with the kubelet's reservedSystemCPUs
     /// (--kubelet-config). A NodeTopology policy's reservedCPUs replaces this flag.
-    #[arg(help_heading = "Policy", long, default_value = "", value_parser = parse_cpuset)]
+    #[arg(help_heading = "Policy", long, default_value = "")]
     pub reserved_cpus: CpuSet,
 
     /// Namespaces whose Pods' containers are placed on the reserved CPUs (all of them, shared),
@@ -312,7 +263,7 @@ pub struct Flags {
     /// Whether a Pod outside --reserved-cpus-namespaces that asks for the reserved CPUs by
     /// annotation (`tap.kunpeng.huawei.com/reserved-cpus: "true"`) gets them: `ignored` (the
     /// default: placed on the pools, with a Warning Event) or `honoured`.
-    #[arg(help_heading = "Policy", long, default_value = "ignored", value_parser = parse_reserved_annotation)]
+    #[arg(help_heading = "Policy", long, default_value = "ignored")]
     pub reserved_cpus_annotation: ReservedAnnotation,
 
     /// The kubelet's configuration file (KubeletConfiguration, YAML or JSON, e.g.
@@ -338,7 +289,7 @@ pub struct Flags {
     /// Cache (L3) pools between the NUMA node and the core, where CPUs share a last-level cache
     /// smaller than their NUMA node (`cpu*/cache/index*/shared_cpu_list`, level 3): `on` (the
     /// default) or `off` (only for Pods that ask for `level: cache`).
-    #[arg(help_heading = "Policy", long, default_value = "on", value_parser = parse_cache_affinity)]
+    #[arg(help_heading = "Policy", long, default_value = "on")]
     pub cache_affinity: CacheAffinity,
 
     /// Confine BestEffort containers to one pool or NUMA node like the others (charged
@@ -351,7 +302,7 @@ pub struct Flags {
     /// most two moves a round, none of a container moved in the last 20 rounds unless its node
     /// is oversubscribed; new shared containers go to the least busy node that fits). Per Pod: `tap.kunpeng.huawei.com/rebalance: "false"` keeps it in place. A
     /// NodeTopology policy's `rebalance` replaces this flag.
-    #[arg(help_heading = "Rebalancing", long, default_value = "none", value_parser = parse_rebalance)]
+    #[arg(help_heading = "Rebalancing", long, default_value = "none")]
     pub rebalance: Rebalance,
 
     /// How often the rebalancer samples every container's cgroup (`cpu.stat`, `cpu.pressure`)

@@ -2,7 +2,6 @@
 //! are taken from cores, which hyperthreads a container sees, which memory kinds it uses.
 
 use crate::topology::MemoryKind;
-use std::fmt;
 
 /// How exclusive CPUs are taken from cores (`exclusive-cores` annotation, `--exclusive-cores`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -17,28 +16,11 @@ pub enum CoreGrain {
     SiblingPair,
 }
 
-impl CoreGrain {
-    pub fn parse(s: &str) -> Option<CoreGrain> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "whole" | "whole-cores" | "full-cores" => Some(CoreGrain::WholeCores),
-            "threads" | "any" => Some(CoreGrain::Threads),
-            "sibling-pair" | "pair" => Some(CoreGrain::SiblingPair),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CoreGrain::WholeCores => "whole",
-            CoreGrain::Threads => "threads",
-            CoreGrain::SiblingPair => "sibling-pair",
-        }
-    }
-}
-
-impl fmt::Display for CoreGrain {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+crate::names! {
+    CoreGrain: "exclusive core grain", Ignored {
+        WholeCores = "whole" | "whole-cores" | "full-cores",
+        Threads = "threads" | "any",
+        SiblingPair = "sibling-pair" | "pair",
     }
 }
 

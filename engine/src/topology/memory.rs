@@ -4,7 +4,6 @@
 use super::Topology;
 use crate::nodeset::NodeSet;
 use serde::Serialize;
-use std::fmt;
 
 /// What a NUMA node's memory is. Nodes with CPUs are DRAM; a memory-only node (no CPUs) is HBM
 /// when the HMAT gives it more read bandwidth than every DRAM node, else PMEM or CXL memory
@@ -18,28 +17,11 @@ pub enum MemoryKind {
     Hbm,
 }
 
-impl MemoryKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MemoryKind::Dram => "dram",
-            MemoryKind::Pmem => "pmem/cxl",
-            MemoryKind::Hbm => "hbm",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<MemoryKind> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "dram" => Some(MemoryKind::Dram),
-            "pmem" | "cxl" | "pmem/cxl" => Some(MemoryKind::Pmem),
-            "hbm" => Some(MemoryKind::Hbm),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for MemoryKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+crate::names! {
+    MemoryKind: "memory kind", Ignored {
+        Dram = "dram",
+        Pmem = "pmem/cxl" | "pmem" | "cxl",
+        Hbm = "hbm",
     }
 }
 
