@@ -2,9 +2,7 @@
 //! the gRPC framing (`cri_proxy::grpc`), the CRI conversions and the overlays
 //! (`cri_proxy::convert`).
 
-mod common;
-
-use common::{
+use crate::common::{
     adjustment, cpu_set, cpuset_list, edge_i64, edge_u64, node_set, num, shown, text, Num,
 };
 use k8s_cri::v1 as cri;
@@ -30,7 +28,12 @@ fn string_map() -> BoxedStrategy<HashMap<String, String>> {
 fn resources() -> BoxedStrategy<cri::LinuxContainerResources> {
     (
         (edge_i64(), edge_i64(), edge_i64(), edge_i64()),
-        (edge_i64(), edge_i64(), common::cpuset(), common::cpuset()),
+        (
+            edge_i64(),
+            edge_i64(),
+            crate::common::cpuset(),
+            crate::common::cpuset(),
+        ),
         proptest::collection::hash_map("[a-z.]{1,10}", text(), 0..3),
         proptest::collection::vec(("[0-9A-Z]{1,4}", edge_u64()), 0..2),
     )
@@ -372,7 +375,7 @@ proptest! {
     /// Any JSON tree as the verbose `info` (random values where numbers, strings and arrays
     /// are expected): never a panic.
     #[test]
-    fn verbose_info_of_any_json_never_panics(v in common::json_value(), w in common::json_value()) {
+    fn verbose_info_of_any_json_never_panics(v in crate::common::json_value(), w in crate::common::json_value()) {
         for doc in [
             v.clone(),
             json!({"runtimeSpec": v.clone(), "config": w.clone()}),

@@ -2,9 +2,7 @@
 //! percent-decoding, query parameters, and the JSON create/inspect/update bodies
 //! (`docker_proxy::convert`).
 
-mod common;
-
-use common::{
+use crate::common::{
     adjustment, cpu_set, cpuset_list, json_object, json_value, node_set, num, shown, text, Num,
 };
 use hyper::Method;
@@ -91,7 +89,7 @@ fn host_config() -> impl Strategy<Value = (Map<String, Value>, [Num; 4])> {
     (
         [num(), num(), num(), num()],
         proptest::option::of(json_value()),
-        common::json_object(),
+        crate::common::json_object(),
     )
         .prop_map(|(nums, parent, rest)| {
             let mut m = match rest {

@@ -1,5 +1,4 @@
-//! Strategies shared by the property tests (each test file uses a part of them).
-#![allow(dead_code)]
+//! Strategies shared by the property tests (each module uses a part of them).
 
 use proptest::prelude::*;
 use serde_json::{Number, Value};
