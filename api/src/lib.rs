@@ -240,63 +240,15 @@ pub struct TopologyPolicySpec {
     /// Nodes this policy applies to; empty selects every Node.
     #[serde(default)]
     pub node_selector: LabelSelector,
-    /// The placement policy: `numa-aware` (each container on the CPUs of one NUMA node, or of
-    /// the nearest nodes when it needs more) or `topology-aware` (the smallest pool of the
-    /// machine > socket > die > NUMA node > cluster tree that fits).
-    pub policy: PolicyName,
-    /// Also set cpuset.mems to the chosen CPUs' NUMA nodes and account memory limits.
-    #[serde(default)]
-    pub memory_topology: bool,
-    /// Let topology-aware place containers on CPU clusters (Kunpeng 950).
-    #[serde(default)]
-    pub cluster_affinity: bool,
-    /// CPUs kept out of every pool, kernel list syntax (`0-1`); empty = none. Only the Pods
-    /// `reservedCPUsFor` names run on them (system daemons).
-    #[serde(default, rename = "reservedCPUs")]
-    #[schemars(length(max = 1024))]
-    #[x_kube(validation = Rule::new(CPUSET_RULE).message(CPUSET_MESSAGE))]
-    pub reserved_cpus: String,
-    /// Who may use the reserved CPUs: Pods of these namespaces, and any Pod asking by
-    /// annotation when `annotation` is `honoured`. Absent: nobody.
-    #[serde(
-        default,
-        rename = "reservedCPUsFor",
-        skip_serializing_if = "ReservedCpusFor::is_empty"
-    )]
-    pub reserved_cpus_for: ReservedCpusFor,
-    /// Move shared containers between NUMA nodes by their measured CPU use: `none` (absent)
-    /// or `usage`.
-    #[serde(default, skip_serializing_if = "RebalanceMode::is_off")]
-    pub rebalance: RebalanceMode,
+    /// The placement policy and settings the selected Nodes get (the fields of the spec
+    /// beside `nodeSelector` and `priority`).
+    #[serde(flatten)]
+    pub settings: PolicySettings,
     /// Precedence where the selectors of several policies match a Node: the higher priority
     /// wins, then the older policy, then the smaller name. From -1000 to 1000; default 0.
     #[serde(default)]
     #[schemars(range(min = PRIORITY_MIN, max = PRIORITY_MAX))]
     pub priority: i32,
-    /// The CPU group each device of the agent's DRA driver is (`numa`, `socket`, `die`,
-    /// `cluster`, `cache`), where the agent runs it (`--dra-driver=on`); absent: the agent's
-    /// `--dra-device-level`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dra_device_level: Option<DraDeviceLevel>,
-    /// Whether Pod annotations may override the policy, level and memory binding.
-    #[serde(default = "yes")]
-    pub annotations_allowed: bool,
-}
-
-impl TopologyPolicySpec {
-    /// The settings a node gets from this policy.
-    pub fn settings(&self) -> PolicySettings {
-        PolicySettings {
-            policy: self.policy,
-            memory_topology: self.memory_topology,
-            cluster_affinity: self.cluster_affinity,
-            reserved_cpus: self.reserved_cpus.clone(),
-            reserved_cpus_for: self.reserved_cpus_for.clone(),
-            rebalance: self.rebalance,
-            annotations_allowed: self.annotations_allowed,
-            dra_device_level: self.dra_device_level,
-        }
-    }
 }
 
 /// How the policy was resolved onto Nodes; written by the operator.

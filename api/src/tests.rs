@@ -145,11 +145,11 @@ fn spec_defaults_and_names_round_trip() {
         "reservedCPUs": "0-1",
     }))
     .unwrap();
-    assert_eq!(spec.policy, PolicyName::NumaAware);
-    assert!(spec.annotations_allowed);
+    assert_eq!(spec.settings.policy, PolicyName::NumaAware);
+    assert!(spec.settings.annotations_allowed);
     assert_eq!(spec.priority, 0);
-    assert_eq!(spec.reserved_cpus, "0-1");
-    let v = serde_json::to_value(spec.settings()).unwrap();
+    assert_eq!(spec.settings.reserved_cpus, "0-1");
+    let v = serde_json::to_value(&spec.settings).unwrap();
     assert_eq!(v["reservedCPUs"], "0-1");
     assert_eq!(v["policy"], "numa-aware");
     assert!(
@@ -166,12 +166,12 @@ fn reserved_cpus_for_round_trips_and_old_objects_still_parse() {
         "reservedCPUsFor": {"namespaces": ["kube-system"], "annotation": "honoured"},
     }))
     .unwrap();
-    assert_eq!(spec.reserved_cpus_for.namespaces, ["kube-system"]);
+    assert_eq!(spec.settings.reserved_cpus_for.namespaces, ["kube-system"]);
     assert_eq!(
-        spec.reserved_cpus_for.annotation,
+        spec.settings.reserved_cpus_for.annotation,
         ReservedAnnotation::Honoured
     );
-    let v = serde_json::to_value(spec.settings()).unwrap();
+    let v = serde_json::to_value(&spec.settings).unwrap();
     assert_eq!(v["reservedCPUsFor"]["annotation"], "honoured");
     assert_eq!(v["reservedCPUsFor"]["namespaces"][0], "kube-system");
     // Without it (objects written before it existed): nobody, and nothing written back.
@@ -198,8 +198,8 @@ fn rebalance_round_trips_and_old_objects_keep_containers_in_place() {
         "rebalance": "usage",
     }))
     .unwrap();
-    assert_eq!(spec.settings().rebalance, RebalanceMode::Usage);
-    let v = serde_json::to_value(spec.settings()).unwrap();
+    assert_eq!(spec.settings.rebalance, RebalanceMode::Usage);
+    let v = serde_json::to_value(&spec.settings).unwrap();
     assert_eq!(v["rebalance"], "usage");
     let old: PolicySettings =
         serde_json::from_value(serde_json::json!({"policy": "numa-aware"})).unwrap();

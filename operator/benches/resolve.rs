@@ -4,7 +4,7 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use std::collections::BTreeMap;
-use tap_api::{PolicyName, TopologyPolicySpec};
+use tap_api::{PolicyName, PolicySettings, TopologyPolicySpec};
 use tap_operator::resolve::{NodeInput, PolicyInput, Resolver};
 
 fn nodes(n: usize) -> Vec<NodeInput> {
@@ -103,19 +103,15 @@ fn policies(n: usize) -> Vec<PolicyInput> {
                 created: Some(i as i64 % 17),
                 spec: TopologyPolicySpec {
                     node_selector: sel,
-                    policy: if i % 2 == 0 {
-                        PolicyName::NumaAware
-                    } else {
-                        PolicyName::TopologyAware
+                    settings: PolicySettings {
+                        policy: if i % 2 == 0 {
+                            PolicyName::NumaAware
+                        } else {
+                            PolicyName::TopologyAware
+                        },
+                        ..PolicySettings::default()
                     },
-                    memory_topology: false,
-                    cluster_affinity: false,
-                    reserved_cpus: String::new(),
-                    reserved_cpus_for: Default::default(),
-                    rebalance: Default::default(),
                     priority: (i % 10) as i32,
-                    annotations_allowed: true,
-                    dra_device_level: None,
                 },
             }
         })

@@ -20,7 +20,7 @@ pub fn desired_node_topology(
 ) -> NodeTopology {
     let spec = NodeTopologySpec {
         node_name: node_name.to_string(),
-        policy: winner.map(|p| p.spec.settings()),
+        policy: winner.map(|p| p.spec.settings.clone()),
         source: winner.map(|p| PolicySource {
             name: p.name.clone(),
             uid: p.uid.clone(),
@@ -292,7 +292,7 @@ mod tests {
     use crate::resolve::Resolver;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
     use std::collections::BTreeMap;
-    use tap_api::{PolicyName, TopologyPolicySpec};
+    use tap_api::{PolicyName, PolicySettings, TopologyPolicySpec};
 
     fn policy(name: &str, prio: i32) -> PolicyInput {
         PolicyInput {
@@ -302,18 +302,20 @@ mod tests {
             created: Some(1),
             spec: TopologyPolicySpec {
                 node_selector: LabelSelector::default(),
-                policy: PolicyName::NumaAware,
-                memory_topology: true,
-                cluster_affinity: false,
-                reserved_cpus: "0-1".into(),
-                reserved_cpus_for: tap_api::ReservedCpusFor {
-                    namespaces: vec!["kube-system".into()],
-                    annotation: tap_api::ReservedAnnotation::Honoured,
+                settings: PolicySettings {
+                    policy: PolicyName::NumaAware,
+                    memory_topology: true,
+                    cluster_affinity: false,
+                    reserved_cpus: "0-1".into(),
+                    reserved_cpus_for: tap_api::ReservedCpusFor {
+                        namespaces: vec!["kube-system".into()],
+                        annotation: tap_api::ReservedAnnotation::Honoured,
+                    },
+                    rebalance: tap_api::RebalanceMode::Usage,
+                    annotations_allowed: false,
+                    dra_device_level: None,
                 },
-                rebalance: tap_api::RebalanceMode::Usage,
                 priority: prio,
-                annotations_allowed: false,
-                dra_device_level: None,
             },
         }
     }
@@ -391,7 +393,7 @@ mod tests {
         assert_eq!(assignment_event(Some(&da), &da), None);
         assert_eq!(assignment_event(None, &dn), None);
         let mut a2 = a.clone();
-        a2.spec.policy = PolicyName::TopologyAware;
+        a2.spec.settings.policy = PolicyName::TopologyAware;
         let da2 = desired_node_topology("n", "u", Some(&a2));
         assert_eq!(
             assignment_event(Some(&da), &da2).unwrap().reason,

@@ -191,7 +191,7 @@ pub fn conflict_names(c: &BTreeMap<String, u32>) -> BTreeSet<&str> {
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
-    use tap_api::PolicyName;
+    use tap_api::{PolicyName, PolicySettings};
 
     pub fn policy(name: &str, prio: i32, created: i64, sel: &[(&str, &str)]) -> PolicyInput {
         PolicyInput {
@@ -208,15 +208,11 @@ mod tests {
                     }),
                     match_expressions: None,
                 },
-                policy: PolicyName::NumaAware,
-                memory_topology: false,
-                cluster_affinity: false,
-                reserved_cpus: String::new(),
-                reserved_cpus_for: Default::default(),
-                rebalance: Default::default(),
+                settings: PolicySettings {
+                    policy: PolicyName::NumaAware,
+                    ..PolicySettings::default()
+                },
                 priority: prio,
-                annotations_allowed: true,
-                dra_device_level: None,
             },
         }
     }
