@@ -1,7 +1,8 @@
 //! Harness for the e2e tier: start real components on test-private sockets and clean up.
 //!
-//! The tier runs only with `TAP_E2E=1` (see the README); without it every e2e test returns at
-//! once and says so. With it, a missing component is a failure, never a skip.
+//! The tier's tests are `#[ignore]`d, so a plain `cargo test` shows them as ignored; the e2e
+//! tier runs them with `--include-ignored` and `TAP_E2E=1` (see the README). Run without
+//! `TAP_E2E=1`, or with a component missing, such a test fails, never passes having done nothing.
 
 pub mod binfmt;
 pub mod churn;

@@ -162,10 +162,9 @@ fn scenario(k: &KubeCluster) -> Result<()> {
 }
 
 #[test]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 fn crds_describe_bound_and_key_their_fields() {
-    if util::skip_unless_enabled("crds_describe_bound_and_key_their_fields") {
-        return;
-    }
+    util::require_e2e_tier();
     let k = KubeCluster::start().expect("starting etcd + kube-apiserver");
     if let Err(e) = scenario(&k) {
         eprintln!("--- kube-apiserver log:\n{}", k.apiserver.log_tail(20));

@@ -143,10 +143,9 @@ fn can_i(k: &KubeCluster, who: &str, verb: &str, resource: &str) -> Result<bool>
 }
 
 #[test]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 fn operator_and_agent_against_a_real_apiserver() {
-    if util::skip_unless_enabled("operator_and_agent_against_a_real_apiserver") {
-        return;
-    }
+    util::require_e2e_tier();
     let start = Instant::now();
     let mut ops: Vec<Operator> = Vec::new();
     let mut agent: Option<Proc> = None;

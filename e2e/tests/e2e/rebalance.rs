@@ -21,7 +21,7 @@ use tap_e2e::containerd::{
 };
 use tap_e2e::docker::{temp_dir, TapAgent};
 use tap_e2e::nri_runtime::metric_sum;
-use tap_e2e::util::{self, skip_unless_enabled, RmDir};
+use tap_e2e::util::{self, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 /// Two NUMA nodes (one per socket).
@@ -37,11 +37,13 @@ enum Mode {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn nri_rebalancer_spreads_busy_containers() -> Result<()> {
     run("nri_rebalancer_spreads_busy_containers", Mode::Nri).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn cri_proxy_rebalancer_spreads_busy_containers() -> Result<()> {
     run(
         "cri_proxy_rebalancer_spreads_busy_containers",
@@ -51,9 +53,7 @@ async fn cri_proxy_rebalancer_spreads_busy_containers() -> Result<()> {
 }
 
 async fn run(test: &str, mode: Mode) -> Result<()> {
-    if skip_unless_enabled(test) {
-        return Ok(());
-    }
+    util::require_e2e_tier();
     let t0 = Instant::now();
     let dir = temp_dir("tap-rebal")?;
     let _rm = RmDir(dir.clone());

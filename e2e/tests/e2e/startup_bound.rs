@@ -7,15 +7,12 @@ use anyhow::{ensure, Context, Result};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tap_e2e::docker::{free_port, tcp_get, terminate};
-use tap_e2e::util::{self, skip_unless_enabled, RmDir};
+use tap_e2e::util::{self, RmDir};
 
 #[test]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 fn the_proxy_socket_is_bound_within_a_bound_when_the_runtime_never_answers() -> Result<()> {
-    if skip_unless_enabled(
-        "the_proxy_socket_is_bound_within_a_bound_when_the_runtime_never_answers",
-    ) {
-        return Ok(());
-    }
+    util::require_e2e_tier();
     let dir = util::temp_dir("tap-wedged")?;
     let _rm = RmDir(dir.clone());
     // The wedged runtime: a socket that accepts and never says a word.

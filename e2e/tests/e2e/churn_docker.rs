@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tap_e2e::churn::{self, Frozen, Rng};
 use tap_e2e::docker::{cgroup_cpuset, docker, temp_dir, Dockerd, ProxyEnv, TapAgent};
-use tap_e2e::util::{print_logs_on_failure, skip_unless_enabled, RmDir};
+use tap_e2e::util::{print_logs_on_failure, RmDir};
 
 #[derive(Clone, Debug)]
 struct Made {
@@ -30,10 +30,9 @@ struct Run {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn churn_docker_proxy() -> Result<()> {
-    if skip_unless_enabled("churn_docker_proxy") {
-        return Ok(());
-    }
+    tap_e2e::util::require_e2e_tier();
     churn::host_has_two_cpus()?;
     let t0 = Instant::now();
     let dir = temp_dir("tap-dchurn")?;

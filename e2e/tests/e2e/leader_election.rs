@@ -231,10 +231,9 @@ fn scenario(k: &KubeCluster, reps: &mut Vec<Replica>) -> Result<()> {
 }
 
 #[test]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 fn leader_election_survives_clock_skew() {
-    if util::skip_unless_enabled("leader_election_survives_clock_skew") {
-        return;
-    }
+    util::require_e2e_tier();
     let k = KubeCluster::start().expect("starting etcd + kube-apiserver");
     let mut reps = Vec::new();
     if let Err(e) = scenario(&k, &mut reps) {

@@ -271,14 +271,12 @@ async fn run_burstable(cri: &mut Cri, name: &str) -> Result<(String, String)> {
     Ok((sb, id))
 }
 
-fn setup(test: &str) -> Option<(CgroupGuard, Containerd)> {
-    if util::skip_unless_enabled(test) {
-        return None;
-    }
+fn setup() -> (CgroupGuard, Containerd) {
+    util::require_e2e_tier();
     let guard = CgroupGuard;
     remove_cgroup_tree();
     let ctd = Containerd::start(ContainerdOptions::default()).expect("starting containerd");
-    Some((guard, ctd))
+    (guard, ctd)
 }
 
 // ---- tests -----------------------------------------------------------------------------------
@@ -294,10 +292,9 @@ fn logged_cpus(agent: &Agent, id: &str) -> Option<BTreeSet<usize>> {
 /// `sibling-pair` Pod gets one core's two threads; a `hide-hyperthreads` Pod holds two whole
 /// cores and runs on one thread of each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn nri_hyperthread_controls() {
-    let Some((_g, ctd)) = setup("nri_hyperthread_controls") else {
-        return;
-    };
+    let (_g, ctd) = setup();
     let agent = Agent::start_on(&ctd, "ht", SMT, &[]).expect("agent");
     let mut cri = ctd.cri().await.expect("cri");
     let guaranteed = |name: &str| PodSpec::new(name, CgroupQos::Guaranteed);
@@ -374,10 +371,9 @@ async fn nri_hyperthread_controls() {
 /// nodes): a plain Pod's mems hold DRAM only; a `memory-type: pmem` Pod's hold its node and the
 /// PMEM node nearest to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn nri_memory_tiers() {
-    let Some((_g, ctd)) = setup("nri_memory_tiers") else {
-        return;
-    };
+    let (_g, ctd) = setup();
     let fixture = "2socket-snc2-4numa-2pmem-112cpu-smt2";
     let agent =
         Agent::start_on(&ctd, "tiers", fixture, &["--enable-memory-topology"]).expect("agent");
@@ -440,10 +436,9 @@ async fn nri_memory_tiers() {
 /// folded: Burstable 4/8 containers land on L3 groups (`pool=cache<k>` in the grant record),
 /// different ones; with `level: numa` on the node; a metric zone per cache pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn nri_cache_level() {
-    let Some((_g, ctd)) = setup("nri_cache_level") else {
-        return;
-    };
+    let (_g, ctd) = setup();
     let fixture = "synthetic-2s-2numa-64t-8ccx";
     let agent = Agent::start_on(&ctd, "cache", fixture, &[]).expect("agent");
     let mut cri = ctd.cri().await.expect("cri");
@@ -485,10 +480,9 @@ async fn nri_cache_level() {
 /// Burstable containers go to the other nodes, and a second exclusive Pod with no free node is
 /// left unpinned with the metric.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn nri_numa_exclusive() {
-    let Some((_g, ctd)) = setup("nri_numa_exclusive") else {
-        return;
-    };
+    let (_g, ctd) = setup();
     let agent = Agent::start(&ctd, "numa-exclusive", &[]).expect("agent");
     let mut cri = ctd.cri().await.expect("cri");
     let exclusive = |name: &str| {
@@ -544,10 +538,9 @@ async fn nri_numa_exclusive() {
 /// Burstable 4/8, four of them on four NUMA nodes, Guaranteed exclusive, BestEffort, opt-out
 /// label and annotation, a malformed annotation, removal freeing capacity, memory binding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn nri_places_containers_through_containerd() {
-    let Some((_g, ctd)) = setup("nri_places_containers_through_containerd") else {
-        return;
-    };
+    let (_g, ctd) = setup();
     let started = Instant::now();
     let agent = Agent::start(&ctd, "a", &["--enable-memory-topology"]).expect("agent");
     let mut cri = ctd.cri().await.expect("cri");
@@ -734,10 +727,9 @@ async fn nri_places_containers_through_containerd() {
 /// Agent restart: state rebuilt from Synchronize (grant records), no double allocation.
 /// containerd restart: the plugin reconnects and placement goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn nri_survives_agent_and_containerd_restarts() {
-    let Some((_g, mut ctd)) = setup("nri_survives_agent_and_containerd_restarts") else {
-        return;
-    };
+    let (_g, mut ctd) = setup();
     let started = Instant::now();
     let mut agent = Agent::start(&ctd, "a", &[]).expect("agent");
     let mut cri = ctd.cri().await.expect("cri");
@@ -809,10 +801,9 @@ async fn nri_survives_agent_and_containerd_restarts() {
 /// reconnects, and the resync drops the grant containerd never applied and the grant of a
 /// container removed meanwhile, so nothing leaks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn nri_hung_plugin_fails_open_and_recovers() {
-    let Some((_g, ctd)) = setup("nri_hung_plugin_fails_open_and_recovers") else {
-        return;
-    };
+    let (_g, ctd) = setup();
     let mut agent = Agent::start(&ctd, "a", &[]).expect("agent");
     let mut cri = ctd.cri().await.expect("cri");
     let t = Instant::now();
@@ -858,10 +849,9 @@ async fn nri_hung_plugin_fails_open_and_recovers() {
 
 /// Without the agent, containerd runs containers unadjusted; the harness itself works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn nri_without_plugin_containers_run_unadjusted() {
-    let Some((_g, ctd)) = setup("nri_without_plugin_containers_run_unadjusted") else {
-        return;
-    };
+    let (_g, ctd) = setup();
     let mut cri = ctd.cri().await.expect("cri");
     let (_, id) = run_burstable(&mut cri, "noplugin").await.unwrap();
     assert_untouched(&placement(&mut cri, &id).await.unwrap(), "no plugin");
@@ -875,10 +865,9 @@ async fn nri_without_plugin_containers_run_unadjusted() {
 /// without being allowed is placed on the pools with a `not honoured` warning and a metric.
 /// A restarted agent keeps the daemon where it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn nri_reserved_cpus_for_system_daemons() {
-    let Some((_g, ctd)) = setup("nri_reserved_cpus_for_system_daemons") else {
-        return;
-    };
+    let (_g, ctd) = setup();
     const RESERVED: &str = "0-23,48-71";
     let flags = [
         &format!("--reserved-cpus={RESERVED}")[..],

@@ -21,10 +21,9 @@ fn known(agent: &TapAgent) -> Result<f64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn a_thousand_creates_are_answered_with_a_cpuset_and_accounted() -> Result<()> {
-    if util::skip_unless_enabled("a_thousand_creates_are_answered_with_a_cpuset_and_accounted") {
-        return Ok(());
-    }
+    util::require_e2e_tier();
     let dir = util::temp_dir("tap-nri-scale")?;
     let _rm = RmDir(dir.clone());
     let fixture = util::fixture_dir("synthetic-2s-4numa-96c-gpu");

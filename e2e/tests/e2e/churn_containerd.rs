@@ -19,7 +19,7 @@ use tap_e2e::containerd::{
     PodSpec,
 };
 use tap_e2e::docker::{temp_dir, TapAgent};
-use tap_e2e::util::{skip_unless_enabled, RmDir};
+use tap_e2e::util::{RmDir};
 
 /// containerd 1.7 holds other containers' creates and starts while an update waits on a hung
 /// shim: a create then may take up to the agent's write deadline more than before, no more.
@@ -52,19 +52,19 @@ struct Run {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn churn_nri() -> Result<()> {
     churn("churn_nri", Mode::Nri).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn churn_cri_proxy() -> Result<()> {
     churn("churn_cri_proxy", Mode::CriProxy).await
 }
 
 async fn churn(test: &str, mode: Mode) -> Result<()> {
-    if skip_unless_enabled(test) {
-        return Ok(());
-    }
+    tap_e2e::util::require_e2e_tier();
     churn::host_has_two_cpus()?;
     let t0 = Instant::now();
     let dir = temp_dir("tap-churn")?;

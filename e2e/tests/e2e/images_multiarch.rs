@@ -242,10 +242,9 @@ fn task_exe(ctd: &Containerd, id: &str) -> Result<PathBuf> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn arm64_agent_image_places_a_container_on_containerd() {
-    if util::skip_unless_enabled("arm64_agent_image_places_a_container_on_containerd") {
-        return;
-    }
+    util::require_e2e_tier();
     let t0 = Instant::now();
     let arm64 = stage_binaries();
     let out = util::temp_dir("tap-images").unwrap();
