@@ -160,7 +160,8 @@ pub fn seed() -> u64 {
 }
 
 /// How long the soak goes on after the phases: `TAP_CHURN_SECONDS` (0, no soak, by default).
-/// `TAP_E2E=1 TAP_CHURN_SECONDS=600 cargo test -p tap-e2e --test churn_docker` soaks 10 min.
+/// `TAP_E2E=1 TAP_CHURN_SECONDS=600 cargo test -p tap-e2e --test e2e -- --include-ignored churn_docker::`
+/// soaks 10 min.
 pub fn soak_seconds() -> Duration {
     Duration::from_secs(
         std::env::var("TAP_CHURN_SECONDS")

@@ -51,7 +51,7 @@ mod tests {
 
     /// The podfingerprint library's tracing test vector (v0.2.2, `tracing_test.go`): five pods
     /// in three namespaces. Its 259-pod vector (`testdata/pods.json`) is checked by the e2e
-    /// tier against the module the Go proxy serves (e2e/tests/nrt.rs).
+    /// tier against the module the Go proxy serves (e2e/tests/e2e/nrt.rs).
     #[test]
     fn matches_the_five_pod_vector() {
         let pods = [
