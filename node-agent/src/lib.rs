@@ -20,6 +20,7 @@ pub mod notes;
 pub mod nri;
 pub mod pod_resources;
 pub mod proxy_server;
+pub mod retry;
 pub mod usage;
 
 pub use agent::{Adjustment, Agent, ContainerInfo, PodInfo, Update};

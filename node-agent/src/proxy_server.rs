@@ -3,6 +3,7 @@
 
 use crate::hook::Hook;
 use crate::metrics::Metrics;
+use crate::retry::{pause, Delays, Spread};
 use anyhow::Context;
 use std::future::Future;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -88,7 +89,11 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<usize>>,
 {
-    let mut delay = Duration::from_millis(200);
+    let mut delays = Delays::doubling(
+        Duration::from_millis(200),
+        Duration::from_secs(5),
+        Spread::Exact,
+    );
     loop {
         match restore().await {
             Ok(n) => {
@@ -98,11 +103,9 @@ where
             Err(e) => {
                 tracing::warn!("cannot rebuild state from {runtime} yet: {e:#}");
                 metrics.count_error(Hook::Sync, crate::metrics::ErrorKind::Runtime);
-                tokio::select! {
-                    _ = shutdown.cancelled() => return false,
-                    _ = tokio::time::sleep(delay) => {}
+                if !pause(delays.next_delay(), shutdown).await {
+                    return false;
                 }
-                delay = (delay * 2).min(Duration::from_secs(5));
             }
         }
     }

@@ -20,7 +20,7 @@
 use super::{Applied, Book, Ledger, State};
 use crate::agent::Update;
 use crate::hook::Hook;
-use backon::BackoffBuilder;
+use crate::retry::{Delays, Spread};
 use futures_util::StreamExt;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -254,17 +254,9 @@ impl Flight {
         } else {
             Duration::ZERO
         };
-        let mut delays = backon::ExponentialBuilder::default()
-            .with_min_delay(RETRY_MIN)
-            .with_max_delay(RETRY_MAX)
-            .with_factor(2.0)
-            .with_jitter()
-            .without_max_times()
-            .build();
-        // The first failure waits about RETRY_MIN; past 16 the delay is RETRY_MAX anyway.
-        delays
-            .nth(self.failures.saturating_sub(1).min(16) as usize)
-            .unwrap_or(RETRY_MAX)
+        // The first failure waits about RETRY_MIN.
+        Delays::doubling(RETRY_MIN, RETRY_MAX, Spread::Jittered)
+            .after(self.failures)
             .max(floor)
     }
 }

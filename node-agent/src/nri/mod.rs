@@ -6,7 +6,7 @@
 //! Configure (we subscribe to container create/update/stop/remove), Synchronize (state is
 //! rebuilt from every existing container through [`Agent::restore`]) and then the events.
 //! When the connection drops (runtime restart, or the runtime dropped us after an error) we
-//! reconnect with exponential backoff, and the new Synchronize rebuilds the state.
+//! reconnect with exponential backoff ([`crate::retry`]), and the new Synchronize rebuilds the state.
 //!
 //! Fail open: every hook runs on a blocking thread under a deadline below the runtime's
 //! request timeout; an error, panic or missed deadline gives an empty answer (the container
@@ -29,6 +29,7 @@ use crate::flags::{CgroupWrites, Flags};
 use crate::hook::Hook;
 use crate::ledger::state_file::StateFile;
 use crate::ledger::{hook_span, Ledger, Listed, Release, Ticket};
+use crate::retry::{pause, Delays, Spread};
 use async_trait::async_trait;
 use connection::Connection;
 use lazy::{LazyEvent, LazyHooks, LazyStop};
@@ -63,11 +64,6 @@ fn hook_budget(request_timeout: Duration) -> Duration {
         request_timeout
     };
     t.mul_f64(0.75)
-}
-
-/// Next backoff after `cur`: doubled, capped.
-pub fn next_backoff(cur: Duration) -> Duration {
-    (cur * 2).clamp(BACKOFF_MIN, BACKOFF_MAX)
 }
 
 /// The Plugin service: turns NRI calls into ledger calls.
@@ -598,7 +594,7 @@ async fn serve_sessions(
     let socket = flags.nri_socket_path.clone();
     let name = flags.nri_plugin_name.clone();
     let idx = flags.nri_plugin_index.clone();
-    let mut backoff = BACKOFF_MIN;
+    let mut delays = Delays::doubling(BACKOFF_MIN, BACKOFF_MAX, Spread::Exact);
     loop {
         if shutdown.is_cancelled() {
             return Ok(());
@@ -613,18 +609,17 @@ async fn serve_sessions(
                 let was_registered = agent.metrics().runtime_connected.get() == 1;
                 agent.metrics().runtime_connected.set(0);
                 if was_registered || started.elapsed() > Duration::from_secs(30) {
-                    backoff = BACKOFF_MIN;
+                    delays.reset();
                 }
+                let delay = delays.next_delay();
                 tracing::warn!(
                     socket = %socket.display(),
-                    retry_in_ms = backoff.as_millis() as u64,
+                    retry_in_ms = delay.as_millis() as u64,
                     "NRI connection lost: {why}"
                 );
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(backoff) => {}
+                if !pause(delay, shutdown).await {
+                    return Ok(());
                 }
-                backoff = next_backoff(backoff);
             }
         }
     }
@@ -1171,12 +1166,9 @@ mod tests {
 
     #[test]
     fn backoff_doubles_and_is_capped() {
-        let mut b = BACKOFF_MIN;
-        let mut seen = vec![b];
-        for _ in 0..10 {
-            b = next_backoff(b);
-            seen.push(b);
-        }
+        let mut delays = Delays::doubling(BACKOFF_MIN, BACKOFF_MAX, Spread::Exact);
+        let seen: Vec<Duration> = (0..11).map(|_| delays.next_delay()).collect();
+        assert_eq!(seen[0], BACKOFF_MIN);
         assert_eq!(seen[1], Duration::from_millis(400));
         assert_eq!(*seen.last().unwrap(), BACKOFF_MAX);
         assert!(seen.windows(2).all(|w| w[0] <= w[1]));
