@@ -20,5 +20,6 @@ pub mod nri_runtime;
 pub mod numa_guest;
 pub mod procmem;
 pub mod stats;
+pub mod text;
 pub mod util;
 pub mod vm;

@@ -583,18 +583,6 @@ pub fn bench_agent_args(socket: &Path, fixture: &str, state_dir: &Path) -> Vec<S
     ]
 }
 
-/// The sum of every sample of metric `name` (any labels) in a Prometheus text exposition.
-pub fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let metric = series.split('{').next()?;
-            (metric == name).then(|| value.trim().parse::<f64>().ok())?
-        })
-        .sum()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -622,13 +610,5 @@ mod tests {
         let be = container(16, &pod(16, Qos::BestEffort), Qos::BestEffort);
         let cpu = be.linux.resources.cpu.as_ref().unwrap();
         assert_eq!((cpu.shares.value, cpu.quota.is_none()), (2, true));
-    }
-
-    #[test]
-    fn metric_sum_adds_every_series_of_the_name_only() {
-        let text = "# HELP x y\nx{a=\"1\"} 2\nx{a=\"2\"} 3.5\nx_total 9\nx 1\n";
-        assert_eq!(metric_sum(text, "x"), 6.5);
-        assert_eq!(metric_sum(text, "x_total"), 9.0);
-        assert_eq!(metric_sum(text, "nope"), 0.0);
     }
 }

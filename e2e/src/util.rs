@@ -248,18 +248,9 @@ pub fn logged_cpus(log: &str, needle: &str) -> Option<BTreeSet<usize>> {
     parse_list(cpus).ok()
 }
 
-/// A kernel CPU or node list (`0-3,8`).
+/// A kernel CPU or node list (`0-3,8`), read by the engine's parser.
 pub fn parse_list(s: &str) -> anyhow::Result<BTreeSet<usize>> {
-    let mut out = BTreeSet::new();
-    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => out.extend(a.parse::<usize>()?..=b.parse::<usize>()?),
-            None => {
-                out.insert(part.parse()?);
-            }
-        }
-    }
-    Ok(out)
+    Ok(tap_engine::CpuSet::parse(s)?.iter().collect())
 }
 
 /// This host's online CPUs, ascending.

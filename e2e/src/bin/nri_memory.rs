@@ -21,9 +21,7 @@
 use anyhow::{bail, Context, Result};
 use std::time::Duration;
 use tap_e2e::docker::tcp_get;
-use tap_e2e::nri_runtime::{
-    create_mix, metric_sum, start_agent, AgentOnRuntime, CreateTally, MixOptions,
-};
+use tap_e2e::nri_runtime::{create_mix, start_agent, AgentOnRuntime, CreateTally, MixOptions};
 use tap_e2e::procmem::ProcMemory;
 use tap_e2e::util::{self, RmDir};
 
@@ -116,7 +114,7 @@ async fn run(o: Opts, bin: std::path::PathBuf) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
         rows.push((done, ProcMemory::read(pid)?));
     }
-    let known = metric_sum(&metrics, "tap_topology_node_containers");
+    let known = tap_e2e::text::metric_sum(&metrics, "tap_topology_node_containers");
 
     println!(
         "agent: {} (fixture {}{})",

@@ -19,7 +19,7 @@ use tap_e2e::containerd::{
     PodSpec,
 };
 use tap_e2e::docker::{temp_dir, TapAgent};
-use tap_e2e::util::{RmDir};
+use tap_e2e::util::RmDir;
 
 /// containerd 1.7 holds other containers' creates and starts while an update waits on a hung
 /// shim: a create then may take up to the agent's write deadline more than before, no more.

@@ -9,7 +9,7 @@
 //! NUMA nodes get different cgroup cpusets on a 2-CPU host.
 //!
 //! The images: the static binaries `tap_e2e::images::build_static` builds for the Dockerfiles'
-//! `prebuilt` path (the same build e2e/tests/images.rs uses), packed as the Dockerfiles' final
+//! `prebuilt` path (the same build e2e/tests/e2e/images.rs uses), packed as the Dockerfiles' final
 //! stage packs them (`scratch`, the binary in /usr/local/bin, user 65532) and imported with
 //! `ctr images import`; the agent's image has a second layer with the fixture.
 

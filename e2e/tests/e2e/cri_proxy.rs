@@ -14,7 +14,7 @@ use tap_e2e::containerd::{
     PodSpec, BUSYBOX_IMAGE,
 };
 use tap_e2e::docker::{temp_dir, TapAgent};
-use tap_e2e::util::{RmDir};
+use tap_e2e::util::RmDir;
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";

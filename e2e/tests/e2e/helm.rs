@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use tap_e2e::helm::{chart, docs, helm, ok, run, template_in};
 use tap_e2e::kube::{kubectl_bin, KubeCluster};
-use tap_e2e::util::{workspace_root};
+use tap_e2e::util::workspace_root;
 
 const NS: &str = "kunpeng-tap";
 const RELEASE: &str = "tap";

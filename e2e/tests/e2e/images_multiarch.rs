@@ -306,11 +306,13 @@ async fn arm64_agent_image_places_a_container_on_containerd() {
     let grant = ann
         .get(GRANT_KEY)
         .unwrap_or_else(|| panic!("no grant record: {ann:?}\n{}", tail(&task.log)));
-    let node: usize = grant
-        .split(';')
-        .find_map(|kv| kv.strip_prefix("n="))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("one NUMA node in the grant {grant}"));
+    let node = match tap_e2e::text::grant_nodes(grant)
+        .map(Vec::from_iter)
+        .as_deref()
+    {
+        Ok([n]) => *n,
+        _ => panic!("one NUMA node in the grant {grant}"),
+    };
     let cgroup = cgroup_cpuset(cri.pid(&id).await.unwrap()).unwrap();
     assert_eq!(
         util::parse_list(&cgroup).unwrap(),

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 use tap_e2e::helm::{docs, template_in};
 use tap_e2e::kube::KubeCluster;
-use tap_e2e::util::{workspace_root};
+use tap_e2e::util::workspace_root;
 
 const NS: &str = "kunpeng-tap";
 /// Release `kunpeng-tap` in `kunpeng-tap` gives the names of deploy/ (`kunpeng-tap-agent`, ...).

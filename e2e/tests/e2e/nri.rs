@@ -10,7 +10,7 @@
 //! grant record the plugin stored in the container's annotations says what the engine decided.
 
 use anyhow::{bail, Context, Result};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,6 +18,7 @@ use tap_e2e::containerd::{
     cgroup_cpuset, cgroup_mems, remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd,
     ContainerdOptions, Cri, PodSpec,
 };
+use tap_e2e::text::grant_fields;
 use tap_e2e::util;
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
@@ -61,13 +62,6 @@ fn node_cpus(n: usize) -> BTreeSet<usize> {
 fn counted_once(m: &str, kind: &str) -> bool {
     let label = format!("kind=\"{kind}\"");
     m.lines().any(|l| l.contains(&label) && l.ends_with(" 1"))
-}
-
-fn record_fields(rec: &str) -> HashMap<String, String> {
-    rec.split(';')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
 }
 
 /// The agent as an NRI plugin; killed on drop.
@@ -220,7 +214,7 @@ struct Placement {
     spec_cpus: String,
     spec_mems: String,
     cgroup_cpus: String,
-    record: Option<HashMap<String, String>>,
+    record: Option<BTreeMap<String, String>>,
 }
 
 async fn placement(cri: &mut Cri, id: &str) -> Result<Placement> {
@@ -232,7 +226,7 @@ async fn placement(cri: &mut Cri, id: &str) -> Result<Placement> {
         spec_cpus,
         spec_mems,
         cgroup_cpus: cgroup_cpuset(pid)?,
-        record: ann.get(GRANT_KEY).map(|r| record_fields(r)),
+        record: ann.get(GRANT_KEY).map(|r| grant_fields(r)),
     })
 }
 

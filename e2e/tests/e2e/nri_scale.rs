@@ -9,7 +9,8 @@
 use anyhow::{ensure, Context, Result};
 use std::time::Duration;
 use tap_e2e::docker::{tcp_get, TapAgent};
-use tap_e2e::nri_runtime::{create_mix, metric_sum, start_agent, AgentOnRuntime, MixOptions};
+use tap_e2e::nri_runtime::{create_mix, start_agent, AgentOnRuntime, MixOptions};
+use tap_e2e::text::metric_sum;
 use tap_e2e::util::{self, RmDir};
 
 const N: usize = 1000;

@@ -17,19 +17,12 @@ use tap_e2e::containerd::{
 };
 use tap_e2e::docker::TapAgent;
 use tap_e2e::kube::KubeCluster;
-use tap_e2e::util::{fixture_dir};
+use tap_e2e::text::grant_nodes;
+use tap_e2e::util::fixture_dir;
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
 const NODE: &str = "nrt-node";
-
-/// The NUMA nodes of a grant record (`v1;...;n=<nodes>;...`).
-fn record_nodes(record: &str) -> Option<String> {
-    record
-        .split(';')
-        .find_map(|p| p.strip_prefix("n="))
-        .map(str::to_string)
-}
 
 fn attribute<'a>(nrt: &'a Value, name: &str) -> Option<&'a str> {
     nrt["attributes"]
@@ -223,10 +216,11 @@ async fn scenario(k: &KubeCluster, ctd: &mut Containerd, dir: &Path) -> Result<(
         .await?
         .remove(GRANT_KEY)
         .context("no grant record on the container")?;
-    let nodes = record_nodes(&record).context("no nodes in the grant record")?;
-    let node: u32 = nodes
-        .parse()
-        .with_context(|| format!("one NUMA node expected, record {record}"))?;
+    let nodes = grant_nodes(&record)?;
+    let node = match nodes.iter().collect::<Vec<_>>()[..] {
+        [n] => *n,
+        _ => anyhow::bail!("one NUMA node expected, record {record}"),
+    };
     let zone = format!("node-{node}");
 
     // The Pod owner sees where the container went: a TopologyPlaced Event on the Pod, about

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 use tap_e2e::helm::{docs, template_in};
-use tap_e2e::util::{temp_dir};
+use tap_e2e::util::temp_dir;
 
 const NS: &str = "kunpeng-tap";
 const RELEASE: &str = "tap";

@@ -20,7 +20,7 @@ use tap_e2e::containerd::{
     PodSpec,
 };
 use tap_e2e::docker::{temp_dir, TapAgent};
-use tap_e2e::nri_runtime::metric_sum;
+use tap_e2e::text::{grant_nodes, metric_sum, series_value};
 use tap_e2e::util::{self, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
@@ -175,11 +175,7 @@ async fn grant_node(cri: &mut Cri, id: &str) -> Result<usize> {
             .remove(GRANT_KEY)
             .context("no grant record")?,
     };
-    let n = rec
-        .split(';')
-        .find_map(|f| f.strip_prefix("n="))
-        .context("no n= in the grant record")?;
-    let nodes = util::parse_list(n)?;
+    let nodes = grant_nodes(&rec)?;
     ensure!(nodes.len() == 1, "{id} on nodes {nodes:?}");
     nodes.into_iter().next().context("no node")
 }
@@ -255,7 +251,7 @@ async fn check_settled(
     // cause too) is one spinner's: about a CPU.
     for node in [from, to] {
         let series = |name: &str| {
-            metric(&m, &format!("{name}{{numa=\"{node}\"}}"))
+            series_value(&m, &format!("{name}{{numa=\"{node}\"}}"))
                 .with_context(|| format!("no {name} of node {node}:\n{m}"))
         };
         let (used, stalled) = (
@@ -277,11 +273,4 @@ async fn check_settled(
         "moved back: {cpus}"
     );
     Ok(())
-}
-
-/// The value of the series `name` with its labels (one node's) in a /metrics text.
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
 }

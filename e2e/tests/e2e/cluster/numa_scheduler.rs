@@ -5,7 +5,7 @@
 //! kubelet carry NodeResourceTopologies the test writes (the test checks the scheduler's
 //! Binding there, nothing runs).
 
-use super::tier::{record_fields, Tier, GRANT_KEY, POLL};
+use super::tier::{Tier, GRANT_KEY, POLL};
 use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -13,6 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use tap_e2e::cluster::NODE;
 use tap_e2e::kube::Proc;
+use tap_e2e::text::grant_fields;
 use tap_e2e::util;
 
 /// The second scheduler's profile.
@@ -400,7 +401,7 @@ fn pinned_where_counted(t: &mut Tier) -> Result<()> {
     ensure!(node == NODE, "numa-real bound to {node}");
     t.wait_running("numa-real")?;
     let placed = t.placed("numa-real")?;
-    let f = record_fields(&placed.grant);
+    let f = grant_fields(&placed.grant);
     let numa = f.get("n").cloned().unwrap_or_default();
     ensure!(
         f.get("x").is_some_and(|x| !x.is_empty()) && numa.parse::<u32>().is_ok(),

@@ -35,13 +35,6 @@ pub(crate) fn node_cpus(n: usize) -> BTreeSet<usize> {
     parse_list(&std::fs::read_to_string(p).unwrap())
 }
 
-pub(crate) fn record_fields(rec: &str) -> BTreeMap<String, String> {
-    rec.split(';')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
 pub(crate) fn helm_bin() -> PathBuf {
     std::env::var_os("TAP_HELM")
         .map(PathBuf::from)
@@ -149,7 +142,7 @@ pub(crate) struct Placed {
 
 impl Placed {
     pub(crate) fn field(&self, k: &str) -> String {
-        record_fields(&self.grant)
+        tap_e2e::text::grant_fields(&self.grant)
             .get(k)
             .cloned()
             .unwrap_or_default()
