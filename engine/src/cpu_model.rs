@@ -353,20 +353,15 @@ fn read(
     }
 }
 
-/// Where cluster pools may be used when cluster affinity is asked for
-/// (`--cluster-affinity-rule`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum ClusterAffinityRule {
-    /// Wherever sysfs reports clusters smaller than their NUMA node (kunpeng-tap's default).
-    #[default]
-    Any,
-    /// Only on CPU part 0xd06 (HiSilicon Kunpeng 950), as the reference does.
-    Kunpeng950Only,
-}
-
 crate::names! {
-    ClusterAffinityRule: "cluster affinity rule", Exact {
+    /// Where cluster pools may be used when cluster affinity is asked for
+    /// (`--cluster-affinity-rule`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub enum ClusterAffinityRule: "cluster affinity rule", Exact {
+        /// Wherever sysfs reports clusters smaller than their NUMA node (kunpeng-tap's default).
+        #[default]
         Any = "any",
+        /// Only on CPU part 0xd06 (HiSilicon Kunpeng 950), as the reference does.
         Kunpeng950Only = "kunpeng-950-only",
     }
 }

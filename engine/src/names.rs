@@ -30,6 +30,19 @@ pub fn one_of(names: &[&str]) -> String {
     }
 }
 
+/// A setting enum with a name table ([`names!`](crate::names!) implements it).
+pub trait Named: Sized + 'static {
+    /// The name each variant is written as, in the table's order.
+    const NAMES: &'static [&'static str];
+    /// The variant `s` names (surrounding white space ignored).
+    fn parse(s: &str) -> Option<Self>;
+}
+
+/// The names of `T`, as a sentence (`a, b or c`).
+pub fn one_of_names<T: Named>() -> String {
+    one_of(T::NAMES)
+}
+
 /// A value that is none of a setting's names.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown {what} {value:?}: use {}", one_of(.names))]
@@ -41,15 +54,17 @@ pub struct UnknownName {
     pub names: &'static [&'static str],
 }
 
-/// Writes `as_str`, `parse`, `ALL` and `NAMES`, `Display` and `FromStr` for a fieldless enum
-/// from one table: each variant with its name, then any other names it is read from.
+/// Defines a fieldless enum from one table (each variant with its name, then any other names
+/// it is read from) and writes `as_str`, `parse`, `ALL` and `NAMES`, `Display` and `FromStr`
+/// for it. Without `enum`, writes them for an enum defined elsewhere.
 ///
 /// ```
-/// #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-/// pub enum Switch { On, Off }
 /// tap_engine::names! {
-///     Switch: "switch", Ignored {
+///     /// A switch.
+///     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///     pub enum Switch: "switch", Ignored {
 ///         On = "on" | "true",
+///         /// Off.
 ///         Off = "off" | "false",
 ///     }
 /// }
@@ -60,6 +75,23 @@ pub struct UnknownName {
 /// ```
 #[macro_export]
 macro_rules! names {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $ty:ident : $what:literal, $case:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $name:literal $(| $alias:literal)*),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        $vis enum $ty {
+            $($(#[$vmeta])* $variant),+
+        }
+
+        $crate::names! {
+            $ty: $what, $case {
+                $($variant = $name $(| $alias)*),+
+            }
+        }
+    };
     ($ty:ident : $what:literal, $case:ident {
         $($variant:ident = $name:literal $(| $alias:literal)*),+ $(,)?
     }) => {
@@ -85,6 +117,13 @@ macro_rules! names {
                     }
                 )+
                 None
+            }
+        }
+
+        impl $crate::names::Named for $ty {
+            const NAMES: &'static [&'static str] = $ty::NAMES;
+            fn parse(s: &str) -> Option<$ty> {
+                $ty::parse(s)
             }
         }
 

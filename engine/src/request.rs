@@ -69,15 +69,10 @@ pub fn milli_cpu_from_quota(quota: i64, period: u64) -> Option<u64> {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PolicyKind {
-    NumaAware,
-    TopologyAware,
-}
-
 crate::names! {
-    PolicyKind: "resource policy", Exact {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum PolicyKind: "resource policy", Exact {
         TopologyAware = "topology-aware",
         NumaAware = "numa-aware",
     }
@@ -120,22 +115,16 @@ pub const RESERVED_CPUS_KEY: &str = "tap.kunpeng.huawei.com/reserved-cpus";
 /// the grant record that restart recovery reads back.
 pub const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 
-/// How hard a container holds to one NUMA node (`numa-policy` annotation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NumaPolicy {
-    /// The nearest fit; more than one NUMA node when one does not hold it (the default).
-    Preferred,
-    /// One NUMA node or no placement at all (the container is left on all CPUs).
-    Strict,
-    /// A whole NUMA node to itself: every usable CPU of a node that holds nothing else, taken
-    /// out of every shared cpuset while it runs; no such node, no placement (as `Strict`).
-    Exclusive,
-}
-
 crate::names! {
-    NumaPolicy: "NUMA policy", Ignored {
+    /// How hard a container holds to one NUMA node (`numa-policy` annotation).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum NumaPolicy: "NUMA policy", Ignored {
+        /// One NUMA node or no placement at all (the container is left on all CPUs).
         Strict = "strict",
+        /// The nearest fit; more than one NUMA node when one does not hold it (the default).
         Preferred = "preferred",
+        /// A whole NUMA node to itself: every usable CPU of a node that holds nothing else, taken
+        /// out of every shared cpuset while it runs; no such node, no placement (as `Strict`).
         Exclusive = "exclusive",
     }
 }

@@ -20,25 +20,16 @@ pub use crate::raw::{RawCpu, RawNode, RawTopology};
 pub use memory::MemoryKind;
 use serde::Serialize;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Level {
-    Machine,
-    Socket,
-    Die,
-    Numa,
-    /// CPUs sharing a last-level (L3) cache, where that is smaller than their NUMA node (AMD
-    /// CCX/CCD, some Arm clusters).
-    Cache,
-    Cluster,
-}
-
 crate::names! {
-    Level: "level", Ignored {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum Level: "level", Ignored {
         Machine = "machine" | "root",
         Socket = "socket" | "package",
         Die = "die",
         Numa = "numa" | "node" | "numa-node",
+        /// CPUs sharing a last-level (L3) cache, where that is smaller than their NUMA node (AMD
+        /// CCX/CCD, some Arm clusters).
         Cache = "cache" | "llc" | "l3",
         Cluster = "cluster",
     }

@@ -11,73 +11,53 @@ pub use crate::updates::CpusetUpdate;
 use crate::updates::CpusetUpdates;
 use std::fmt;
 
-/// Which device affinity outranks free CPU capacity when the two disagree.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ResourcePriority {
-    #[default]
-    CpuFirst,
-    GpuFirst,
-}
-
 crate::names! {
-    ResourcePriority: "resource priority", Exact {
+    /// Which device affinity outranks free CPU capacity when the two disagree.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub enum ResourcePriority: "resource priority", Exact {
+        #[default]
         CpuFirst = "cpu-first",
         GpuFirst = "gpu-first",
     }
 }
 
-/// Whether topology-aware places containers on cache (L3) pools, where a last-level cache is
-/// smaller than its NUMA node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CacheAffinity {
-    /// Cache pools are candidates like the others (the default).
-    #[default]
-    On,
-    /// Cache pools only for a Pod that asks for `level: cache`.
-    Off,
-}
-
 crate::names! {
-    CacheAffinity: "cache affinity", Ignored {
+    /// Whether topology-aware places containers on cache (L3) pools, where a last-level cache is
+    /// smaller than its NUMA node.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub enum CacheAffinity: "cache affinity", Ignored {
+        /// Cache pools are candidates like the others (the default).
+        #[default]
         On = "on" | "true",
+        /// Cache pools only for a Pod that asks for `level: cache`.
         Off = "off" | "false",
     }
 }
 
-/// Whether the node agent moves shared containers between NUMA nodes by their measured CPU
-/// use ([`crate::rebalance`]): the engine only carries the setting, the agent's loop reads it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Rebalance {
-    /// Containers stay where they were placed (the default).
-    #[default]
-    Off,
-    /// Shared containers move off a NUMA node whose usage per shared CPU stays above the
-    /// others' ([`crate::rebalance::RebalanceConfig`]).
-    Usage,
-}
-
 crate::names! {
-    Rebalance: "rebalance mode", Ignored {
+    /// Whether the node agent moves shared containers between NUMA nodes by their measured CPU
+    /// use ([`crate::rebalance`]): the engine only carries the setting, the agent's loop reads it.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub enum Rebalance: "rebalance mode", Ignored {
+        /// Containers stay where they were placed (the default).
+        #[default]
         Off = "none" | "off" | "false",
+        /// Shared containers move off a NUMA node whose usage per shared CPU stays above the
+        /// others' ([`crate::rebalance::RebalanceConfig`]).
         Usage = "usage" | "on" | "true",
     }
 }
 
-/// Whether a Pod's `reserved-cpus: "true"` annotation is honoured outside the namespaces of
-/// [`ReservedAccess::namespaces`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ReservedAnnotation {
-    /// Only Pods in the listed namespaces use the reserved CPUs (the default); the annotation
-    /// elsewhere is not honoured (reported).
-    #[default]
-    Ignored,
-    /// A Pod in any namespace that asks by annotation uses the reserved CPUs.
-    Honoured,
-}
-
 crate::names! {
-    ReservedAnnotation: "reserved-cpus annotation rule", Ignored {
+    /// Whether a Pod's `reserved-cpus: "true"` annotation is honoured outside the namespaces of
+    /// [`ReservedAccess::namespaces`].
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub enum ReservedAnnotation: "reserved-cpus annotation rule", Ignored {
+        /// Only Pods in the listed namespaces use the reserved CPUs (the default); the annotation
+        /// elsewhere is not honoured (reported).
+        #[default]
         Ignored = "ignored",
+        /// A Pod in any namespace that asks by annotation uses the reserved CPUs.
         Honoured = "honoured" | "honored",
     }
 }

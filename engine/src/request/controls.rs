@@ -3,23 +3,17 @@
 
 use crate::topology::MemoryKind;
 
-/// How exclusive CPUs are taken from cores (`exclusive-cores` annotation, `--exclusive-cores`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CoreGrain {
-    /// Whole cores only: a container whose CPU count is not made of whole free cores gets
-    /// shared CPUs instead (the kubelet's `full-pcpus-only`). The default.
-    #[default]
-    WholeCores,
-    /// Any hyperthreads: whole cores first, a remainder from a split core.
-    Threads,
-    /// Exactly the two hyperthreads of one core (a 2-CPU container).
-    SiblingPair,
-}
-
 crate::names! {
-    CoreGrain: "exclusive core grain", Ignored {
+    /// How exclusive CPUs are taken from cores (`exclusive-cores` annotation, `--exclusive-cores`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub enum CoreGrain: "exclusive core grain", Ignored {
+        /// Whole cores only: a container whose CPU count is not made of whole free cores gets
+        /// shared CPUs instead (the kubelet's `full-pcpus-only`). The default.
+        #[default]
         WholeCores = "whole" | "whole-cores" | "full-cores",
+        /// Any hyperthreads: whole cores first, a remainder from a split core.
         Threads = "threads" | "any",
+        /// Exactly the two hyperthreads of one core (a 2-CPU container).
         SiblingPair = "sibling-pair" | "pair",
     }
 }

@@ -6,7 +6,7 @@ use super::{
     EXCLUSIVE_KEY, HIDE_HYPERTHREADS_KEY, LEVEL_KEY, MEMORY_BINDING_KEY, MEMORY_TYPE_KEY,
     NUMA_POLICY_KEY, POLICY_KEY, RESERVED_CPUS_KEY, SKIP_KEY,
 };
-use crate::names::one_of;
+use crate::names::{one_of, one_of_names, Named};
 use crate::topology::Level;
 use std::collections::HashMap;
 use std::fmt;
@@ -46,73 +46,37 @@ impl fmt::Display for AnnotationWarning {
     }
 }
 
-/// One annotation override: its key, how a value sets it (`None`: a value it does not know)
-/// and what it expects.
-struct Annotation {
-    key: &'static str,
-    apply: fn(&mut Overrides, &str) -> Option<()>,
-    expected: fn() -> String,
-}
+/// How an annotation's value sets its override: `None` for a value it does not know.
+type Apply = fn(&mut Overrides, &str) -> Option<()>;
+/// What an annotation expects, for the warning about a value it does not know.
+type Expected = fn() -> String;
 
-/// Every annotation override, in the order they are read (and warned about).
-const ANNOTATIONS: [Annotation; 10] = [
-    Annotation {
-        key: POLICY_KEY,
-        apply: |o, v| match v.trim() {
-            "none" | "skip" => {
-                o.skip = true;
-                Some(())
-            }
-            other => set(&mut o.policy, PolicyKind::parse(other)),
-        },
-        expected: || one_of(&[PolicyKind::NAMES, &["none"]].concat()),
-    },
-    Annotation {
-        key: LEVEL_KEY,
-        apply: |o, v| set(&mut o.level, Level::parse(v)),
-        expected: || one_of(Level::NAMES),
-    },
-    Annotation {
-        key: NUMA_POLICY_KEY,
-        apply: |o, v| set(&mut o.numa_policy, NumaPolicy::parse(v)),
-        expected: || one_of(NumaPolicy::NAMES),
-    },
-    Annotation {
-        key: EXCLUSIVE_CORES_KEY,
-        apply: |o, v| set(&mut o.exclusive_cores, CoreGrain::parse(v)),
-        expected: || one_of(CoreGrain::NAMES),
-    },
-    Annotation {
-        key: MEMORY_TYPE_KEY,
-        apply: |o, v| set(&mut o.memory_types, MemoryTypes::parse(v)),
-        expected: || "a comma-separated list of dram, pmem, cxl, hbm".into(),
-    },
-    Annotation {
-        key: HIDE_HYPERTHREADS_KEY,
-        apply: |o, v| set(&mut o.hide_hyperthreads, parse_bool(v)),
-        expected: true_or_false,
-    },
-    Annotation {
-        key: MEMORY_BINDING_KEY,
-        apply: |o, v| set(&mut o.memory_binding, parse_bool(v)),
-        expected: true_or_false,
-    },
-    Annotation {
-        key: EXCLUSIVE_KEY,
-        apply: |o, v| set(&mut o.exclusive, parse_bool(v)),
-        expected: true_or_false,
-    },
-    Annotation {
-        key: CONFINE_BEST_EFFORT_KEY,
-        apply: |o, v| set(&mut o.confine_best_effort, parse_bool(v)),
-        expected: true_or_false,
-    },
-    Annotation {
-        key: RESERVED_CPUS_KEY,
-        apply: |o, v| set(&mut o.reserved_cpus, parse_bool(v)),
-        expected: true_or_false,
-    },
+/// Every annotation override, in the order they are read (and warned about): its key, how a
+/// value sets it and what it expects.
+#[rustfmt::skip]
+const ANNOTATIONS: [(&str, Apply, Expected); 10] = [
+    (POLICY_KEY, set_policy, || one_of(&[PolicyKind::NAMES, &["none"]].concat())),
+    (LEVEL_KEY, |o, v| read(&mut o.level, v), one_of_names::<Level>),
+    (NUMA_POLICY_KEY, |o, v| read(&mut o.numa_policy, v), one_of_names::<NumaPolicy>),
+    (EXCLUSIVE_CORES_KEY, |o, v| read(&mut o.exclusive_cores, v), one_of_names::<CoreGrain>),
+    (MEMORY_TYPE_KEY, |o, v| set(&mut o.memory_types, MemoryTypes::parse(v)), memory_types),
+    (HIDE_HYPERTHREADS_KEY, |o, v| flag(&mut o.hide_hyperthreads, v), true_or_false),
+    (MEMORY_BINDING_KEY, |o, v| flag(&mut o.memory_binding, v), true_or_false),
+    (EXCLUSIVE_KEY, |o, v| flag(&mut o.exclusive, v), true_or_false),
+    (CONFINE_BEST_EFFORT_KEY, |o, v| flag(&mut o.confine_best_effort, v), true_or_false),
+    (RESERVED_CPUS_KEY, |o, v| flag(&mut o.reserved_cpus, v), true_or_false),
 ];
+
+/// `policy`: a policy, or `none` (or `skip`) for no placement at all.
+fn set_policy(o: &mut Overrides, v: &str) -> Option<()> {
+    match v.trim() {
+        "none" | "skip" => {
+            o.skip = true;
+            Some(())
+        }
+        other => set(&mut o.policy, PolicyKind::parse(other)),
+    }
+}
 
 /// Puts a value read into its slot; `None` when there was none.
 fn set<T>(slot: &mut Option<T>, read: Option<T>) -> Option<()> {
@@ -120,16 +84,28 @@ fn set<T>(slot: &mut Option<T>, read: Option<T>) -> Option<()> {
     Some(())
 }
 
+/// A setting's name into its slot.
+fn read<T: Named>(slot: &mut Option<T>, v: &str) -> Option<()> {
+    set(slot, T::parse(v))
+}
+
+/// `true`, `yes`, `on`, `1` or their opposites into a yes/no slot.
+fn flag(slot: &mut Option<bool>, v: &str) -> Option<()> {
+    let yes = match v.trim().to_ascii_lowercase().as_str() {
+        "true" | "yes" | "on" | "1" => true,
+        "false" | "no" | "off" | "0" => false,
+        _ => return None,
+    };
+    *slot = Some(yes);
+    Some(())
+}
+
 fn true_or_false() -> String {
     "true or false".into()
 }
 
-fn parse_bool(s: &str) -> Option<bool> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "true" | "yes" | "on" | "1" => Some(true),
-        "false" | "no" | "off" | "0" => Some(false),
-        _ => None,
-    }
+fn memory_types() -> String {
+    "a comma-separated list of dram, pmem, cxl, hbm".into()
 }
 
 impl Overrides {
@@ -153,15 +129,15 @@ impl Overrides {
             ..Overrides::default()
         };
         let mut warnings = Vec::new();
-        for a in &ANNOTATIONS {
-            let Some((key, value)) = lookup(a.key) else {
+        for (key, apply, expected) in ANNOTATIONS {
+            let Some((key, value)) = lookup(key) else {
                 continue;
             };
-            if (a.apply)(&mut o, value).is_none() {
+            if apply(&mut o, value).is_none() {
                 warnings.push(AnnotationWarning {
                     key,
                     value: value.clone(),
-                    expected: (a.expected)(),
+                    expected: expected(),
                 });
             }
         }

@@ -5,21 +5,15 @@ use super::Topology;
 use crate::nodeset::NodeSet;
 use serde::Serialize;
 
-/// What a NUMA node's memory is. Nodes with CPUs are DRAM; a memory-only node (no CPUs) is HBM
-/// when the HMAT gives it more read bandwidth than every DRAM node, else PMEM or CXL memory
-/// (slower than DRAM: the kernel cannot tell the two apart without vendor data).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MemoryKind {
-    Dram,
-    /// PMEM or CXL memory (`memory-type: pmem` or `cxl`).
-    Pmem,
-    Hbm,
-}
-
 crate::names! {
-    MemoryKind: "memory kind", Ignored {
+    /// What a NUMA node's memory is. Nodes with CPUs are DRAM; a memory-only node (no CPUs) is HBM
+    /// when the HMAT gives it more read bandwidth than every DRAM node, else PMEM or CXL memory
+    /// (slower than DRAM: the kernel cannot tell the two apart without vendor data).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum MemoryKind: "memory kind", Ignored {
         Dram = "dram",
+        /// PMEM or CXL memory (`memory-type: pmem` or `cxl`).
         Pmem = "pmem/cxl" | "pmem" | "cxl",
         Hbm = "hbm",
     }
