@@ -460,14 +460,16 @@ impl Agent {
         out
     }
 
-    fn fold_cpus(&self, s: &CpuSet) -> CpuSet {
+    /// CPUs as the host names them: the fold of a fixture on a test host, else the same set.
+    pub fn fold_cpus(&self, s: &CpuSet) -> CpuSet {
         match &self.fold {
             Some(f) => f.cpus(s),
             None => *s,
         }
     }
 
-    fn fold_nodes(&self, s: &NodeSet) -> NodeSet {
+    /// Memory nodes as the host names them (see [`Agent::fold_cpus`]).
+    pub fn fold_nodes(&self, s: &NodeSet) -> NodeSet {
         match &self.fold {
             Some(f) => f.nodes(s),
             None => *s,

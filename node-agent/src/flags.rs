@@ -421,6 +421,12 @@ pub struct Flags {
     #[arg(help_heading = "DRA", long, default_value = "/var/lib/kubelet")]
     pub kubelet_root_dir: PathBuf,
 
+    /// The runtime's CDI spec folder: each prepared claim gets a CDI device there that sets
+    /// `TAP_DRA_CPUS`, `TAP_DRA_MEMS` and `TAP_DRA_CLAIM` in its containers (a runtime without
+    /// CDI ignores it). Empty: no CDI devices.
+    #[arg(help_heading = "DRA", long, default_value = "/var/run/cdi")]
+    pub dra_cdi_dir: PathBuf,
+
     /// Where the agent keeps its cached policy and the proxies' grant records (made 0700).
     #[arg(help_heading = "Runtime", long, default_value = "/var/lib/kunpeng-tap")]
     pub state_dir: PathBuf,

@@ -76,6 +76,8 @@ fn run(flags: Flags) -> anyhow::Result<()> {
         node: kube_link::node_name(&flags),
         level: flags.dra_device_level.level(),
         kubelet_root: flags.kubelet_root_dir.clone(),
+        cdi: (!flags.dra_cdi_dir.as_os_str().is_empty())
+            .then(|| node_agent::dra::cdi::CdiDir(flags.dra_cdi_dir.clone())),
         state_dir: flags.state_dir.clone(),
     });
     if let Some(opts) = &dra {

@@ -8,16 +8,20 @@
 //! rest.
 //!
 //! - [`ask`]: a ResourceClaim read from the API server, checked and turned into a booking.
+//! - [`cdi`]: what a container learns of its claim (a CDI device per claim).
 //! - [`checkpoint`]: the booked claims on disk, read back before the containers at start.
 //! - [`slice`]: the node's ResourceSlice, written only when it changes.
 //! - [`driver`]: the kubelet's prepare and unprepare calls.
+//! - [`source`]: where prepare reads a claim (the API server).
 //! - [`run`]: the claims read back at start, the kubelet plugin and the publisher.
 
 pub mod ask;
+pub mod cdi;
 pub mod checkpoint;
 pub mod driver;
 pub mod run;
 pub mod slice;
+pub mod source;
 
 use tap_engine::claim::{ClaimError, ClaimKey};
 
@@ -57,4 +61,6 @@ pub enum PrepareError {
     EngineFailed,
     #[error("saving the claims checkpoint: {0}")]
     Checkpoint(#[source] crate::ledger::state_file::StateFileError),
+    #[error(transparent)]
+    Cdi(#[from] cdi::CdiError),
 }

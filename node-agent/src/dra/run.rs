@@ -2,7 +2,9 @@
 //! publisher, which also gives back claims the API server no longer has (deleted while the
 //! agent was down: the kubelet will not unprepare them).
 
+use super::cdi::CdiDir;
 use super::driver::TapDriver;
+use super::source::ApiClaims;
 use super::{checkpoint, slice, DRIVER};
 use crate::agent::Agent;
 use crate::kubelet_plugin::{self, PluginPaths, RegistrationState};
@@ -25,6 +27,8 @@ pub struct DraOptions {
     pub level: Level,
     pub kubelet_root: PathBuf,
     pub state_dir: PathBuf,
+    /// Where each prepared claim's CDI spec goes; none: no CDI devices.
+    pub cdi: Option<CdiDir>,
 }
 
 /// Books the claims of the checkpoint on the engine; call before the runtime mode restores the
@@ -53,6 +57,13 @@ pub fn restore_claims(agent: &Agent, opts: &DraOptions) {
         }
         Err(e) => tracing::error!("DRA claims from the checkpoint: {e}"),
     }
+    // Their containers may start again (a restart of the Pod's container) and name the
+    // claim's CDI device: the runtime's folder may have been emptied meanwhile.
+    for g in agent.claims() {
+        if let Err(e) = super::driver::write_cdi(agent, opts.cdi.as_ref(), &g) {
+            tracing::error!("DRA claim {} read back: {e}", g.key);
+        }
+    }
 }
 
 /// Runs the kubelet plugin and the publisher until `shutdown`.
@@ -60,12 +71,15 @@ pub async fn run(opts: DraOptions, agent: Arc<Agent>, shutdown: CancellationToke
     let Some(client) = connect(&shutdown).await else {
         return;
     };
-    let driver = Arc::new(TapDriver::new(
-        agent.clone(),
-        Some(client.clone()),
-        opts.node.clone(),
-        checkpoint::file(&opts.state_dir),
-    ));
+    let driver = Arc::new(
+        TapDriver::new(
+            agent.clone(),
+            Box::new(ApiClaims(Some(client.clone()))),
+            opts.node.clone(),
+            checkpoint::file(&opts.state_dir),
+        )
+        .with_cdi(opts.cdi.clone()),
+    );
     let paths = PluginPaths::under_kubelet_root(&opts.kubelet_root, DRIVER);
     let (status, registered) = watch::channel(RegistrationState::Waiting);
     let stop = shutdown.clone();

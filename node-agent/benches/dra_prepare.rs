@@ -1,0 +1,252 @@
+//! What the kubelet waits for when it prepares a claim of this driver: a NodePrepareResources
+//! call over the DRA socket (tonic, a Unix socket), the claim read from a [`ClaimSource`] (a
+//! map here: the API server's read is not in these figures), checked, booked on the engine and
+//! written to the checkpoint (fsync, in the system's temporary folder), and the
+//! NodeUnprepareResources that gives the CPUs back.
+//!
+//! The node: the 384-thread fixture with 1,000 Burstable containers; the claim: 4 CPUs and
+//! 256 MiB of `numa0`. Besides criterion's means, each run prints the prepare call's
+//! percentiles over [`SAMPLES`] calls: over gRPC, in process (the driver alone), and in
+//! process with the checkpoint on tmpfs (without the disk's share).
+
+// The ledger of the benches; `cgroup_dir` is the read-back bench's.
+#[allow(dead_code)]
+mod support;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use node_agent::dra::driver::TapDriver;
+use node_agent::dra::source::ClaimSource;
+use node_agent::dra::{PrepareError, DRIVER};
+use node_agent::kubelet_plugin::proto::*;
+use node_agent::kubelet_plugin::{self, ClaimRef, DraDriver, PluginPaths};
+use node_agent::ledger::state_file::StateFile;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+const NODE: &str = "bench-node";
+const SAMPLES: usize = 2000;
+
+/// The one claim of the bench, allocated 4 CPUs and 256 MiB of `numa0` by the "scheduler".
+struct OneClaim(ResourceClaim);
+
+#[async_trait::async_trait]
+impl ClaimSource for OneClaim {
+    async fn claim(&self, _: &ClaimRef) -> Result<ResourceClaim, PrepareError> {
+        Ok(self.0.clone())
+    }
+}
+
+fn allocated_claim() -> ResourceClaim {
+    let mut rc = ResourceClaim::default();
+    rc.metadata.namespace = Some("default".into());
+    rc.metadata.name = Some("bench".into());
+    rc.metadata.uid = Some("uid-bench".into());
+    let consumed = [("cpu", "4"), ("memory", "256Mi")]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+        .collect();
+    let result = DeviceRequestAllocationResult {
+        driver: DRIVER.into(),
+        pool: NODE.into(),
+        device: "numa0".into(),
+        request: "cpus".into(),
+        consumed_capacity: Some(consumed),
+        ..Default::default()
+    };
+    rc.status = Some(ResourceClaimStatus {
+        allocation: Some(AllocationResult {
+            devices: Some(DeviceAllocationResult {
+                results: Some(vec![result]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    rc
+}
+
+fn claim_ref() -> ClaimRef {
+    ClaimRef {
+        namespace: "default".into(),
+        uid: "uid-bench".into(),
+        name: "bench".into(),
+    }
+}
+
+/// Where the checkpoint is written: the disk's fsync is most of a prepare's time.
+#[derive(Clone, Copy)]
+enum Checkpoint {
+    /// The system's temporary folder, on the machine's disk.
+    Disk,
+    /// `/dev/shm`: what a prepare costs without the disk.
+    Tmpfs,
+}
+
+fn bench_dir(at: Checkpoint) -> std::path::PathBuf {
+    let d = match at {
+        Checkpoint::Disk => {
+            std::env::temp_dir().join(format!("tap-bench-dra-prepare-{}", std::process::id()))
+        }
+        Checkpoint::Tmpfs => support::scratch("dra-prepare"),
+    };
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("bench folder");
+    d
+}
+
+fn driver(l: &node_agent::ledger::Ledger, dir: &std::path::Path) -> Arc<TapDriver> {
+    Arc::new(TapDriver::new(
+        l.agent().clone(),
+        Box::new(OneClaim(allocated_claim())),
+        NODE.into(),
+        StateFile::new(dir.join("dra-claims.json")),
+    ))
+}
+
+fn sample<F: std::future::Future<Output = Duration>>(
+    rt: &tokio::runtime::Runtime,
+    mut round: impl FnMut() -> F,
+) -> Vec<Duration> {
+    rt.block_on(async {
+        let mut v = Vec::with_capacity(SAMPLES);
+        for _ in 0..SAMPLES {
+            v.push(round().await);
+        }
+        v
+    })
+}
+
+fn channel(socket: std::path::PathBuf) -> Channel {
+    Endpoint::from_static("http://[::]:50051").connect_with_connector_lazy(tower::service_fn(
+        move |_: Uri| {
+            let p = socket.clone();
+            async move {
+                tokio::net::UnixStream::connect(p)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        },
+    ))
+}
+
+async fn call<Req, Resp>(ch: &Channel, method: &'static str, req: Req) -> Resp
+where
+    Req: prost::Message + Send + Sync + 'static,
+    Resp: prost::Message + Default + Send + Sync + 'static,
+{
+    let mut grpc = tonic::client::Grpc::new(ch.clone());
+    grpc.ready().await.expect("the plugin's socket");
+    let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+    grpc.unary(
+        tonic::Request::new(req),
+        PathAndQuery::from_static(method),
+        codec,
+    )
+    .await
+    .expect(method)
+    .into_inner()
+}
+
+fn wire_claim() -> Claim {
+    let c = claim_ref();
+    Claim {
+        namespace: c.namespace,
+        uid: c.uid,
+        name: c.name,
+    }
+}
+
+/// One prepare over gRPC (timed) and the unprepare after it (not timed).
+async fn grpc_round(ch: &Channel) -> Duration {
+    let start = Instant::now();
+    let p: NodePrepareResourcesResponse = call(
+        ch,
+        NODE_PREPARE_RESOURCES,
+        NodePrepareResourcesRequest {
+            claims: vec![wire_claim()],
+        },
+    )
+    .await;
+    let took = start.elapsed();
+    let one = &p.claims["uid-bench"];
+    assert!(one.error.is_empty() && one.devices.len() == 1, "{p:?}");
+    let u: NodeUnprepareResourcesResponse = call(
+        ch,
+        NODE_UNPREPARE_RESOURCES,
+        NodeUnprepareResourcesRequest {
+            claims: vec![wire_claim()],
+        },
+    )
+    .await;
+    assert!(u.claims["uid-bench"].error.is_empty(), "{u:?}");
+    took
+}
+
+/// One prepare in process (timed) and its unprepare.
+async fn direct_round(d: &TapDriver) -> Duration {
+    let start = Instant::now();
+    let devices = d.prepare(&claim_ref()).await.expect("prepared");
+    let took = start.elapsed();
+    assert_eq!(devices.len(), 1);
+    d.unprepare(&claim_ref()).await.expect("unprepared");
+    took
+}
+
+fn percentiles(what: &str, mut v: Vec<Duration>) {
+    v.sort();
+    let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)].as_secs_f64() * 1e6;
+    println!(
+        "dra_prepare/{what}: {} prepares: p50 {:.0} µs, p90 {:.0} µs, p99 {:.0} µs, max {:.0} µs",
+        v.len(),
+        at(0.50),
+        at(0.90),
+        at(0.99),
+        at(1.0)
+    );
+}
+
+fn prepare(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let l = support::ledger(1000, &rt);
+    let (disk, shm) = (bench_dir(Checkpoint::Disk), bench_dir(Checkpoint::Tmpfs));
+    let (on_disk, on_shm) = (driver(&l, &disk), driver(&l, &shm));
+    let paths = PluginPaths::under_kubelet_root(&disk.join("kubelet"), DRIVER);
+    let stop = CancellationToken::new();
+    rt.spawn({
+        let (paths, driver, stop) = (paths.clone(), on_disk.clone(), stop.clone());
+        async move { kubelet_plugin::serve(DRIVER, &paths, driver, stop).await }
+    });
+    let ch = rt.block_on(async {
+        while !paths.dra_socket().exists() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        channel(paths.dra_socket())
+    });
+    let mut g = c.benchmark_group("dra_prepare");
+    g.measurement_time(Duration::from_secs(5));
+    g.bench_function("grpc_prepare_unprepare", |b| {
+        b.iter(|| rt.block_on(grpc_round(&ch)))
+    });
+    g.bench_function("direct_prepare_unprepare_tmpfs", |b| {
+        b.iter(|| rt.block_on(direct_round(&on_shm)))
+    });
+    g.finish();
+    percentiles("grpc, disk", sample(&rt, || grpc_round(&ch)));
+    percentiles("direct, disk", sample(&rt, || direct_round(&on_disk)));
+    percentiles("direct, tmpfs", sample(&rt, || direct_round(&on_shm)));
+    stop.cancel();
+    let _ = std::fs::remove_dir_all(&disk);
+    let _ = std::fs::remove_dir_all(&shm);
+}
+
+criterion_group!(benches, prepare);
+criterion_main!(benches);
