@@ -52,6 +52,8 @@ fn helm_install(t: &Tier) -> Result<()> {
                 // The DRA driver for CPUs and memory, on the tier's kubelet (its --root-dir).
                 "draDriver": "on",
                 "kubeletRootDir": t.cl.dir.join("kubelet").display().to_string(),
+                // The tier's containerd reads CDI specs from its own folder.
+                "draCdiDir": ctd.cdi_dir().display().to_string(),
             },
             "extraArgs": [format!("--sysfs-root={IMAGE_FIXTURE}")],
             "extraEnv": env.iter().map(|(k, v)| serde_json::json!({"name": k, "value": v})).collect::<Vec<_>>(),

@@ -171,9 +171,19 @@ fn aligned_pod(t: &mut Tier) -> Result<BTreeSet<usize>> {
         "Event {event:?}"
     );
     let mems = cgroup_mems(t, &p.id)?;
+    let env = cdi_env(t, &p.id)?;
+    ensure!(
+        env == [
+            format!("TAP_DRA_CPUS={}", p.cgroup_cpus),
+            format!("TAP_DRA_MEMS={mems}"),
+            format!("TAP_DRA_CLAIM=default/{}", t.claim_name(POD)?),
+        ],
+        "the container's CDI variables {env:?}, its cgroup cpus {:?} mems {mems:?}",
+        p.cgroup_cpus
+    );
     t.notes.push(format!(
         "DRA CPU+accel Pod: grant {}; claim CPUs (fixture) {cpus:?} of NUMA {node}, cgroup cpuset.cpus {:?} (folded), \
-         mems {:?}; shared CPUs of numa{node}: {}; Event: {event}; allocation: {results}",
+         mems {:?}; CDI environment {env:?}; shared CPUs of numa{node}: {}; Event: {event}; allocation: {results}",
         p.grant, p.cgroup_cpus, mems, list(&shared)
     ));
     Ok(cpus)
@@ -375,6 +385,18 @@ fn cgroup_mems(t: &Tier, id: &str) -> Result<String> {
     let mut cri = t.cri()?;
     let pid = t.rt.block_on(cri.pid(id))?;
     tap_e2e::containerd::cgroup_mems(pid)
+}
+
+/// The container's `TAP_DRA_*` variables (set by the claim's CDI device), in their order.
+fn cdi_env(t: &Tier, id: &str) -> Result<Vec<String>> {
+    let mut cri = t.cri()?;
+    let pid = t.rt.block_on(cri.pid(id))?;
+    let raw = std::fs::read(format!("/proc/{pid}/environ"))?;
+    Ok(raw
+        .split(|b| *b == 0)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .filter(|v| v.starts_with("TAP_DRA_"))
+        .collect())
 }
 
 fn list(s: &BTreeSet<usize>) -> String {
