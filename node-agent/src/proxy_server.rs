@@ -1,7 +1,10 @@
 //! What the two proxy modes share around their protocol: the socket they listen on, rebuilding
 //! the state from the runtime before serving, and the accept loop with a bounded graceful stop.
 
+use crate::flags::Flags;
 use crate::hook::Hook;
+use crate::ledger::runtime::{Runtime, RECONCILE_EVERY};
+use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::retry::{pause, Delays, Spread};
 use anyhow::Context;
@@ -175,6 +178,48 @@ impl Startup {
         if let Startup::Restoring(t) = self {
             let _ = t.await;
         }
+    }
+}
+
+/// The ledger's loops beside a proxy that serves: writing cpusets (converge), comparing with
+/// the runtime once the state is restored (reconcile), rebalancing and reading cgroups back.
+pub struct LedgerLoops {
+    ledger: Arc<Ledger>,
+    tasks: [tokio::task::JoinHandle<()>; 4],
+}
+
+impl LedgerLoops {
+    pub fn spawn<P: Runtime + 'static>(
+        ledger: &Arc<Ledger>,
+        proxy: Arc<P>,
+        restorer: Startup,
+        flags: &Flags,
+        shutdown: &CancellationToken,
+    ) -> LedgerLoops {
+        let converger = tokio::spawn(ledger.clone().converge(proxy.clone(), shutdown.clone()));
+        let (l, stop) = (ledger.clone(), shutdown.clone());
+        let reconciler = tokio::spawn(async move {
+            // The periodic comparison starts once the state is restored (it would adopt every
+            // container before the state file's records are read).
+            restorer.finish().await;
+            l.keep_reconciled(proxy, RECONCILE_EVERY, stop).await
+        });
+        let rebalancer = crate::usage::rebalance_loop::spawn(ledger, flags, shutdown);
+        let cgroups = crate::cgroupfs::Cgroupfs::find(&flags.cgroup_root);
+        let reader = crate::ledger::readback::spawn(ledger, cgroups, shutdown);
+        LedgerLoops {
+            ledger: ledger.clone(),
+            tasks: [converger, reconciler, rebalancer, reader],
+        }
+    }
+
+    /// After serving: waits for the loops (they end with the shutdown), saves the grant
+    /// records and removes the proxy socket.
+    pub async fn finish(self, metrics: &Metrics, flags: &Flags) {
+        futures_util::future::join_all(self.tasks).await;
+        self.ledger.flush_records();
+        metrics.set_socket_bound(false);
+        let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
     }
 }
 

@@ -27,10 +27,10 @@ use crate::agent::{runtime_cpus, runtime_nodes, Agent, ContainerInfo, PodInfo, U
 use crate::fail_open;
 use crate::flags::Flags;
 use crate::hook::Hook;
-use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime, RECONCILE_EVERY};
+use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime};
 use crate::ledger::state_file::StateFile;
 use crate::ledger::{hook_span, Ledger, Listed, Release, WriteError, Writer};
-use crate::proxy_server::{bind_unix, resolve_group, restore_or_serve_open, Startup};
+use crate::proxy_server::{bind_unix, resolve_group, restore_or_serve_open, LedgerLoops, Startup};
 use anyhow::Context;
 use grpc::{error_response, read_unary, with_overlay, ProxyBody, Unary, Upstream};
 use hyper::body::Incoming;
@@ -719,29 +719,10 @@ pub async fn run(
     let listener = bind_unix(&flags.runtime_proxy_endpoint, group)?;
     agent.metrics().set_socket_bound(true);
     tracing::info!(socket = %flags.runtime_proxy_endpoint.display(), backend = %backend.display(), "CRI proxy serving");
-    let shared: Arc<CriProxy> = Arc::new(proxy.clone());
-    let converger = tokio::spawn(
-        proxy
-            .ledger()
-            .clone()
-            .converge(shared.clone(), shutdown.clone()),
-    );
-    let (ledger, stop) = (proxy.ledger().clone(), shutdown.clone());
-    let reconciler = tokio::spawn(async move {
-        // The periodic comparison starts once the state is restored (it would adopt every
-        // container before the state file's records are read).
-        restorer.finish().await;
-        ledger.keep_reconciled(shared, RECONCILE_EVERY, stop).await
-    });
     let ledger = proxy.ledger().clone();
-    let rebalancer = crate::usage::rebalance_loop::spawn(&ledger, flags, &shutdown);
-    let cgroups = crate::cgroupfs::Cgroupfs::find(&flags.cgroup_root);
-    let reader = crate::ledger::readback::spawn(&ledger, cgroups, &shutdown);
+    let loops = LedgerLoops::spawn(&ledger, Arc::new(proxy.clone()), restorer, flags, &shutdown);
     serve(proxy, listener, shutdown, flags.graceful_timeout).await;
-    let _ = tokio::join!(reconciler, converger, rebalancer, reader);
-    ledger.flush_records();
-    agent.metrics().set_socket_bound(false);
-    let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
+    loops.finish(agent.metrics(), flags).await;
     Ok(())
 }
 

@@ -19,11 +19,11 @@ use crate::agent::{Agent, Update};
 use crate::fail_open;
 use crate::flags::Flags;
 use crate::hook::Hook;
-use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime, RECONCILE_EVERY};
+use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime};
 use crate::ledger::state_file::StateFile;
 use crate::ledger::{hook_span, Ledger, Listed, Release, WriteError, Writer};
 use crate::proxy_server::{
-    bind_unix, resolve_group, restore_or_serve_open, serve_connections, Startup,
+    bind_unix, resolve_group, restore_or_serve_open, serve_connections, LedgerLoops, Startup,
 };
 use anyhow::Context;
 use bytes::Bytes;
@@ -627,23 +627,8 @@ pub async fn run(
     let listener = bind_unix(&flags.runtime_proxy_endpoint, group)?;
     agent.metrics().set_socket_bound(true);
     tracing::info!(socket = %flags.runtime_proxy_endpoint.display(), backend = %flags.runtime_endpoint_path().display(), "Docker proxy serving");
-    let converger = tokio::spawn(
-        proxy
-            .ledger()
-            .clone()
-            .converge(proxy.clone(), shutdown.clone()),
-    );
-    let records = proxy.ledger().clone();
-    let rebalancer = crate::usage::rebalance_loop::spawn(&records, flags, &shutdown);
-    let cgroups = crate::cgroupfs::Cgroupfs::find(&flags.cgroup_root);
-    let reader = crate::ledger::readback::spawn(&records, cgroups, &shutdown);
-    let (ledger, rt, stop) = (proxy.ledger().clone(), proxy.clone(), shutdown.clone());
-    let reconciler = tokio::spawn(async move {
-        // The periodic comparison starts once the state is restored (it would adopt every
-        // container before the state file's records are read).
-        restorer.finish().await;
-        ledger.keep_reconciled(rt, RECONCILE_EVERY, stop).await
-    });
+    let ledger = proxy.ledger().clone();
+    let loops = LedgerLoops::spawn(&ledger, proxy.clone(), restorer, flags, &shutdown);
     serve_connections(
         listener,
         shutdown,
@@ -670,10 +655,7 @@ pub async fn run(
         },
     )
     .await;
-    let _ = tokio::join!(reconciler, converger, rebalancer, reader);
-    records.flush_records();
-    agent.metrics().set_socket_bound(false);
-    let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
+    loops.finish(agent.metrics(), flags).await;
     Ok(())
 }
 
