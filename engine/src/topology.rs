@@ -276,18 +276,26 @@ impl Topology {
     pub fn describe(&self) -> String {
         let mut out = String::new();
         for p in self.walk() {
-            out.push_str(&format!(
-                "{}{} [{}] cpus {} ({}) mems {} mem {}\n",
-                "  ".repeat(p.depth as usize),
-                p.name,
-                p.level,
-                p.cpus,
-                p.cpus.len(),
-                p.mems,
-                memory_text(p.memory_bytes)
-            ));
+            out.push_str(&p.describe());
+            out.push('\n');
         }
         out
+    }
+}
+
+impl Pool {
+    /// The pool's line in [`Topology::describe`], indented by its depth.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}{} [{}] cpus {} ({}) mems {} mem {}",
+            "  ".repeat(self.depth as usize),
+            self.name,
+            self.level,
+            self.cpus,
+            self.cpus.len(),
+            self.mems,
+            memory_text(self.memory_bytes)
+        )
     }
 }
 

@@ -80,17 +80,7 @@ fn pool_tree(topo: &Topology, clusters: bool, caches: bool, off: &str) -> String
             hidden_caches += 1;
             continue;
         }
-        let _ = writeln!(
-            out,
-            "{}{} [{}] cpus {} ({}) mems {} mem {}",
-            "  ".repeat(p.depth as usize),
-            p.name,
-            p.level,
-            p.cpus,
-            p.cpus.len(),
-            p.mems,
-            tap_engine::topology::memory_text(p.memory_bytes)
-        );
+        let _ = writeln!(out, "{}", p.describe());
     }
     if hidden > 0 {
         let _ = writeln!(out, "  ({hidden} cluster pools not shown: {off})");
