@@ -498,6 +498,14 @@ pub struct ZoneStatus {
     /// CPUs of this zone given exclusively to one container each.
     #[serde(default, rename = "exclusiveCPUs")]
     pub exclusive_cpus: String,
+    /// CPUs of this zone booked by DRA claims of the driver `dra.tap.kunpeng.io` (only the
+    /// claims' containers run there); absent when none.
+    #[serde(
+        default,
+        rename = "claimedCPUs",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub claimed_cpus: String,
     /// Containers charged to this zone itself.
     pub containers: i32,
 }

@@ -505,6 +505,7 @@ impl Engine {
                     limit_milli: l.limit_milli,
                     exclusive_cpus: p.cpus.intersection(&self.taken).to_string(),
                     shared_cpus: self.shared_cpus(&p.cpus).to_string(),
+                    claimed_cpus: p.cpus.intersection(&self.claimed).to_string(),
                     containers: l.containers,
                 }
             })

@@ -356,6 +356,8 @@ pub struct PoolStatus {
     pub limit_milli: u64,
     pub exclusive_cpus: String,
     pub shared_cpus: String,
+    /// CPUs of the pool booked by DRA claims.
+    pub claimed_cpus: String,
     pub containers: u32,
 }
 

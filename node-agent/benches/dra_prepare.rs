@@ -6,8 +6,8 @@
 //!
 //! The node: the 384-thread fixture with 1,000 Burstable containers; the claim: 4 CPUs and
 //! 256 MiB of `numa0`. Besides criterion's means, each run prints the prepare call's
-//! percentiles over [`SAMPLES`] calls: over gRPC, in process (the driver alone), and in
-//! process with the checkpoint on tmpfs (without the disk's share).
+//! percentiles over [`SAMPLES`] calls: over gRPC and in process (the driver alone), each with
+//! the checkpoint on the disk and on tmpfs (without the disk's share).
 
 // The ledger of the benches; `cgroup_dir` is the read-back bench's.
 #[allow(dead_code)]
@@ -214,34 +214,49 @@ fn percentiles(what: &str, mut v: Vec<Duration>) {
     );
 }
 
+/// Serves `driver`'s kubelet plugin under `dir` until `stop`; a channel to its DRA socket.
+fn serve(
+    rt: &tokio::runtime::Runtime,
+    driver: Arc<TapDriver>,
+    dir: &std::path::Path,
+    stop: &CancellationToken,
+) -> Channel {
+    let paths = PluginPaths::under_kubelet_root(&dir.join("kubelet"), DRIVER);
+    rt.spawn({
+        let (paths, stop) = (paths.clone(), stop.clone());
+        async move { kubelet_plugin::serve(DRIVER, &paths, driver, stop).await }
+    });
+    rt.block_on(async {
+        while !paths.dra_socket().exists() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        channel(paths.dra_socket())
+    })
+}
+
 fn prepare(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let l = support::ledger(1000, &rt);
     let (disk, shm) = (bench_dir(Checkpoint::Disk), bench_dir(Checkpoint::Tmpfs));
     let (on_disk, on_shm) = (driver(&l, &disk), driver(&l, &shm));
-    let paths = PluginPaths::under_kubelet_root(&disk.join("kubelet"), DRIVER);
     let stop = CancellationToken::new();
-    rt.spawn({
-        let (paths, driver, stop) = (paths.clone(), on_disk.clone(), stop.clone());
-        async move { kubelet_plugin::serve(DRIVER, &paths, driver, stop).await }
-    });
-    let ch = rt.block_on(async {
-        while !paths.dra_socket().exists() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        channel(paths.dra_socket())
-    });
+    let disk_ch = serve(&rt, on_disk.clone(), &disk, &stop);
+    let shm_ch = serve(&rt, on_shm.clone(), &shm, &stop);
     let mut g = c.benchmark_group("dra_prepare");
     g.measurement_time(Duration::from_secs(5));
     g.bench_function("grpc_prepare_unprepare", |b| {
-        b.iter(|| rt.block_on(grpc_round(&ch)))
+        b.iter(|| rt.block_on(grpc_round(&disk_ch)))
+    });
+    g.bench_function("grpc_prepare_unprepare_tmpfs", |b| {
+        b.iter(|| rt.block_on(grpc_round(&shm_ch)))
     });
     g.bench_function("direct_prepare_unprepare_tmpfs", |b| {
         b.iter(|| rt.block_on(direct_round(&on_shm)))
     });
     g.finish();
-    percentiles("grpc, disk", sample(&rt, || grpc_round(&ch)));
+    percentiles("grpc, disk", sample(&rt, || grpc_round(&disk_ch)));
     percentiles("direct, disk", sample(&rt, || direct_round(&on_disk)));
+    percentiles("grpc, tmpfs", sample(&rt, || grpc_round(&shm_ch)));
     percentiles("direct, tmpfs", sample(&rt, || direct_round(&on_shm)));
     stop.cancel();
     let _ = std::fs::remove_dir_all(&disk);

@@ -759,6 +759,7 @@ mod tests {
             limit_milli: 0,
             exclusive_cpus: String::new(),
             shared_cpus: "0-3".into(),
+            claimed_cpus: String::new(),
             containers,
         }
     }

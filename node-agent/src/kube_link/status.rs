@@ -103,6 +103,7 @@ pub fn node_status(
             limit_milli: i64_of(p.limit_milli),
             shared_cpus: p.shared_cpus.clone(),
             exclusive_cpus: p.exclusive_cpus.clone(),
+            claimed_cpus: p.claimed_cpus.clone(),
             containers: i32::try_from(p.containers).unwrap_or(i32::MAX),
         })
         .collect();

@@ -156,12 +156,13 @@ fn aligned_pod(t: &mut Tier) -> Result<BTreeSet<usize>> {
     );
     let mut shared = BTreeSet::new();
     util::wait_until(
-        "shared CPUs off the claim's (NodeTopology status)",
+        "shared CPUs off the claim's, the claim's listed (NodeTopology status)",
         Duration::from_secs(60),
         POLL,
         || {
             shared = shared_on(t, node)?;
-            Ok(!shared.is_empty() && shared.is_disjoint(&cpus))
+            let claimed = zone_cpus(t, node, "claimedCPUs")?;
+            Ok(!shared.is_empty() && shared.is_disjoint(&cpus) && claimed == cpus)
         },
     )?;
     let results = allocation(t, POD)?;
@@ -314,13 +315,18 @@ fn booked(t: &Tier) -> Result<Vec<BTreeSet<usize>>> {
 
 /// The shared CPUs of NUMA node `n` as the NodeTopology status reports them.
 fn shared_on(t: &Tier, n: usize) -> Result<BTreeSet<usize>> {
+    zone_cpus(t, n, "sharedCPUs")
+}
+
+/// The CPUs of NUMA node `n`'s zone that the NodeTopology status lists under `field`.
+fn zone_cpus(t: &Tier, n: usize, field: &str) -> Result<BTreeSet<usize>> {
     let nt = t.node_topology()?;
     let zones = nt["status"]["zones"].as_array().context("no zones")?;
     let zone = zones
         .iter()
         .find(|z| z["name"] == format!("numa{n}"))
         .with_context(|| format!("no zone numa{n}"))?;
-    Ok(parse_list(zone["sharedCPUs"].as_str().unwrap_or_default()))
+    Ok(parse_list(zone[field].as_str().unwrap_or_default()))
 }
 
 /// The allocation results of the Pod's claim: this driver's device of the accel's node with 4
