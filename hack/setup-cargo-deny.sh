@@ -2,10 +2,8 @@
 # Installs cargo-deny, the unit tier's check of the dependency tree's licenses, bans and sources
 # (deny.toml), with `cargo install --locked` from crates.io, cached as
 #   /var/cache/kunpeng-tap/bin/cargo-deny   (+ cargo-deny-<version>.stamp)
-# Building it cold took 5 min 20 s on the project's 2-core machine (with other builds running),
-# more than a CI run should spend on this check, so CI does not call this script: hack/test.sh
-# runs `cargo deny check licenses bans sources` where the binary is cached and says so where it
-# is not. Run it once by hand on a machine that should check. Idempotent.
+# The unit tier (hack/test.sh) calls it on every run: building it cold took 5 min 20 s on the
+# project's 2-core machine (with other builds running), once per machine. Idempotent.
 set -euo pipefail
 
 VERSION="${CARGO_DENY_VERSION:-0.20.2}"

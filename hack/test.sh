@@ -3,7 +3,7 @@
 # (default all: unit, arm64, e2e, containerd2).
 #   unit: cargo fmt --check, cargo clippy -D warnings (the product's own code also without
 #         unwrap/expect/panic/todo/unimplemented), cargo deny check licenses bans sources
-#         (where cargo-deny is installed), cargo test --workspace, instructions per placement
+#         (cargo-deny built once, hack/setup-cargo-deny.sh), cargo test --workspace, instructions per placement
 #         operation against their baseline (hack/bench-ir.sh)
 #   arm64: builds the agent for aarch64 (static musl) in a Debian trixie chroot and runs the
 #         engine's and the agent's tests under qemu-user, and the arm64 agent's --explain
@@ -46,17 +46,12 @@ unit() {
 }
 
 # The dependency tree's licenses, duplicate crates (warnings) and sources (crates.io only), as
-# deny.toml says. cargo-deny takes about 5 minutes to build, so it is not built here
-# (hack/setup-cargo-deny.sh, by hand): the check runs where it is cached. Advisories are not
-# checked: they need the RustSec database from the network.
+# deny.toml says, on every run: cargo-deny is built once into /var/cache/kunpeng-tap
+# (hack/setup-cargo-deny.sh; about 5 minutes cold). Advisories are not checked: they need the
+# RustSec database from the network.
 deny() {
-  local bin
-  bin=$(command -v cargo-deny || echo /var/cache/kunpeng-tap/bin/cargo-deny)
-  if [ -x "$bin" ]; then
-    "$bin" check --hide-inclusion-graph licenses bans sources
-  else
-    echo "cargo-deny not installed (bash hack/setup-cargo-deny.sh): licenses, bans and sources not checked"
-  fi
+  bash hack/setup-cargo-deny.sh
+  /var/cache/kunpeng-tap/bin/cargo-deny check --hide-inclusion-graph licenses bans sources
 }
 
 arm64() {
