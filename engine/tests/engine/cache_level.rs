@@ -2,7 +2,7 @@
 //! that is smaller than a NUMA node, between the NUMA node and the core. Fixture: 2 sockets
 //! (one NUMA node each) of 4 CCX-like L3 groups of 4 cores x 2 threads (siblings n and n+32).
 
-use crate::common::{placed, request, topo};
+use crate::common::{placed, pool_cpus, request, topo};
 use tap_engine::{
     CacheAffinity, ContainerRequest, Engine, EngineConfig, Level, Reason, Unhonoured,
 };
@@ -17,12 +17,7 @@ fn c(id: &str, req: u64, lim: u64) -> ContainerRequest {
 fn l3_groups_smaller_than_a_numa_node_become_cache_pools() {
     let t = topo(CCX);
     assert_eq!(t.caches.len(), 8);
-    let caches: Vec<String> = t
-        .pools
-        .iter()
-        .filter(|p| p.level == Level::Cache)
-        .map(|p| p.cpus.to_string())
-        .collect();
+    let caches = pool_cpus(&t, Level::Cache);
     assert_eq!(caches.len(), 8);
     assert_eq!(caches[0], "0-3,32-35");
     for p in t.pools.iter().filter(|p| p.level == Level::Cache) {

@@ -1,7 +1,7 @@
 //! Helpers the engine's test modules share.
 
 use std::sync::Arc;
-use tap_engine::{ContainerRequest, Engine, EngineConfig, Outcome, Placement, Topology};
+use tap_engine::{ContainerRequest, Engine, EngineConfig, Level, Outcome, Placement, Topology};
 
 /// The 2-socket, 4-node fixture with a GPU most modules place on.
 pub const GPU96: &str = "synthetic-2s-4numa-96c-gpu";
@@ -37,4 +37,13 @@ pub fn placed(o: Outcome) -> Placement {
         Outcome::Placed(p) => p,
         Outcome::Skipped(s) => panic!("expected a placement, got skipped: {s}"),
     }
+}
+
+/// The CPUs of each pool at `level`, in the topology's order.
+pub fn pool_cpus(t: &Topology, level: Level) -> Vec<String> {
+    t.pools
+        .iter()
+        .filter(|p| p.level == level)
+        .map(|p| p.cpus.to_string())
+        .collect()
 }

@@ -2,6 +2,7 @@
 //! against their `expected.json` (computed from the files independently) and against the pool
 //! counts containers/nri-plugins' own tests expect from the same dumps.
 
+use crate::common::pool_cpus;
 use tap_engine::sysfs::FileSource;
 use tap_engine::testdata::{discover_fixture, fixture};
 use tap_engine::{CpuSet, Level, Topology};
@@ -95,12 +96,7 @@ fn pool_counts_match_what_nri_plugins_expects_of_the_same_dumps() {
 #[test]
 fn hybrid_e_core_clusters_become_cluster_pools() {
     let t = load("hybrid-1socket-1numa-16cpu-4p8e");
-    let clusters: Vec<String> = t
-        .pools
-        .iter()
-        .filter(|p| p.level == Level::Cluster)
-        .map(|p| p.cpus.to_string())
-        .collect();
+    let clusters = pool_cpus(&t, Level::Cluster);
     assert_eq!(clusters, vec!["8-11", "12-15"]);
 }
 
@@ -149,12 +145,7 @@ fn the_arm64_guest_capture_has_qemus_sockets_nodes_and_clusters() {
         .map(|(_, d)| *d)
         .collect();
     assert_eq!(d, vec![20, 10]);
-    let clusters: Vec<String> = t
-        .pools
-        .iter()
-        .filter(|p| p.level == Level::Cluster)
-        .map(|p| p.cpus.to_string())
-        .collect();
+    let clusters = pool_cpus(&t, Level::Cluster);
     assert_eq!(clusters, vec!["0-1", "2-3", "4-5", "6-7"]);
 }
 

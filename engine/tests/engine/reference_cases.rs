@@ -13,6 +13,14 @@ use tap_engine::{
 
 const GIB: u64 = 1 << 30;
 
+/// Both policies, each without and with memory topology.
+const EVERY_CONFIG: [(PolicyKind, bool); 4] = [
+    (PolicyKind::TopologyAware, false),
+    (PolicyKind::TopologyAware, true),
+    (PolicyKind::NumaAware, false),
+    (PolicyKind::NumaAware, true),
+];
+
 /// `sockets` x `numa` NUMA nodes per socket x `cpus` single-thread cores per node, `mem_gib` of
 /// memory per node, CPU ids linear; distances 10 local, 12 same socket, 20 remote.
 fn shape(sockets: u32, numa: u32, cpus: usize, mem_gib: u64) -> Arc<Topology> {
@@ -208,12 +216,7 @@ fn memory_that_fits_one_node_stays_on_the_cpus_nodes() {
 
 #[test]
 fn best_effort_runs_on_the_machines_shared_cpus() {
-    for (policy, memory) in [
-        (PolicyKind::TopologyAware, false),
-        (PolicyKind::TopologyAware, true),
-        (PolicyKind::NumaAware, false),
-        (PolicyKind::NumaAware, true),
-    ] {
+    for (policy, memory) in EVERY_CONFIG {
         let mut e = Engine::new(two_by_two(), cfg(policy, memory));
         let be = req("be", 0, None, 0);
         assert_eq!(be.qos(), Qos::BestEffort);
@@ -335,12 +338,7 @@ fn exclusive_cpus_go_where_the_room_is() {
 #[test]
 fn huge_requests_go_to_the_root_and_never_wrap() {
     let max = u64::MAX;
-    for (policy, memory) in [
-        (PolicyKind::TopologyAware, false),
-        (PolicyKind::TopologyAware, true),
-        (PolicyKind::NumaAware, false),
-        (PolicyKind::NumaAware, true),
-    ] {
+    for (policy, memory) in EVERY_CONFIG {
         let mut e = Engine::new(two_by_two(), cfg(policy, memory));
         let mut reqs = vec![
             req("r", max, None, 0),

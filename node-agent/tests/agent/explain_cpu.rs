@@ -2,33 +2,12 @@
 //! `/proc/cpuinfo`), and `--cluster-affinity-rule=kunpeng-950-only` keeps cluster pools off on
 //! the Kunpeng 920 fixture and on on the part-0xd06 one.
 
+use crate::common::explain;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use tap_engine::testdata::{fixture_file, proc_fixture_dir};
 
 const KP920: &str = "synthetic-2s-4numa-96c-kunpeng920";
 const KP950: &str = "synthetic-1s-2numa-96c-kunpeng950";
-
-fn explain(sysfs: &Path, proc: &Path, extra: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_kunpeng-tap"))
-        .arg(format!("--sysfs-root={}", sysfs.display()))
-        .arg(format!("--proc-root={}", proc.display()))
-        .args(extra)
-        .arg("--explain")
-        .env("TAP_LOG", "off")
-        .stdin(Stdio::null())
-        .output()
-        .expect("running kunpeng-tap");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{}: {}\n{stdout}\n{}",
-        sysfs.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
 
 fn cpu_line(out: &str) -> &str {
     out.lines()

@@ -2,29 +2,10 @@
 //! with the variable and index that name each and its NUMA node, and never lists the BMC's VGA
 //! as one of them.
 
-use std::process::{Command, Stdio};
 use tap_engine::testdata::{fixture_file, proc_fixture_dir};
 
 fn explain(fixture: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_kunpeng-tap"))
-        .arg(format!("--sysfs-root={}", fixture_file(fixture).display()))
-        .arg(format!(
-            "--proc-root={}",
-            proc_fixture_dir(fixture).display()
-        ))
-        .arg("--explain")
-        .env("TAP_LOG", "off")
-        .stdin(Stdio::null())
-        .output()
-        .expect("running kunpeng-tap");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{fixture}: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    crate::common::explain(&fixture_file(fixture), &proc_fixture_dir(fixture), &[])
 }
 
 /// The `pci` lines, in order.
