@@ -14,22 +14,18 @@
 mod support;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceClaimStatus,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use node_agent::dra::driver::TapDriver;
 use node_agent::dra::source::ClaimSource;
 use node_agent::dra::{PrepareError, DRIVER};
+use node_agent::kubelet_plugin::client::{self, channel};
 use node_agent::kubelet_plugin::proto::*;
 use node_agent::kubelet_plugin::{self, ClaimRef, DraDriver, PluginPaths};
 use node_agent::ledger::state_file::StateFile;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use tonic::codegen::http::uri::PathAndQuery;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 const NODE: &str = "bench-node";
 const SAMPLES: usize = 2000;
@@ -45,33 +41,12 @@ impl ClaimSource for OneClaim {
 }
 
 fn allocated_claim() -> ResourceClaim {
-    let mut rc = ResourceClaim::default();
-    rc.metadata.namespace = Some("default".into());
-    rc.metadata.name = Some("bench".into());
-    rc.metadata.uid = Some("uid-bench".into());
-    let consumed = [("cpu", "4"), ("memory", "256Mi")]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
-        .collect();
-    let result = DeviceRequestAllocationResult {
-        driver: DRIVER.into(),
-        pool: NODE.into(),
-        device: "numa0".into(),
-        request: "cpus".into(),
-        consumed_capacity: Some(consumed),
-        ..Default::default()
-    };
-    rc.status = Some(ResourceClaimStatus {
-        allocation: Some(AllocationResult {
-            devices: Some(DeviceAllocationResult {
-                results: Some(vec![result]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
-    rc
+    node_agent::dra::ask::allocated(
+        &claim_ref(),
+        NODE,
+        "numa0",
+        &[("cpu", "4"), ("memory", "256Mi")],
+    )
 }
 
 fn claim_ref() -> ClaimRef {
@@ -125,35 +100,12 @@ fn sample<F: std::future::Future<Output = Duration>>(
     })
 }
 
-fn channel(socket: std::path::PathBuf) -> Channel {
-    Endpoint::from_static("http://[::]:50051").connect_with_connector_lazy(tower::service_fn(
-        move |_: Uri| {
-            let p = socket.clone();
-            async move {
-                tokio::net::UnixStream::connect(p)
-                    .await
-                    .map(hyper_util::rt::TokioIo::new)
-            }
-        },
-    ))
-}
-
 async fn call<Req, Resp>(ch: &Channel, method: &'static str, req: Req) -> Resp
 where
     Req: prost::Message + Send + Sync + 'static,
     Resp: prost::Message + Default + Send + Sync + 'static,
 {
-    let mut grpc = tonic::client::Grpc::new(ch.clone());
-    grpc.ready().await.expect("the plugin's socket");
-    let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
-    grpc.unary(
-        tonic::Request::new(req),
-        PathAndQuery::from_static(method),
-        codec,
-    )
-    .await
-    .expect(method)
-    .into_inner()
+    client::call(ch, method, req).await.expect(method)
 }
 
 fn wire_claim() -> Claim {

@@ -5,7 +5,11 @@
 use super::{PrepareError, DRIVER};
 use crate::kube_link::node_pods::quantity_milli;
 use crate::kubelet_plugin::ClaimRef;
-use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use tap_engine::claim::{ClaimAsk, ClaimKey, PartAsk};
 use tap_engine::Topology;
 
@@ -97,6 +101,44 @@ fn part_of(
         cpus,
         memory_bytes,
     })
+}
+
+/// A claim as the scheduler leaves it: `want`'s name and uid, one result of this driver on
+/// `device` of `pool` for request `cpus`, consuming `consumed` (capacity name, quantity). What
+/// [`ask_of`] reads; for tests and benches.
+pub fn allocated(
+    want: &ClaimRef,
+    pool: &str,
+    device: &str,
+    consumed: &[(&str, &str)],
+) -> ResourceClaim {
+    let mut rc = ResourceClaim::default();
+    rc.metadata.namespace = Some(want.namespace.clone());
+    rc.metadata.name = Some(want.name.clone());
+    rc.metadata.uid = Some(want.uid.clone());
+    let consumed = consumed
+        .iter()
+        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+        .collect();
+    let result = DeviceRequestAllocationResult {
+        driver: DRIVER.into(),
+        pool: pool.into(),
+        device: device.into(),
+        request: "cpus".into(),
+        consumed_capacity: Some(consumed),
+        ..Default::default()
+    };
+    rc.status = Some(ResourceClaimStatus {
+        allocation: Some(AllocationResult {
+            devices: Some(DeviceAllocationResult {
+                results: Some(vec![result]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    rc
 }
 
 #[cfg(test)]

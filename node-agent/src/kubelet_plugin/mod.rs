@@ -19,6 +19,7 @@
 //! driver's panic, becomes that claim's `error` in the response (the kubelet retries it) and the
 //! other claims are answered as the driver answered them.
 
+pub mod client;
 mod lenient;
 pub mod proto;
 mod registration;

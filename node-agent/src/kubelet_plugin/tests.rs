@@ -3,12 +3,11 @@
 
 use super::proto::*;
 use super::*;
-use hyper_util::rt::TokioIo;
+use client::channel;
 use prost::Message;
 use std::sync::Mutex;
 use std::time::Duration;
-use tonic::codegen::http::uri::PathAndQuery;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 /// A driver that fails claims named `bad`, panics on claims named `panics`, gives every other
 /// claim one device named after it, and records what it was asked to unprepare.
@@ -103,31 +102,14 @@ impl Running {
     }
 }
 
-fn channel(socket: std::path::PathBuf) -> Channel {
-    Endpoint::from_static("http://[::]:50051").connect_with_connector_lazy(tower::service_fn(
-        move |_: Uri| {
-            let p = socket.clone();
-            async move { tokio::net::UnixStream::connect(p).await.map(TokioIo::new) }
-        },
-    ))
-}
-
 async fn call<Req, Resp>(ch: &Channel, method: &'static str, req: Req) -> Resp
 where
     Req: prost::Message + Send + Sync + 'static,
     Resp: prost::Message + Default + Send + Sync + 'static,
 {
-    let mut grpc = tonic::client::Grpc::new(ch.clone());
-    grpc.ready().await.expect("the plugin's socket");
-    let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
-    grpc.unary(
-        tonic::Request::new(req),
-        PathAndQuery::from_static(method),
-        codec,
-    )
-    .await
-    .unwrap_or_else(|s| panic!("{method}: {s}"))
-    .into_inner()
+    client::call(ch, method, req)
+        .await
+        .unwrap_or_else(|s| panic!("{method}: {s}"))
 }
 
 fn claim(name: &str) -> Claim {
@@ -349,13 +331,8 @@ async fn get_info_with_the_socket_path_as_authority() {
 async fn an_unknown_method_is_unimplemented() {
     let p = Running::start("unknown").await;
     let ch = channel(p.paths.registration_socket(DRIVER));
-    let mut grpc = tonic::client::Grpc::new(ch);
-    grpc.ready().await.expect("ready");
-    let codec = tonic_prost::ProstCodec::<InfoRequest, PluginInfo>::default();
-    let path = PathAndQuery::from_static("/pluginregistration.Registration/Nope");
-    let r = grpc
-        .unary(tonic::Request::new(InfoRequest {}), path, codec)
-        .await;
+    let r: Result<PluginInfo, _> =
+        client::call(&ch, "/pluginregistration.Registration/Nope", InfoRequest {}).await;
     assert_eq!(
         r.map(|_| ()).unwrap_err().code(),
         tonic::Code::Unimplemented

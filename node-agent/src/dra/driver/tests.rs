@@ -5,10 +5,6 @@ use super::*;
 use crate::agent::tests::agent;
 use crate::dra::source::ClaimSource;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaimStatus,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use std::path::PathBuf;
 
 const NODE: &str = "node-a";
@@ -27,29 +23,7 @@ impl ClaimSource for Claims {
 }
 
 fn allocated(name: &str, device: &str, cpus: &str) -> ResourceClaim {
-    let mut rc = ResourceClaim::default();
-    rc.metadata.namespace = Some("ns".into());
-    rc.metadata.name = Some(name.into());
-    rc.metadata.uid = Some(format!("uid-{name}"));
-    let result = DeviceRequestAllocationResult {
-        driver: DRIVER.into(),
-        pool: NODE.into(),
-        device: device.into(),
-        request: "cpus".into(),
-        consumed_capacity: Some([("cpu".to_string(), Quantity(cpus.into()))].into()),
-        ..Default::default()
-    };
-    rc.status = Some(ResourceClaimStatus {
-        allocation: Some(AllocationResult {
-            devices: Some(DeviceAllocationResult {
-                results: Some(vec![result]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
-    rc
+    crate::dra::ask::allocated(&claim_ref(name), NODE, device, &[("cpu", cpus)])
 }
 
 fn claim_ref(name: &str) -> ClaimRef {
