@@ -333,7 +333,9 @@ copy_guest_programs() {
 
 # The agent and the operator in two invocations: together, Cargo would unify their kube
 # features, and the agent would differ from (and rebuild after) an --agent-only build.
-TEST_ARGS=(-p tap-engine -p node-agent)
+# Doc tests left out (--lib --bins --tests): rustdoc links them outside the chroot's musl sysroot
+# (no crt1.o there); they are the same on every target and the unit tier runs them on amd64.
+TEST_ARGS=(-p tap-engine -p node-agent --lib --bins --tests)
 [ "${TAP_ARM64_TEST_PROFILE:-test}" != release ] || TEST_ARGS+=(--release)
 if [ "$dev_agent" = 1 ]; then
   # The tests' build makes the agent too (its integration tests run it).

@@ -11,6 +11,14 @@ use std::time::{Duration, Instant};
 /// 2 min, and what a create waiting on a hung neighbour's update would exceed.
 pub const CREATE_BOUND: Duration = Duration::from_secs(5);
 
+/// Prints why `res` failed and then the agent's log tail (the reason first, so that it survives
+/// a log shortened to its head and tail).
+pub fn print_agent_log_on_failure<T>(res: &Result<T>, agent: &crate::docker::TapAgent) {
+    if let Err(e) = res {
+        eprintln!("failed: {e:#}\n--- agent log ---\n{}", agent.log_tail(60));
+    }
+}
+
 /// The end of a churn test: every create (faults aside) was within [`CREATE_BOUND`].
 pub fn check_slowest_create(slowest: Duration) -> Result<()> {
     anyhow::ensure!(

@@ -577,24 +577,6 @@ nodeStatusUpdateFrequency: 5s
             }
         }
     }
-
-    fn unmount_all(&self) {
-        let prefix = self.dir.to_string_lossy().into_owned();
-        let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut mounts: Vec<String> = mi
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
-            .filter(|m| m.starts_with(&prefix))
-            .collect();
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        mounts.dedup();
-        for m in mounts {
-            let _ = Command::new("umount")
-                .args(["-l", &m])
-                .stderr(std::process::Stdio::null())
-                .status();
-        }
-    }
 }
 
 impl Drop for Cluster {
@@ -612,7 +594,7 @@ impl Drop for Cluster {
             p.terminate(Duration::from_secs(3));
         }
         self.kube = None;
-        self.unmount_all();
+        crate::util::unmount_under(&self.dir);
         crate::util::remove_cgroup_dirs("/kubepods");
         let _ = Command::new("ip")
             .args(["link", "del", BRIDGE])
@@ -620,14 +602,7 @@ impl Drop for Cluster {
             .status();
         self.restore_sysctls();
         self.remove_log_symlinks();
-        if std::env::var("TAP_E2E_KEEP")
-            .map(|v| v == "1")
-            .unwrap_or(false)
-        {
-            eprintln!("kept {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        crate::util::remove_unless_kept(&self.dir);
         eprintln!("cluster: torn down in {:.1}s", t.elapsed().as_secs_f64());
     }
 }

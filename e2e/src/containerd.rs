@@ -287,74 +287,62 @@ impl Containerd {
     /// `io.containerd.cri.v1.runtime`, `io.containerd.grpc.v1.cri`) and the sandbox image is a
     /// pinned image; the same settings as [`Containerd::config_v2`] otherwise.
     fn config_v3(&self, minor: u64) -> String {
-        let d = &self.dir;
+        let d = self.dir.display();
         // `bin_dir` is deprecated from 2.1 on for `bin_dirs`.
         let cni_bin = if minor >= 1 {
             format!("bin_dirs = [\"{}\"]", self.cni_bin().display())
         } else {
             format!("bin_dir = \"{}\"", self.cni_bin().display())
         };
+        let runtime = "plugins.'io.containerd.cri.v1.runtime'";
         format!(
-            r#"version = 3
-root = "{root}"
-state = "{state}"
-[grpc]
-  address = "{sock}"
-[ttrpc]
-  address = "{sock}.ttrpc"
-[debug]
-  level = "info"
-[plugins.'io.containerd.cri.v1.images']
+            r#"{head}[plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
-    sandbox = "{pause}"
-[plugins.'io.containerd.cri.v1.runtime']
-  enable_cdi = true
-  cdi_spec_dirs = ["{d}/cdi"]
-  disable_apparmor = true
-  # Lowering oom_score_adj (the sandbox's -998) is refused in unprivileged or nested hosts.
-  restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    sandbox = "{PAUSE_IMAGE}"
+[{runtime}]
+{cri}  [{runtime}.cni]
     {cni_bin}
     conf_dir = "{d}/cni-conf"
-  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+  [{runtime}.containerd]
     default_runtime_name = "runc"
-    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-        Root = "{runc}"
-        SystemdCgroup = false
-        BinaryName = "{runc_bin}"
-[plugins.'io.containerd.grpc.v1.cri']
+{runc}[plugins.'io.containerd.grpc.v1.cri']
   disable_tcp_service = true
-[plugins.'io.containerd.nri.v1.nri']
-  disable = {disable}
-  socket_path = "{nri}"
-  plugin_path = "{d}/nri-plugins"
-  plugin_config_path = "{d}/nri-conf"
-  plugin_registration_timeout = "5s"
-  plugin_request_timeout = "{req}ms"
-  disable_connections = false
-"#,
-            root = d.join("root").display(),
-            state = d.join("state").display(),
-            sock = self.cri_socket().display(),
-            pause = PAUSE_IMAGE,
-            d = d.display(),
-            runc = self.runc_root().display(),
-            runc_bin = Self::runc_bin(),
-            disable = !self.opts.nri,
-            nri = self.nri_socket().display(),
-            req = self.opts.nri_request_timeout.as_millis(),
+{nri}"#,
+            head = self.config_head(3),
+            cri = self.cri_settings(),
+            runc = self.runc_settings(&format!("{runtime}.containerd")),
+            nri = self.nri_settings("'"),
         )
     }
 
     /// containerd 1.x: config version 2, CRI as one plugin (`io.containerd.grpc.v1.cri`).
     fn config_v2(&self) -> String {
-        let d = &self.dir;
+        let d = self.dir.display();
+        let cri = "plugins.\"io.containerd.grpc.v1.cri\"";
         format!(
-            r#"version = 2
+            r#"{head}[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+{settings}  [{cri}.cni]
+    bin_dir = "{cni_bin}"
+    conf_dir = "{d}/cni-conf"
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+{runc}{nri}"#,
+            head = self.config_head(2),
+            settings = self.cri_settings(),
+            cni_bin = self.cni_bin().display(),
+            runc = self.runc_settings(&format!("{cri}.containerd")),
+            nri = self.nri_settings("\""),
+        )
+    }
+
+    /// The config's first lines: its version, folders, sockets and log level.
+    fn config_head(&self, version: u32) -> String {
+        let (d, sock) = (&self.dir, self.cri_socket());
+        format!(
+            r#"version = {version}
 root = "{root}"
 state = "{state}"
 [grpc]
@@ -363,27 +351,46 @@ state = "{state}"
   address = "{sock}.ttrpc"
 [debug]
   level = "info"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{pause}"
-  enable_cdi = true
+"#,
+            root = d.join("root").display(),
+            state = d.join("state").display(),
+            sock = sock.display(),
+        )
+    }
+
+    /// The CRI runtime's settings (either config version names its table differently).
+    fn cri_settings(&self) -> String {
+        format!(
+            r#"  enable_cdi = true
   cdi_spec_dirs = ["{d}/cdi"]
   disable_apparmor = true
   # Lowering oom_score_adj (the sandbox's -998) is refused in unprivileged or nested hosts.
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{cni_bin}"
-    conf_dir = "{d}/cni-conf"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+"#,
+            d = self.dir.display()
+        )
+    }
+
+    /// runc as the runtime, under the CRI `containerd` table `table`.
+    fn runc_settings(&self, table: &str) -> String {
+        format!(
+            r#"    [{table}.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      [{table}.runtimes.runc.options]
         Root = "{runc}"
         SystemdCgroup = false
         BinaryName = "{runc_bin}"
-[plugins."io.containerd.nri.v1.nri"]
+"#,
+            runc = self.runc_root().display(),
+            runc_bin = Self::runc_bin(),
+        )
+    }
+
+    /// The NRI plugin's table, its name quoted with `q`.
+    fn nri_settings(&self, q: &str) -> String {
+        format!(
+            r#"[plugins.{q}io.containerd.nri.v1.nri{q}]
   disable = {disable}
   socket_path = "{nri}"
   plugin_path = "{d}/nri-plugins"
@@ -392,17 +399,10 @@ state = "{state}"
   plugin_request_timeout = "{req}ms"
   disable_connections = false
 "#,
-            root = d.join("root").display(),
-            state = d.join("state").display(),
-            sock = self.cri_socket().display(),
-            pause = PAUSE_IMAGE,
-            d = d.display(),
-            runc = self.runc_root().display(),
-            runc_bin = Self::runc_bin(),
+            d = self.dir.display(),
             disable = !self.opts.nri,
             nri = self.nri_socket().display(),
             req = self.opts.nri_request_timeout.as_millis(),
-            cni_bin = self.cni_bin().display(),
         )
     }
 
@@ -547,25 +547,6 @@ state = "{state}"
         }
         out
     }
-
-    fn unmount_all(&self) {
-        let prefix = self.dir.to_string_lossy().into_owned();
-        let Ok(mi) = std::fs::read_to_string("/proc/self/mountinfo") else {
-            return;
-        };
-        let mut mounts: Vec<String> = mi
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
-            .filter(|m| m.starts_with(&prefix))
-            .collect();
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in mounts {
-            let _ = Command::new("umount")
-                .args(["-l", &m])
-                .stderr(Stdio::null())
-                .status();
-        }
-    }
 }
 
 fn signal(pid: i32, sig: &str) {
@@ -588,10 +569,8 @@ impl Drop for Containerd {
         }
         // Shims are reaped by init; give them a moment to release their mounts.
         std::thread::sleep(Duration::from_millis(200));
-        self.unmount_all();
-        if std::env::var_os("TAP_E2E_KEEP").is_none() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        crate::util::unmount_under(&self.dir);
+        crate::util::remove_unless_kept(&self.dir);
     }
 }
 
@@ -834,6 +813,18 @@ impl Cri {
     }
 
     /// The raw client, for calls this wrapper does not cover.
+    /// The containers that have not exited.
+    pub async fn live_containers(&mut self) -> Result<Vec<cri::Container>> {
+        let list = self
+            .raw()
+            .list_containers(cri::ListContainersRequest::default())
+            .await?
+            .into_inner()
+            .containers;
+        let exited = cri::ContainerState::ContainerExited as i32;
+        Ok(list.into_iter().filter(|c| c.state != exited).collect())
+    }
+
     pub fn raw(&mut self) -> &mut cri::runtime_service_client::RuntimeServiceClient<Channel> {
         &mut self.rt
     }
@@ -1119,6 +1110,22 @@ pub async fn with_containerd(
     crate::util::print_logs_on_failure(&res, dir, "containerd", || ctd.log_tail(40));
     drop(ctd);
     remove_cgroup_tree();
+    res
+}
+
+/// [`with_containerd`] in a fresh temporary folder `<prefix>-...` (removed after), which the
+/// scenario gets too; prints how long `what` took.
+pub async fn timed_with_containerd(
+    what: &str,
+    prefix: &str,
+    opts: ContainerdOptions,
+    scenario: impl AsyncFnOnce(&mut Containerd, &Path) -> Result<()>,
+) -> Result<()> {
+    let t0 = Instant::now();
+    let dir = crate::util::temp_dir(prefix)?;
+    let _rm = crate::util::RmDir(dir.clone());
+    let res = with_containerd(opts, &dir, async |ctd| scenario(ctd, &dir).await).await;
+    eprintln!("{what} took {:.1?}", t0.elapsed());
     res
 }
 

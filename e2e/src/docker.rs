@@ -69,15 +69,8 @@ pub fn terminate(child: &mut Child, grace: Duration) {
 /// Runs the `docker` CLI against `socket`; fails with its stderr when it fails.
 pub fn docker(socket: &Path, args: &[&str]) -> Result<String> {
     let out = docker_output(socket, args, None)?;
-    if !out.status.success() {
-        bail!(
-            "docker {} failed: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    let stdout = crate::util::stdout_of("docker", args, out)?;
+    Ok(stdout.trim().to_string())
 }
 
 /// Runs the `docker` CLI against `socket`, optionally feeding `stdin` (then closed), with a
@@ -166,26 +159,33 @@ fn http_split(buf: &str) -> Result<(u16, String)> {
     Ok((status, body.to_string()))
 }
 
+/// dockerd `bin` serving `dir/docker.sock` with its data, exec root and pid file in `dir`: no
+/// iptables, no bridge, the vfs storage driver (it works on any filesystem).
+pub fn dockerd_command(bin: &str, dir: &Path) -> Command {
+    let mut c = Command::new(bin);
+    c.arg(format!(
+        "--host=unix://{}",
+        dir.join("docker.sock").display()
+    ))
+    .arg(format!("--data-root={}", dir.join("data").display()))
+    .arg(format!("--exec-root={}", dir.join("exec").display()))
+    .arg(format!("--pidfile={}", dir.join("dockerd.pid").display()))
+    .args([
+        "--iptables=false",
+        "--ip-masq=false",
+        "--bridge=none",
+        "--storage-driver=vfs",
+    ]);
+    c
+}
+
 fn spawn_dockerd(dir: &Path) -> Result<Child> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join("dockerd.log"))?;
-    Command::new("dockerd")
-        .arg(format!(
-            "--host=unix://{}",
-            dir.join("docker.sock").display()
-        ))
-        .arg(format!("--data-root={}", dir.join("data").display()))
-        .arg(format!("--exec-root={}", dir.join("exec").display()))
-        .arg(format!("--pidfile={}", dir.join("dockerd.pid").display()))
-        .args([
-            "--iptables=false",
-            "--ip-masq=false",
-            "--bridge=none",
-            "--storage-driver=vfs",
-            "--log-level=warn",
-        ])
+    dockerd_command("dockerd", dir)
+        .arg("--log-level=warn")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -325,9 +325,7 @@ impl Drop for Dockerd {
             ))
             .status();
         self.remove_cgroups();
-        if std::env::var_os("TAP_E2E_KEEP").is_none() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        crate::util::remove_unless_kept(&self.dir);
     }
 }
 
@@ -338,30 +336,7 @@ fn tail(path: &Path, n: usize) -> String {
 }
 
 /// `cpuset.cpus` of a process's cgroup (v1 cpuset hierarchy or v2 unified).
-pub fn cgroup_cpuset(pid: u32) -> Result<String> {
-    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .with_context(|| format!("reading /proc/{pid}/cgroup"))?;
-    let v1 = Path::new("/sys/fs/cgroup/cpuset/cpuset.cpus").exists();
-    for line in cg.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(_), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
-            continue;
-        };
-        let base = if v1 && ctrls.split(',').any(|c| c == "cpuset") {
-            "/sys/fs/cgroup/cpuset"
-        } else if !v1 && ctrls.is_empty() {
-            "/sys/fs/cgroup"
-        } else {
-            continue;
-        };
-        let p = format!("{base}{path}/cpuset.cpus");
-        return Ok(std::fs::read_to_string(&p)
-            .with_context(|| format!("reading {p}"))?
-            .trim()
-            .to_string());
-    }
-    bail!("no cpuset cgroup for pid {pid}")
-}
+pub use crate::containerd::cgroup_cpuset;
 
 pub use crate::util::free_port;
 

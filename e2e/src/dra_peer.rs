@@ -12,7 +12,7 @@
 //! kubelet: removed on drop, as are the mount points it had to create.
 
 use anyhow::{bail, Context, Result};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -35,12 +35,7 @@ pub fn binary() -> PathBuf {
 
 /// The DeviceClass of the peer's chart (`deployment/helm/dra-driver-cpu/templates/deviceclass.yaml`).
 pub fn device_class() -> Value {
-    json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": DRIVER},
-        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}]},
-    })
+    crate::dra_accel::device_class_of(DRIVER)
 }
 
 /// The tier's folders and credentials the peer is given.

@@ -8,15 +8,11 @@ use std::process::{Command, Output};
 
 /// The helm binary; panics (never skips) when the setup script has not run.
 pub fn helm_bin() -> PathBuf {
-    let p = std::env::var_os("TAP_HELM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/kunpeng-tap/bin/helm"));
-    assert!(
-        p.exists(),
-        "{} not found: run hack/e2e/setup-helm.sh",
-        p.display()
-    );
-    p
+    crate::util::installed(
+        "TAP_HELM",
+        "/var/cache/kunpeng-tap/bin/helm",
+        "hack/e2e/setup-helm.sh",
+    )
 }
 
 /// The chart's folder.

@@ -105,10 +105,7 @@ impl Proc {
 
     /// SIGKILL and reap.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        crate::util::stop_child(&mut self.child);
     }
 
     /// SIGTERM, then SIGKILL after `grace`.
@@ -434,15 +431,7 @@ impl KubeCluster {
     /// Runs kubectl as admin; fails with its output unless it succeeds. Returns stdout.
     pub fn kubectl_ok(&self, args: &[&str]) -> Result<String> {
         let out = self.kubectl(args)?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {}: {}{}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        crate::util::stdout_of("kubectl", args, out)
     }
 
     /// `kubectl apply -f -` with the given manifest (YAML or JSON).
@@ -453,15 +442,7 @@ impl KubeCluster {
     /// Runs kubectl as admin with `input` on stdin; fails unless it succeeds.
     pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> Result<String> {
         let out = self.kubectl_stdin_as(&self.kubeconfig, args, input)?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {}: {}{}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        crate::util::stdout_of("kubectl", args, out)
     }
 
     /// Runs kubectl with `kubeconfig` and `input` on stdin; its output, whatever the status.
@@ -546,14 +527,7 @@ impl Drop for KubeCluster {
     fn drop(&mut self) {
         self.apiserver.terminate(Duration::from_secs(3));
         self.etcd.terminate(Duration::from_secs(3));
-        if std::env::var("TAP_E2E_KEEP")
-            .map(|v| v == "1")
-            .unwrap_or(false)
-        {
-            eprintln!("kept {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        crate::util::remove_unless_kept(&self.dir);
     }
 }
 

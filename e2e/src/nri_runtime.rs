@@ -420,8 +420,11 @@ pub struct CreateTally {
     pub created: Vec<(PodSandbox, Container)>,
 }
 
-/// Sets the cpuset and memory nodes `cpu` names (empty ones leave `c` as it is).
-fn apply_cpu(c: &mut Container, cpu: &LinuxCPU) {
+/// Sets the cpuset and memory nodes `resources` name (empty or absent ones leave `c` as it is).
+fn apply_cpu(c: &mut Container, resources: Option<&LinuxResources>) {
+    let Some(cpu) = resources.and_then(|r| r.cpu.as_ref()) else {
+        return;
+    };
     let ours = c
         .linux
         .mut_or_insert_default()
@@ -445,28 +448,12 @@ pub fn apply_adjustment(c: &mut Container, resp: &CreateContainerResponse) {
     for (k, v) in &adj.annotations {
         c.annotations.insert(k.clone(), v.clone());
     }
-    let Some(cpu) = adj
-        .linux
-        .as_ref()
-        .and_then(|l| l.resources.as_ref())
-        .and_then(|r| r.cpu.as_ref())
-    else {
-        return;
-    };
-    apply_cpu(c, cpu);
+    apply_cpu(c, adj.linux.as_ref().and_then(|l| l.resources.as_ref()));
 }
 
 /// Applies a ContainerUpdate's cpuset and memory nodes to `c`.
 pub fn apply_update(c: &mut Container, u: &ContainerUpdate) {
-    let Some(cpu) = u
-        .linux
-        .as_ref()
-        .and_then(|l| l.resources.as_ref())
-        .and_then(|r| r.cpu.as_ref())
-    else {
-        return;
-    };
-    apply_cpu(c, cpu);
+    apply_cpu(c, u.linux.as_ref().and_then(|l| l.resources.as_ref()));
 }
 
 /// Drops what the kubelet adds besides resources (labels, annotations, environment,

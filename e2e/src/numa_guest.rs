@@ -13,7 +13,7 @@ use crate::containerd::{
 };
 use crate::util::parse_list;
 use crate::vm;
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -191,28 +191,20 @@ impl GuestAgent {
     /// Waits (up to 3 minutes: TCG) until the log says "state restored" more than `before`
     /// times; fails when the agent exits first.
     fn wait_restored(&mut self, before: usize) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(180);
-        while self
-            .log()
-            .matches("state restored from the runtime")
-            .count()
-            <= before
-        {
-            if let Some(st) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                bail!("the agent exited ({st}):\n{}", self.log());
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "the agent never restored:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        Ok(())
+        let path = self.log.clone();
+        let log = || std::fs::read_to_string(&path).unwrap_or_default();
+        let restored = || log().matches("state restored from the runtime").count() > before;
+        let child = self.child.as_mut().context("the agent is not running")?;
+        crate::util::wait_child_ready(
+            child,
+            "the agent (restoring its state)",
+            crate::util::Patience {
+                timeout: Duration::from_secs(180),
+                poll: Duration::from_millis(200),
+            },
+            restored,
+            log,
+        )
     }
 
     fn log(&self) -> String {
@@ -234,10 +226,7 @@ impl GuestAgent {
     }
 
     fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        crate::util::stop_child(&mut self.child);
     }
 }
 

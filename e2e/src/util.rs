@@ -20,6 +20,100 @@ pub fn require_e2e_tier() {
     );
 }
 
+/// A program a setup script installs: the path in env `var`, else `default`. Panics (never
+/// skips) naming `setup` when it is not there.
+pub fn installed(var: &str, default: &str, setup: &str) -> PathBuf {
+    let p = std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(default));
+    assert!(
+        p.exists(),
+        "{} not found: run {setup} (or set {var})",
+        p.display()
+    );
+    p
+}
+
+/// Kills and reaps the child in `child`, if any, leaving `None`.
+pub fn stop_child(child: &mut Option<std::process::Child>) {
+    if let Some(mut c) = child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// Removes `dir`, or with `TAP_E2E_KEEP=1` keeps it for debugging and says so.
+pub fn remove_unless_kept(dir: &Path) {
+    if std::env::var("TAP_E2E_KEEP").is_ok_and(|v| v == "1") {
+        eprintln!("kept {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Unmounts (lazily) whatever is mounted under `dir`, the deepest first.
+pub fn unmount_under(dir: &Path) {
+    let prefix = dir.to_string_lossy().into_owned();
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut mounts: Vec<&str> = mi
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&prefix))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    mounts.dedup();
+    for m in mounts {
+        let _ = std::process::Command::new("umount")
+            .args(["-l", m])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// `out`'s stdout when `what args` succeeded; else an error with its output.
+pub fn stdout_of(what: &str, args: &[&str], out: std::process::Output) -> anyhow::Result<String> {
+    if !out.status.success() {
+        anyhow::bail!(
+            "{what} {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// How long to wait for something, and how often to look.
+#[derive(Debug, Clone, Copy)]
+pub struct Patience {
+    pub timeout: std::time::Duration,
+    pub poll: std::time::Duration,
+}
+
+/// Waits until `ready()`, looking every `poll` for `timeout` at most; fails with `log()` when
+/// `child` (`what`) exits first or the time runs out.
+pub fn wait_child_ready(
+    child: &mut std::process::Child,
+    what: &str,
+    Patience { timeout, poll }: Patience,
+    mut ready: impl FnMut() -> bool,
+    log: impl Fn() -> String,
+) -> anyhow::Result<()> {
+    let until = std::time::Instant::now() + timeout;
+    while !ready() {
+        if let Some(st) = child.try_wait()? {
+            anyhow::bail!("{what} exited ({st}):\n{}", log());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < until,
+            "{what} was not ready in {timeout:?}:\n{}",
+            log()
+        );
+        std::thread::sleep(poll);
+    }
+    Ok(())
+}
+
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -353,8 +353,15 @@ fn the_dra_driver_renders_where_dra_is_served_and_is_refused_below() {
     let ds = objs.iter().find(|o| o["kind"] == "DaemonSet").unwrap();
     let args = ds["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
     assert!(args.contains("--dra-driver=on"), "{args}");
+    assert!(args.contains("--dra-cdi-dir=/var/run/cdi"), "{args}");
     let vols = ds["spec"]["template"]["spec"]["volumes"].to_string();
     assert!(vols.contains("/var/lib/kubelet/plugins_registry"), "{vols}");
+    assert!(vols.contains("\"path\":\"/var/run/cdi\""), "{vols}");
+    // No CDI folder: no CDI devices and nothing of the host's mounted for them.
+    let no_cdi = render_for("1.37.2", &[], &[on[0], "agent.flags.draCdiDir="]);
+    let ds = no_cdi.iter().find(|o| o["kind"] == "DaemonSet").unwrap();
+    let vols = ds["spec"]["template"]["spec"]["volumes"].to_string();
+    assert!(!vols.contains("cdi-specs"), "{vols}");
     assert!(
         !kinds(&render_for("1.37.2", &[], &[])).contains("DeviceClass"),
         "off by default"

@@ -15,11 +15,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tap_e2e::churn::{self, Frozen, Rng};
 use tap_e2e::containerd::{
-    cgroup_cpuset, with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri,
-    PodSpec,
+    cgroup_cpuset, timed_with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions,
+    Cri, PodSpec,
 };
-use tap_e2e::docker::{temp_dir, TapAgent};
-use tap_e2e::util::RmDir;
+use tap_e2e::docker::TapAgent;
 
 /// containerd 1.7 holds other containers' creates and starts while an update waits on a hung
 /// shim: a create then may take up to the agent's write deadline more than before, no more.
@@ -66,16 +65,14 @@ async fn churn_cri_proxy() -> Result<()> {
 async fn churn(test: &str, mode: Mode) -> Result<()> {
     tap_e2e::util::require_e2e_tier();
     churn::host_has_two_cpus()?;
-    let t0 = Instant::now();
-    let dir = temp_dir("tap-churn")?;
-    let _rm = RmDir(dir.clone());
     let opts = ContainerdOptions {
         nri: mode == Mode::Nri,
         ..Default::default()
     };
-    let res = with_containerd(opts, &dir, async |ctd| phases(ctd, &dir, mode).await).await;
-    eprintln!("{test} took {:.1?}", t0.elapsed());
-    res
+    timed_with_containerd(test, "tap-churn", opts, async |ctd, dir| {
+        phases(ctd, dir, mode).await
+    })
+    .await
 }
 
 fn agent_args(ctd: &Containerd, dir: &Path, mode: Mode) -> Vec<String> {
@@ -134,11 +131,21 @@ async fn phases(ctd: &mut Containerd, dir: &Path, mode: Mode) -> Result<()> {
         churn::check_slowest_create(run.slowest)
     }
     .await;
-    if let Err(e) = &res {
-        // First, so that the reason survives a log shortened to its head and tail.
-        eprintln!("failed: {e:#}\n--- agent log ---\n{}", agent.log_tail(60));
-    }
+    churn::print_agent_log_on_failure(&res, &agent);
     res
+}
+
+/// Runs Pod `pod` with container `spec` on `cri`: the sandbox, the container and how long it took.
+async fn timed_start(
+    cri: &mut Cri,
+    pod: &PodSpec,
+    spec: &ContainerSpec,
+) -> Result<(String, String, Duration)> {
+    let t = Instant::now();
+    let sb = cri.run_pod(pod).await?;
+    let id = cri.create_container(&sb, spec).await?;
+    cri.start_container(&id).await?;
+    Ok((sb, id, t.elapsed()))
 }
 
 impl Run {
@@ -180,21 +187,10 @@ impl Run {
     async fn create_pair(&mut self, first: bool, second: bool) -> Result<()> {
         let (mut c1, p1, s1) = self.run_one(first).await?;
         let (mut c2, p2, s2) = self.run_one(second).await?;
-        let one = async move {
-            let t = Instant::now();
-            let sb = c1.run_pod(&p1).await?;
-            let id = c1.create_container(&sb, &s1).await?;
-            c1.start_container(&id).await?;
-            anyhow::Ok((sb, id, t.elapsed()))
-        };
-        let two = async move {
-            let t = Instant::now();
-            let sb = c2.run_pod(&p2).await?;
-            let id = c2.create_container(&sb, &s2).await?;
-            c2.start_container(&id).await?;
-            anyhow::Ok((sb, id, t.elapsed()))
-        };
-        let (a, b) = tokio::join!(one, two);
+        let (a, b) = tokio::join!(
+            timed_start(&mut c1, &p1, &s1),
+            timed_start(&mut c2, &p2, &s2)
+        );
         for ((sb, id, took), exclusive) in [(a?, first), (b?, second)] {
             self.slowest = self.slowest.max(took);
             self.made.push(self.record(sb, id, exclusive));

@@ -81,10 +81,7 @@ impl Run {
             churn::check_slowest_create(self.slowest)
         }
         .await;
-        if let Err(e) = &res {
-            // First, so that the reason survives a log shortened to its head and tail.
-            eprintln!("failed: {e:#}\n--- agent log ---\n{}", agent.log_tail(60));
-        }
+        churn::print_agent_log_on_failure(&res, &agent);
         res
     }
 

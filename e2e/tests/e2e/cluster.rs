@@ -88,30 +88,10 @@ fn helm_install(t: &Tier) -> Result<()> {
     )?;
     eprintln!("helm install --wait: {:.1}s", t0.elapsed().as_secs_f64());
     // helm's --wait accepts a DaemonSet with maxUnavailable Pods not ready: wait for both.
-    util::wait_until(
-        "the agent DaemonSet's Pod Ready",
-        Duration::from_secs(120),
-        POLL,
-        || {
-            let ds =
-                t.cl.kube()
-                    .get_json(&["-n", NS, "get", "daemonset", "tap-kunpeng-tap-agent"])?
-                    .context("no agent DaemonSet")?;
-            Ok(ds["status"]["numberReady"] == 1)
-        },
-    )?;
-    util::wait_until(
-        "the operator Deployment available",
-        Duration::from_secs(120),
-        POLL,
-        || {
-            let d =
-                t.cl.kube()
-                    .get_json(&["-n", NS, "get", "deployment", "tap-kunpeng-tap-operator"])?
-                    .context("no operator Deployment")?;
-            Ok(d["status"]["readyReplicas"] == 1)
-        },
-    )?;
+    let agent = ("daemonset", "tap-kunpeng-tap-agent", "numberReady");
+    wait_status_one(t, agent, "the agent DaemonSet's Pod Ready")?;
+    let operator = ("deployment", "tap-kunpeng-tap-operator", "readyReplicas");
+    wait_status_one(t, operator, "the operator Deployment available")?;
     // Registered over NRI: containerd logs the plugin, the agent synchronized with it.
     t.wait_agent_log("state restored from the runtime", 1)?;
     let log = std::fs::read_to_string(ctd.log_path())?;
@@ -572,14 +552,7 @@ fn helm_uninstall(t: &Tier) -> Result<()> {
         &["uninstall", "tap", "-n", NS, "--wait", "--timeout", "120s"],
     )?;
     util::wait_until("the agent Pod gone", Duration::from_secs(90), POLL, || {
-        let v = t.cl.kube().get_json(&[
-            "-n",
-            NS,
-            "get",
-            "pods",
-            "-l",
-            "app.kubernetes.io/component=agent",
-        ])?;
+        let v = t.agent_pods()?;
         Ok(
             v.map(|v| v["items"].as_array().map(|a| a.is_empty()).unwrap_or(false))
                 .unwrap_or(true),
@@ -736,6 +709,16 @@ fn smt_and_cache_pods(t: &mut Tier, agent: &TapAgent) -> Result<()> {
 }
 
 const HIDE_HT: &str = "tap.kunpeng.huawei.com/hide-hyperthreads";
+
+/// Waits (2 min at most) until the chart namespace's `(kind, name, field)` has `status.<field>`
+/// 1.
+fn wait_status_one(t: &Tier, (kind, name, field): (&str, &str, &str), what: &str) -> Result<()> {
+    util::wait_until(what, Duration::from_secs(120), POLL, || {
+        let o = t.cl.kube().get_json(&["-n", NS, "get", kind, name])?;
+        let o = o.with_context(|| format!("no {kind} {name}"))?;
+        Ok(o["status"][field] == 1)
+    })
+}
 
 #[test]
 #[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]

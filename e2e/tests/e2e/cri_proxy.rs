@@ -10,11 +10,11 @@ use k8s_cri::v1 as cri;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
-    cgroup_cpuset, with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri,
-    PodSpec, BUSYBOX_IMAGE,
+    cgroup_cpuset, timed_with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions,
+    Cri, PodSpec, BUSYBOX_IMAGE,
 };
-use tap_e2e::docker::{temp_dir, TapAgent};
-use tap_e2e::util::RmDir;
+use tap_e2e::docker::TapAgent;
+use tap_e2e::text::all_at;
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
@@ -23,16 +23,11 @@ const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
 #[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn cri_proxy_places_passes_through_and_survives_restart() -> Result<()> {
     tap_e2e::util::require_e2e_tier();
-    let t0 = Instant::now();
-    let dir = temp_dir("tap-crip")?;
-    let _rm = RmDir(dir.clone());
     let opts = ContainerdOptions {
         nri: false,
         ..Default::default()
     };
-    let res = with_containerd(opts, &dir, async |ctd| scenario(ctd, &dir).await).await;
-    eprintln!("CRI proxy e2e took {:.1?}", t0.elapsed());
-    res
+    timed_with_containerd("CRI proxy e2e", "tap-crip", opts, scenario).await
 }
 
 async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
@@ -280,10 +275,7 @@ async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     assert_eq!(agent.accounted_on("numa")?, 0);
     let state = agent.state()?;
     assert!(
-        state
-            .iter()
-            .filter(|l| l.starts_with("tap_topology_node_usage_cpus{"))
-            .all(|l| l.ends_with(" 0.0")),
+        all_at(&state, "tap_topology_node_usage_cpus{", "0.0"),
         "usage left: {state:?}"
     );
     for sb in [sb1, sb2, sb3] {

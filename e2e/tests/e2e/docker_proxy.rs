@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tap_e2e::docker::{
     docker_attached, docker_output, temp_dir, unix_get, Dockerd, ProxyEnv as Env, TapAgent, IMAGE,
 };
+use tap_e2e::text::all_at;
 use tap_e2e::util::{self, print_logs_on_failure, RmDir};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
@@ -260,17 +261,11 @@ fn scenario(env: &Env) -> Result<()> {
     env.docker(&["rm", "-f", &c2])?;
     let state = agent.state()?;
     assert!(
-        state
-            .iter()
-            .filter(|l| l.contains("container_count"))
-            .all(|l| l.ends_with(" 0")),
+        all_at(&state, "container_count", "0"),
         "grants left after delete: {state:?}"
     );
     assert!(
-        state
-            .iter()
-            .filter(|l| l.starts_with("tap_topology_node_usage_cpus{"))
-            .all(|l| l.ends_with(" 0.0")),
+        all_at(&state, "tap_topology_node_usage_cpus{", "0.0"),
         "usage left after delete: {state:?}"
     );
     agent.stop();

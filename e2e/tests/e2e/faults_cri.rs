@@ -8,25 +8,18 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
-    with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
+    timed_with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
 };
-use tap_e2e::docker::{temp_dir, TapAgent};
-use tap_e2e::util::RmDir;
+use tap_e2e::docker::TapAgent;
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
 
 /// Live containers that carry a grant record: what the runtime holds placed.
 async fn placed_in_runtime(cri: &mut Cri) -> Result<i64> {
-    let list = cri
-        .raw()
-        .list_containers(cri::ListContainersRequest::default())
-        .await?
-        .into_inner()
-        .containers;
-    Ok(list
+    let live = cri.live_containers().await?;
+    Ok(live
         .iter()
-        .filter(|c| c.state != cri::ContainerState::ContainerExited as i32)
         .filter(|c| c.annotations.contains_key(GRANT_KEY))
         .count() as i64)
 }
@@ -56,16 +49,11 @@ async fn check_truth(agent: &TapAgent, cri: &mut Cri, when: &str) -> Result<()> 
 #[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn cri_proxy_fault_matrix() -> Result<()> {
     tap_e2e::util::require_e2e_tier();
-    let t0 = Instant::now();
-    let dir = temp_dir("tap-crif")?;
-    let _rm = RmDir(dir.clone());
     let opts = ContainerdOptions {
         nri: false,
         ..Default::default()
     };
-    let res = with_containerd(opts, &dir, async |ctd| scenario(ctd, &dir).await).await;
-    eprintln!("CRI fault matrix took {:.1?}", t0.elapsed());
-    res
+    timed_with_containerd("CRI fault matrix", "tap-crif", opts, scenario).await
 }
 
 async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {

@@ -56,6 +56,16 @@ fn create_body(pod: &str, sandbox: &str, shares: u64, quota: i64, env_bytes: usi
     .into_bytes()
 }
 
+/// Waits (20 s at most) until the agent accounts `n` containers.
+fn wait_accounted(agent: &TapAgent, n: i64, what: &str) -> Result<()> {
+    util::wait_until(
+        what,
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || Ok(agent.accounted()? == n),
+    )
+}
+
 #[test]
 #[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 fn docker_proxy_fault_matrix() -> Result<()> {
@@ -188,23 +198,13 @@ fn scenario(env: &mut ProxyEnv) -> Result<()> {
     ensure!(agent.accounted()? == 1);
     env.dockerd.restart()?;
     let t = Instant::now();
-    util::wait_until(
-        "the grants of stopped containers to be released",
-        Duration::from_secs(20),
-        Duration::from_millis(100),
-        || Ok(agent.accounted()? == 0),
-    )?;
+    wait_accounted(&agent, 0, "the grants of stopped containers to be released")?;
     eprintln!("released {:?} after dockerd came back", t.elapsed());
     check_truth(&agent, env, "after a dockerd restart")?;
 
     // Started again (outside the proxy): adopted again from its grant label.
     docker(&env.dockerd.socket(), &["start", &c1])?;
-    util::wait_until(
-        "a restarted container to be adopted again",
-        Duration::from_secs(20),
-        Duration::from_millis(100),
-        || Ok(agent.accounted()? == 1),
-    )?;
+    wait_accounted(&agent, 1, "a restarted container to be adopted again")?;
     check_truth(&agent, env, "after the container was started again")?;
 
     agent.stop();

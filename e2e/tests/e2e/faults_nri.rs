@@ -8,10 +8,10 @@ use k8s_cri::v1 as cri;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
-    with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
+    timed_with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri, PodSpec,
 };
-use tap_e2e::docker::{temp_dir, TapAgent};
-use tap_e2e::util::{fixture_dir, RmDir};
+use tap_e2e::docker::TapAgent;
+use tap_e2e::util::fixture_dir;
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
@@ -32,17 +32,8 @@ fn agent_args(nri: &Path, dir: &Path) -> Vec<String> {
 
 /// Live containers whose OCI spec carries a grant record: what containerd holds placed.
 async fn placed_in_runtime(cri: &mut Cri) -> Result<i64> {
-    let list = cri
-        .raw()
-        .list_containers(cri::ListContainersRequest::default())
-        .await?
-        .into_inner()
-        .containers;
     let mut n = 0;
-    for c in list {
-        if c.state == cri::ContainerState::ContainerExited as i32 {
-            continue;
-        }
+    for c in cri.live_containers().await? {
         if cri.spec_annotations(&c.id).await?.contains_key(GRANT_KEY) {
             n += 1;
         }
@@ -73,9 +64,16 @@ async fn check_truth(agent: &TapAgent, cri: &mut Cri, when: &str) -> Result<()> 
 #[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn nri_fault_matrix() -> Result<()> {
     tap_e2e::util::require_e2e_tier();
-    let t0 = Instant::now();
-    let dir = temp_dir("tap-nrif")?;
-    let _rm = RmDir(dir.clone());
+    timed_with_containerd(
+        "NRI fault matrix",
+        "tap-nrif",
+        ContainerdOptions::default(),
+        scenario,
+    )
+    .await
+}
+
+async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     // A kubeconfig whose API server is a closed port.
     let closed = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -88,13 +86,6 @@ async fn nri_fault_matrix() -> Result<()> {
         ),
     )?;
     std::env::set_var("KUBECONFIG", &kubeconfig);
-    let opts = ContainerdOptions::default();
-    let res = with_containerd(opts, &dir, async |ctd| scenario(ctd, &dir).await).await;
-    eprintln!("NRI fault matrix took {:.1?}", t0.elapsed());
-    res
-}
-
-async fn scenario(ctd: &mut Containerd, dir: &Path) -> Result<()> {
     let log = dir.join("agent.log");
     let args = agent_args(&ctd.nri_socket(), dir);
     let mut agent = TapAgent::start(&args, &log)?;

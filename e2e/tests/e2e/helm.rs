@@ -738,17 +738,11 @@ fn crds_ship_with_the_chart() {
 
 /// containerd 1.7 from hack/e2e/setup-containerd.sh (or `TAP_CONTAINERD`).
 fn containerd_bin() -> PathBuf {
-    let p = std::env::var_os("TAP_CONTAINERD")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from("/var/cache/kunpeng-tap/containerd/root/usr/bin/containerd")
-        });
-    assert!(
-        p.exists(),
-        "{} not found: run hack/e2e/setup-containerd.sh (containerd 1.7) or set TAP_CONTAINERD",
-        p.display()
-    );
-    p
+    tap_e2e::util::installed(
+        "TAP_CONTAINERD",
+        "/var/cache/kunpeng-tap/containerd/root/usr/bin/containerd",
+        "hack/e2e/setup-containerd.sh (containerd 1.7)",
+    )
 }
 
 /// A containerd on private sockets and dirs; killed on drop.
@@ -1181,39 +1175,31 @@ fn install_path(kubeconfig: &std::path::Path, work: &std::path::Path) {
     };
     let agent = "tap-kunpeng-tap-agent";
     let op = "tap-kunpeng-tap-operator";
-    assert!(can(agent, &["watch", "nodetopologies.tap.kunpeng.io"]));
-    assert!(can(
-        agent,
-        &[
-            "patch",
-            "nodetopologies.tap.kunpeng.io",
-            "--subresource=status"
-        ]
-    ));
-    assert!(
-        !can(agent, &["patch", "nodetopologies.tap.kunpeng.io"]),
-        "agent must not write specs"
+    let (nt, tp) = (
+        "nodetopologies.tap.kunpeng.io",
+        "topologypolicies.tap.kunpeng.io",
     );
-    assert!(!can(agent, &["list", "topologypolicies.tap.kunpeng.io"]));
-    assert!(!can(agent, &["get", "secrets", "-n", NS]));
-    assert!(can(op, &["watch", "topologypolicies.tap.kunpeng.io"]));
-    assert!(can(
-        op,
-        &[
-            "patch",
-            "topologypolicies.tap.kunpeng.io",
-            "--subresource=status"
-        ]
-    ));
-    assert!(can(op, &["create", "nodetopologies.tap.kunpeng.io"]));
-    assert!(can(op, &["delete", "nodetopologies.tap.kunpeng.io"]));
-    assert!(can(op, &["watch", "nodes"]));
-    assert!(!can(op, &["patch", "nodes"]));
-    assert!(can(op, &["update", "leases.coordination.k8s.io", "-n", NS]));
-    assert!(!can(
-        op,
-        &["update", "leases.coordination.k8s.io", "-n", "kube-system"]
-    ));
+    let status = "--subresource=status";
+    let lease = "leases.coordination.k8s.io";
+    let rbac: [(&str, &[&str], bool); 13] = [
+        (agent, &["watch", nt], true),
+        (agent, &["patch", nt, status], true),
+        // The agent writes no specs.
+        (agent, &["patch", nt], false),
+        (agent, &["list", tp], false),
+        (agent, &["get", "secrets", "-n", NS], false),
+        (op, &["watch", tp], true),
+        (op, &["patch", tp, status], true),
+        (op, &["create", nt], true),
+        (op, &["delete", nt], true),
+        (op, &["watch", "nodes"], true),
+        (op, &["patch", "nodes"], false),
+        (op, &["update", lease, "-n", NS], true),
+        (op, &["update", lease, "-n", "kube-system"], false),
+    ];
+    for (sa, args, want) in rbac {
+        assert_eq!(can(sa, args), want, "{sa} can-i {args:?}");
+    }
 
     // 5. Uninstall: the release's objects go, the CRDs (and so the user's policies) stay.
     let mut c = helm();
@@ -1260,13 +1246,10 @@ fn helm_install_path_on_a_real_kube_apiserver() {
 #[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 fn chart_readme_is_generated_from_the_values() {
     tap_e2e::util::require_e2e_tier();
-    let bin = std::env::var_os("TAP_HELM_DOCS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/kunpeng-tap/bin/helm-docs"));
-    assert!(
-        bin.exists(),
-        "{} missing: run hack/e2e/setup-helm-docs.sh",
-        bin.display()
+    let bin = tap_e2e::util::installed(
+        "TAP_HELM_DOCS",
+        "/var/cache/kunpeng-tap/bin/helm-docs",
+        "hack/e2e/setup-helm-docs.sh",
     );
     let charts = workspace_root().join("charts");
     let out = Command::new(&bin)

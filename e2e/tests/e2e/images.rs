@@ -48,21 +48,11 @@ impl Dockerd {
         // An empty config file: never read the machine's /etc/docker/daemon.json.
         fs::write(dir.join("daemon.json"), "{}").expect("daemon.json");
         let log = fs::File::create(dir.join("dockerd.log")).expect("dockerd.log");
-        let child = Command::new(&bin)
+        let child = tap_e2e::docker::dockerd_command(&bin, &dir)
             .arg(format!(
                 "--config-file={}",
                 dir.join("daemon.json").display()
             ))
-            .arg(format!("--data-root={}", dir.join("data").display()))
-            .arg(format!("--exec-root={}", dir.join("exec").display()))
-            .arg(format!("--pidfile={}", dir.join("dockerd.pid").display()))
-            .arg(format!("--host=unix://{}", sock.display()))
-            .args([
-                "--iptables=false",
-                "--ip-masq=false",
-                "--bridge=none",
-                "--storage-driver=vfs",
-            ])
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log)
@@ -179,17 +169,7 @@ impl Drop for Dockerd {
             }
         }
         // Whatever is still mounted under the temp dir (netns files, shm), deepest first.
-        let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-        let prefix = self.dir.to_string_lossy().into_owned();
-        let mut points: Vec<&str> = mounts
-            .lines()
-            .filter_map(|l| l.split(' ').nth(1))
-            .filter(|p| p.starts_with(&prefix))
-            .collect();
-        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-        for p in points {
-            let _ = Command::new("umount").args(["-l", p]).status();
-        }
+        tap_e2e::util::unmount_under(&self.dir);
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
@@ -253,18 +233,15 @@ fn check_final_image(img: &Value, entrypoint: &str) {
     assert!(size < 64 << 20, "image unexpectedly large: {size} bytes");
 }
 
-#[test]
-#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
-fn agent_image_builds_from_dockerfile_and_runs_on_scratch() {
-    tap_e2e::util::require_e2e_tier();
-    let t0 = Instant::now();
-    build_static("node-agent", "kunpeng-tap");
-    let d = Dockerd::start("agent-image");
-    let tag = "kunpeng-tap-agent:e2e";
-    let img = build_image(&d, "Dockerfile.agent", tag);
-    check_final_image(&img, "/usr/local/bin/kunpeng-tap");
-
-    // Runs as the image's non-root user, no network, read-only root.
+/// Builds `bin` of `package` static, then image `tag` from `dockerfile` on a private dockerd;
+/// checks the final image and returns the dockerd and what `--version` printed in a container
+/// of it run as the image's non-root user, without network, on a read-only root.
+fn image_version(package: &str, bin: &str, dockerfile: &str, tag: &str) -> (Dockerd, String) {
+    build_static(package, bin);
+    let image = dockerfile.trim_start_matches("Dockerfile.");
+    let d = Dockerd::start(&format!("{image}-image"));
+    let img = build_image(&d, dockerfile, tag);
+    check_final_image(&img, &format!("/usr/local/bin/{bin}"));
     let v = d.ok(&[
         "run",
         "--rm",
@@ -273,6 +250,16 @@ fn agent_image_builds_from_dockerfile_and_runs_on_scratch() {
         tag,
         "--version",
     ]);
+    (d, v)
+}
+
+#[test]
+#[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
+fn agent_image_builds_from_dockerfile_and_runs_on_scratch() {
+    tap_e2e::util::require_e2e_tier();
+    let t0 = Instant::now();
+    let tag = "kunpeng-tap-agent:e2e";
+    let (d, v) = image_version("node-agent", "kunpeng-tap", "Dockerfile.agent", tag);
     assert_eq!(
         v.trim(),
         format!("kunpeng-tap {}", env!("CARGO_PKG_VERSION")),
@@ -334,19 +321,13 @@ fn operator_image_builds_from_dockerfile_and_runs_on_scratch() {
         workspace_root().join("operator/Cargo.toml").exists(),
         "operator/ crate (tap-operator, binary kunpeng-tap-operator) is not in this checkout"
     );
-    build_static("tap-operator", "kunpeng-tap-operator");
-    let d = Dockerd::start("operator-image");
     let tag = "kunpeng-tap-operator:e2e";
-    let img = build_image(&d, "Dockerfile.operator", tag);
-    check_final_image(&img, "/usr/local/bin/kunpeng-tap-operator");
-    let v = d.ok(&[
-        "run",
-        "--rm",
-        "--network=none",
-        "--read-only",
+    let (d, v) = image_version(
+        "tap-operator",
+        "kunpeng-tap-operator",
+        "Dockerfile.operator",
         tag,
-        "--version",
-    ]);
+    );
     assert!(
         v.trim().starts_with("kunpeng-tap-operator "),
         "version line: {v}"

@@ -18,7 +18,7 @@ use tap_e2e::containerd::{
     cgroup_cpuset, cgroup_mems, remove_cgroup_tree, CgroupQos, ContainerSpec, Containerd,
     ContainerdOptions, Cri, PodSpec,
 };
-use tap_e2e::text::grant_fields;
+use tap_e2e::text::{grant_fields, samples};
 use tap_e2e::util;
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
@@ -152,26 +152,11 @@ impl Agent {
     /// `tap_topology_node_usage_cpus` per NUMA zone, from /metrics.
     fn numa_usage(&self) -> Result<HashMap<String, f64>> {
         let body = self.metrics_text()?;
-        let mut out = HashMap::new();
-        for line in body.lines() {
-            if !line.starts_with("tap_topology_node_usage_cpus{")
-                || !line.contains("level=\"numa\"")
-            {
-                continue;
-            }
-            let zone = line
-                .split("zone=\"")
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap_or("")
-                .to_string();
-            let v: f64 = line
-                .rsplit(' ')
-                .next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(f64::NAN);
-            out.insert(zone, v);
-        }
+        let out: HashMap<String, f64> = samples(&body, "tap_topology_node_usage_cpus")
+            .into_iter()
+            .filter(|s| s.labels.get("level").map(String::as_str) == Some("numa"))
+            .map(|s| (s.labels.get("zone").cloned().unwrap_or_default(), s.value))
+            .collect();
         if out.is_empty() {
             bail!("no NUMA usage in /metrics:\n{body}");
         }
@@ -187,10 +172,7 @@ impl Agent {
     }
 
     fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        util::stop_child(&mut self.child);
     }
 }
 
@@ -265,6 +247,21 @@ async fn run_burstable(cri: &mut Cri, name: &str) -> Result<(String, String)> {
     Ok((sb, id))
 }
 
+/// Runs Pod `pod` with the one container `spec`; the container's id.
+async fn start(cri: &mut Cri, pod: &PodSpec, spec: &ContainerSpec) -> String {
+    let sb = cri.run_pod(pod).await.expect("the Pod runs");
+    cri.run_container(&sb, spec)
+        .await
+        .expect("the container runs")
+}
+
+/// [`start`] of a container `app` of `req` (and `lim`) millicores; its id and placement.
+async fn run_app(cri: &mut Cri, pod: &PodSpec, req: u64, lim: Option<u64>) -> (String, Placement) {
+    let id = start(cri, pod, &ContainerSpec::cpus("app", req, lim)).await;
+    let p = placement(cri, &id).await.expect("a placement");
+    (id, p)
+}
+
 fn setup() -> (CgroupGuard, Containerd) {
     util::require_e2e_tier();
     let guard = CgroupGuard;
@@ -293,12 +290,7 @@ async fn nri_hyperthread_controls() {
     let mut cri = ctd.cri().await.expect("cri");
     let guaranteed = |name: &str| PodSpec::new(name, CgroupQos::Guaranteed);
 
-    let sb = cri.run_pod(&guaranteed("three")).await.unwrap();
-    let id = cri
-        .run_container(&sb, &ContainerSpec::cpus("app", 3000, Some(3000)))
-        .await
-        .unwrap();
-    let p = placement(&mut cri, &id).await.unwrap();
+    let (_, p) = run_app(&mut cri, &guaranteed("three"), 3000, Some(3000)).await;
     let rec = p.record.as_ref().expect("placed");
     assert_eq!(rec["x"], "", "3 CPUs are no whole cores: shared, {p:?}");
     assert!(
@@ -321,12 +313,7 @@ async fn nri_hyperthread_controls() {
 
     let pod =
         guaranteed("pair").annotation("tap.kunpeng.huawei.com/exclusive-cores", "sibling-pair");
-    let sb = cri.run_pod(&pod).await.unwrap();
-    let id = cri
-        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(2000)))
-        .await
-        .unwrap();
-    let p = placement(&mut cri, &id).await.unwrap();
+    let (_, p) = run_app(&mut cri, &pod, 2000, Some(2000)).await;
     let x = parse_list(&p.record.as_ref().expect("placed")["x"]);
     let v: Vec<usize> = x.iter().copied().collect();
     assert!(
@@ -337,12 +324,7 @@ async fn nri_hyperthread_controls() {
     eprintln!("sibling-pair: x={v:?}, cgroup cpuset {}", p.cgroup_cpus);
 
     let pod = guaranteed("hide").annotation("tap.kunpeng.huawei.com/hide-hyperthreads", "true");
-    let sb = cri.run_pod(&pod).await.unwrap();
-    let id = cri
-        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(4000)))
-        .await
-        .unwrap();
-    let p = placement(&mut cri, &id).await.unwrap();
+    let (id, p) = run_app(&mut cri, &pod, 4000, Some(4000)).await;
     let x = parse_list(&p.record.as_ref().expect("placed")["x"]);
     assert_eq!(x.len(), 4, "two whole cores held: {p:?}");
     assert!(x.iter().all(|c| x.contains(&((c + 48) % 96))), "{x:?}");
@@ -374,15 +356,13 @@ async fn nri_memory_tiers() {
     let mut cri = ctd.cri().await.expect("cri");
     let mems_of = |p: &Placement| parse_list(&p.record.as_ref().expect("placed")["mems"]);
 
-    let sb = cri
-        .run_pod(&PodSpec::new("plain", CgroupQos::Burstable))
-        .await
-        .unwrap();
-    let id = cri
-        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(4000)))
-        .await
-        .unwrap();
-    let p = placement(&mut cri, &id).await.unwrap();
+    let (_, p) = run_app(
+        &mut cri,
+        &PodSpec::new("plain", CgroupQos::Burstable),
+        2000,
+        Some(4000),
+    )
+    .await;
     let plain = mems_of(&p);
     assert!(
         plain.len() == 1 && plain.iter().all(|n| *n < 4),
@@ -392,12 +372,7 @@ async fn nri_memory_tiers() {
 
     let pod = PodSpec::new("pmem", CgroupQos::Burstable)
         .annotation("tap.kunpeng.huawei.com/memory-type", "dram,pmem");
-    let sb = cri.run_pod(&pod).await.unwrap();
-    let id = cri
-        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(4000)))
-        .await
-        .unwrap();
-    let p = placement(&mut cri, &id).await.unwrap();
+    let (id, p) = run_app(&mut cri, &pod, 2000, Some(4000)).await;
     let mems = mems_of(&p);
     let rec = p.record.as_ref().unwrap();
     let node: usize = rec["n"].parse().expect("one node");
@@ -413,12 +388,7 @@ async fn nri_memory_tiers() {
     // No HBM here: DRAM only, a Warning and the metric.
     let pod = PodSpec::new("hbm", CgroupQos::Burstable)
         .annotation("tap.kunpeng.huawei.com/memory-type", "hbm");
-    let sb = cri.run_pod(&pod).await.unwrap();
-    let id = cri
-        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(4000)))
-        .await
-        .unwrap();
-    let p = placement(&mut cri, &id).await.unwrap();
+    let (_, p) = run_app(&mut cri, &pod, 2000, Some(4000)).await;
     assert_eq!(mems_of(&p).len(), 1, "{p:?}");
     assert!(agent.log_text().contains("not honoured: memory-type hbm"));
     let m = agent.metrics_text().unwrap();
@@ -454,12 +424,7 @@ async fn nri_cache_level() {
     assert_eq!(pools.len(), 2, "two L3 groups: {pools:?}");
     let pod = PodSpec::new("numa-level", CgroupQos::Burstable)
         .annotation("tap.kunpeng.huawei.com/level", "numa");
-    let sb = cri.run_pod(&pod).await.unwrap();
-    let id = cri
-        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(8000)))
-        .await
-        .unwrap();
-    let p = placement(&mut cri, &id).await.unwrap();
+    let (_, p) = run_app(&mut cri, &pod, 4000, Some(8000)).await;
     assert!(
         p.record.as_ref().unwrap()["pool"].starts_with("socket"),
         "{p:?}"
@@ -483,12 +448,7 @@ async fn nri_numa_exclusive() {
         PodSpec::new(name, CgroupQos::Burstable)
             .annotation("tap.kunpeng.huawei.com/numa-policy", "exclusive")
     };
-    let sb = cri.run_pod(&exclusive("whole-node")).await.unwrap();
-    let id = cri
-        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(4000)))
-        .await
-        .unwrap();
-    let p = placement(&mut cri, &id).await.unwrap();
+    let (_, p) = run_app(&mut cri, &exclusive("whole-node"), 2000, Some(4000)).await;
     let rec = p.record.as_ref().expect("placed");
     let node: usize = rec["n"].parse().expect("one node");
     let x = parse_list(&rec["x"]);
@@ -499,14 +459,12 @@ async fn nri_numa_exclusive() {
         rec["x"], p.cgroup_cpus
     );
 
-    let sb = cri
-        .run_pod(&PodSpec::new("be", CgroupQos::BestEffort))
-        .await
-        .unwrap();
-    let be = cri
-        .run_container(&sb, &ContainerSpec::sleeper("app"))
-        .await
-        .unwrap();
+    let be = start(
+        &mut cri,
+        &PodSpec::new("be", CgroupQos::BestEffort),
+        &ContainerSpec::sleeper("app"),
+    )
+    .await;
     placement(&mut cri, &be).await.unwrap();
     let seen = logged_cpus(&agent, &be).expect("placed line");
     assert!(
@@ -518,11 +476,12 @@ async fn nri_numa_exclusive() {
         let p = placement(&mut cri, &id).await.unwrap();
         assert_ne!(assert_placed_on_node(&p, "burstable"), node, "{p:?}");
     }
-    let sb = cri.run_pod(&exclusive("no-node-left")).await.unwrap();
-    let id = cri
-        .run_container(&sb, &ContainerSpec::cpus("app", 2000, Some(4000)))
-        .await
-        .unwrap();
+    let id = start(
+        &mut cri,
+        &exclusive("no-node-left"),
+        &ContainerSpec::cpus("app", 2000, Some(4000)),
+    )
+    .await;
     assert_untouched(&placement(&mut cri, &id).await.unwrap(), "no free node");
     let m = agent.metrics_text().unwrap();
     assert!(counted_once(&m, "exclusive_numa"), "{m}");
@@ -597,12 +556,7 @@ async fn nri_places_containers_through_containerd() {
 
     // Guaranteed with one integer CPU: an exclusive CPU.
     let pod = PodSpec::new("guaranteed", CgroupQos::Guaranteed);
-    let sb = cri.run_pod(&pod).await.unwrap();
-    let id = cri
-        .run_container(&sb, &ContainerSpec::cpus("app", 1000, Some(1000)))
-        .await
-        .unwrap();
-    let p = placement(&mut cri, &id).await.unwrap();
+    let (_, p) = run_app(&mut cri, &pod, 1000, Some(1000)).await;
     let rec = p.record.as_ref().expect("guaranteed grant");
     let x = parse_list(&rec["x"]);
     assert_eq!(x.len(), 1, "one exclusive CPU: {p:?}");
@@ -612,11 +566,7 @@ async fn nri_places_containers_through_containerd() {
 
     // BestEffort: left alone.
     let pod = PodSpec::new("besteffort", CgroupQos::BestEffort);
-    let sb = cri.run_pod(&pod).await.unwrap();
-    let id = cri
-        .run_container(&sb, &ContainerSpec::sleeper("app"))
-        .await
-        .unwrap();
+    let id = start(&mut cri, &pod, &ContainerSpec::sleeper("app")).await;
     // BestEffort runs on the machine's shared CPUs (no NUMA affinity, as the reference and the
     // kubelet do), charged nothing (r=0); folded, that is every host CPU.
     let usage_before = agent.numa_usage().unwrap();
@@ -646,31 +596,28 @@ async fn nri_places_containers_through_containerd() {
     // Opt-out label (any value) and opt-out annotation.
     let pod =
         PodSpec::new("skip-label", CgroupQos::Burstable).label("tap.kunpeng.huawei.com/skip", "");
-    let sb = cri.run_pod(&pod).await.unwrap();
-    let id = cri
-        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(8000)))
-        .await
-        .unwrap();
+    let id = start(
+        &mut cri,
+        &pod,
+        &ContainerSpec::cpus("app", 4000, Some(8000)),
+    )
+    .await;
     assert_untouched(&placement(&mut cri, &id).await.unwrap(), "skip label");
     let pod = PodSpec::new("skip-annotation", CgroupQos::Burstable)
         .annotation("tap.kunpeng.huawei.com/policy", "none");
-    let sb = cri.run_pod(&pod).await.unwrap();
-    let id = cri
-        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(8000)))
-        .await
-        .unwrap();
+    let id = start(
+        &mut cri,
+        &pod,
+        &ContainerSpec::cpus("app", 4000, Some(8000)),
+    )
+    .await;
     assert_untouched(&placement(&mut cri, &id).await.unwrap(), "skip annotation");
 
     // A malformed annotation: the container still starts (and is still placed).
     let pod = PodSpec::new("malformed", CgroupQos::Burstable)
         .annotation("tap.kunpeng.huawei.com/level", "nowhere")
         .annotation("tap.kunpeng.huawei.com/exclusive-cpus", "perhaps");
-    let sb = cri.run_pod(&pod).await.unwrap();
-    let id = cri
-        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(8000)))
-        .await
-        .unwrap();
-    let p = placement(&mut cri, &id).await.unwrap();
+    let (id, p) = run_app(&mut cri, &pod, 4000, Some(8000)).await;
     assert_placed_on_node(&p, "malformed annotation");
     assert!(agent.log_text().contains("ignoring annotation"));
     let m = agent.metrics_text().unwrap();
@@ -873,11 +820,12 @@ async fn nri_reserved_cpus_for_system_daemons() {
 
     let mut pod = PodSpec::new("daemon", CgroupQos::Burstable);
     pod.namespace = "kube-system".into();
-    let sb = cri.run_pod(&pod).await.unwrap();
-    let daemon = cri
-        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(8000)))
-        .await
-        .unwrap();
+    let daemon = start(
+        &mut cri,
+        &pod,
+        &ContainerSpec::cpus("app", 4000, Some(8000)),
+    )
+    .await;
     let p = placement(&mut cri, &daemon).await.unwrap();
     let rec = p.record.as_ref().expect("the daemon has a grant");
     assert_eq!(rec.get("on").map(String::as_str), Some("reserved"), "{p:?}");
@@ -890,11 +838,12 @@ async fn nri_reserved_cpus_for_system_daemons() {
     let (_, app) = run_burstable(&mut cri, "app").await.unwrap();
     let ask = PodSpec::new("asks", CgroupQos::Burstable)
         .annotation("tap.kunpeng.huawei.com/reserved-cpus", "true");
-    let sb = cri.run_pod(&ask).await.unwrap();
-    let asks = cri
-        .run_container(&sb, &ContainerSpec::cpus("app", 4000, Some(8000)))
-        .await
-        .unwrap();
+    let asks = start(
+        &mut cri,
+        &ask,
+        &ContainerSpec::cpus("app", 4000, Some(8000)),
+    )
+    .await;
     for (id, what) in [(&app, "default app"), (&asks, "default app asking")] {
         let p = placement(&mut cri, id).await.unwrap();
         let cpus = logged_cpus(&agent, id).expect("placed");

@@ -211,7 +211,7 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
         "-f",
         &root.join("deploy/rbac").display().to_string(),
     ])?;
-    for (verb, res, want) in [
+    let agent_can = [
         ("get", "nodetopologies", true),
         ("list", "nodetopologies", true),
         ("watch", "nodetopologies", true),
@@ -226,13 +226,8 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
         ("patch", "nodes", false),
         ("create", "pods", false),
         ("get", "secrets", false),
-    ] {
-        let got = can_i(k, AGENT_SA, verb, res)?;
-        if got != want {
-            bail!("agent can-i {verb} {res}: {got}, expected {want}");
-        }
-    }
-    for (verb, res, want) in [
+    ];
+    let operator_can = [
         ("patch", "nodetopologies", true),
         ("delete", "nodetopologies", true),
         ("patch", "topologypolicies/status", true),
@@ -240,10 +235,16 @@ fn scenario(k: &KubeCluster, ops: &mut Vec<Operator>, agent: &mut Option<Proc>) 
         ("list", "nodes", true),
         ("patch", "nodes", false),
         ("get", "secrets", false),
+    ];
+    for (who, sa, table) in [
+        ("agent", AGENT_SA, &agent_can[..]),
+        ("operator", OPERATOR_SA, &operator_can[..]),
     ] {
-        let got = can_i(k, OPERATOR_SA, verb, res)?;
-        if got != want {
-            bail!("operator can-i {verb} {res}: {got}, expected {want}");
+        for &(verb, res, want) in table {
+            let got = can_i(k, sa, verb, res)?;
+            if got != want {
+                bail!("{who} can-i {verb} {res}: {got}, expected {want}");
+            }
         }
     }
     let op_kc = k.service_account_kubeconfig("operator", "kunpeng-tap-operator")?;

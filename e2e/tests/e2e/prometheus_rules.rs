@@ -23,15 +23,11 @@ const AGENT_JOB: &str = "tap-kunpeng-tap-agent-metrics";
 const OPERATOR_JOB: &str = "tap-kunpeng-tap-operator-metrics";
 
 fn promtool() -> PathBuf {
-    let p = std::env::var_os("TAP_PROMTOOL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/bin/promtool"));
-    assert!(
-        p.exists(),
-        "{} not found: run hack/e2e/setup-promtool.sh",
-        p.display()
-    );
-    p
+    tap_e2e::util::installed(
+        "TAP_PROMTOOL",
+        "/usr/bin/promtool",
+        "hack/e2e/setup-promtool.sh",
+    )
 }
 
 /// The objects `helm template` renders with `sets` and `extra` arguments.

@@ -16,12 +16,12 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
-    cgroup_cpuset, with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions, Cri,
-    PodSpec,
+    cgroup_cpuset, timed_with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions,
+    Cri, PodSpec,
 };
-use tap_e2e::docker::{temp_dir, TapAgent};
+use tap_e2e::docker::TapAgent;
 use tap_e2e::text::{grant_nodes, metric_sum, series_value};
-use tap_e2e::util::{self, RmDir};
+use tap_e2e::util::{self};
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 /// Two NUMA nodes (one per socket).
@@ -54,16 +54,14 @@ async fn cri_proxy_rebalancer_spreads_busy_containers() -> Result<()> {
 
 async fn run(test: &str, mode: Mode) -> Result<()> {
     util::require_e2e_tier();
-    let t0 = Instant::now();
-    let dir = temp_dir("tap-rebal")?;
-    let _rm = RmDir(dir.clone());
     let opts = ContainerdOptions {
         nri: matches!(mode, Mode::Nri),
         ..Default::default()
     };
-    let res = with_containerd(opts, &dir, async |ctd| scenario(ctd, &dir, mode).await).await;
-    eprintln!("{test} took {:.1?}", t0.elapsed());
-    res
+    timed_with_containerd(test, "tap-rebal", opts, async |ctd, dir| {
+        scenario(ctd, dir, mode).await
+    })
+    .await
 }
 
 /// One test container.

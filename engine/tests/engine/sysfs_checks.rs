@@ -51,6 +51,16 @@ impl Tree {
         self
     }
 
+    /// The error discovery reports on the GPU fixture with file `rel` written as `content`.
+    fn error_with(rel: &str, content: &str) -> DiscoveryError {
+        Tree::of(GPU96).write(rel, content).error()
+    }
+
+    /// The error discovery reports on the GPU fixture without `rel`.
+    fn error_without(rel: &str) -> DiscoveryError {
+        Tree::of(GPU96).remove(rel).error()
+    }
+
     fn error(&self) -> DiscoveryError {
         match discover(&self.map, &DiscoveryOptions::default()) {
             Ok(raw) => panic!("accepted, nodes {:?}", raw.nodes),
@@ -67,6 +77,11 @@ impl Tree {
 
     fn warnings(&self) -> Vec<DiscoveryWarning> {
         self.discovery().warnings
+    }
+
+    /// The warnings discovery gives on the GPU fixture with file `rel` written as `content`.
+    fn warnings_with(rel: &str, content: &str) -> Vec<DiscoveryWarning> {
+        Tree::of(GPU96).write(rel, content).warnings()
     }
 }
 
@@ -139,9 +154,7 @@ fn says(err: &DiscoveryError, parts: &[&str]) {
 
 #[test]
 fn overlapping_node_cpulists_are_an_error() {
-    let mut t = Tree::of(GPU96);
-    t.write("devices/system/node/node1/cpulist", "20-47\n");
-    let err = t.error();
+    let err = Tree::error_with("devices/system/node/node1/cpulist", "20-47\n");
     assert!(
         matches!(&err, DiscoveryError::OverlappingNodes { cpus, .. } if cpus.to_string() == "20-23"),
         "{err:?}"
@@ -158,9 +171,7 @@ fn overlapping_node_cpulists_are_an_error() {
 
 #[test]
 fn online_naming_a_cpu_without_a_directory_is_an_error() {
-    let mut t = Tree::of(GPU96);
-    t.remove("devices/system/cpu/cpu95");
-    let err = t.error();
+    let err = Tree::error_without("devices/system/cpu/cpu95");
     assert!(
         matches!(&err, DiscoveryError::OnlineCpuWithoutDir { cpus, .. } if cpus.to_string() == "95"),
         "{err:?}"
@@ -175,9 +186,7 @@ fn online_naming_a_cpu_without_a_directory_is_an_error() {
 #[test]
 fn out_of_range_physical_package_id_is_an_error() {
     for bad in ["99999", "1024", "-7", "99999999999999999999999"] {
-        let mut t = Tree::of(GPU96);
-        t.write("devices/system/cpu/cpu5/topology/physical_package_id", bad);
-        let err = t.error();
+        let err = Tree::error_with("devices/system/cpu/cpu5/topology/physical_package_id", bad);
         assert!(
             matches!(
                 &err,
@@ -209,9 +218,7 @@ fn out_of_range_physical_package_id_is_an_error() {
 
 #[test]
 fn die_and_cluster_ids_beyond_the_set_capacity_are_errors() {
-    let mut t = Tree::of(GPU96);
-    t.write("devices/system/cpu/cpu7/topology/die_id", "1024\n");
-    let err = t.error();
+    let err = Tree::error_with("devices/system/cpu/cpu7/topology/die_id", "1024\n");
     assert!(
         matches!(
             &err,
@@ -245,18 +252,14 @@ fn die_and_cluster_ids_beyond_the_set_capacity_are_errors() {
 
 #[test]
 fn cpu_and_node_directories_beyond_the_set_capacity_are_errors() {
-    let mut t = Tree::of(GPU96);
-    t.write("devices/system/cpu/cpu1024/topology/core_id", "0\n");
-    let err = t.error();
+    let err = Tree::error_with("devices/system/cpu/cpu1024/topology/core_id", "0\n");
     assert!(
         matches!(&err, DiscoveryError::CpuIdOutOfRange { value, .. } if value == "1024"),
         "{err:?}"
     );
     says(&err, &["devices/system/cpu/cpu1024"]);
 
-    let mut t = Tree::of(GPU96);
-    t.write("devices/system/node/node4096/cpulist", "\n");
-    let err = t.error();
+    let err = Tree::error_with("devices/system/node/node4096/cpulist", "\n");
     assert!(
         matches!(&err, DiscoveryError::NodeIdOutOfRange { value, .. } if value == "4096"),
         "{err:?}"
@@ -264,9 +267,7 @@ fn cpu_and_node_directories_beyond_the_set_capacity_are_errors() {
     says(&err, &["devices/system/node/node4096"]);
 
     // Node sets hold ids below 128 (tap_engine::nodeset::MAX_NODES), not 1,024 as CPU sets.
-    let mut t = Tree::of(GPU96);
-    t.write("devices/system/node/node128/cpulist", "\n");
-    let err = t.error();
+    let err = Tree::error_with("devices/system/node/node128/cpulist", "\n");
     assert!(
         matches!(&err, DiscoveryError::NodeIdOutOfRange { value, .. } if value == "128"),
         "{err:?}"
@@ -274,9 +275,7 @@ fn cpu_and_node_directories_beyond_the_set_capacity_are_errors() {
     says(&err, &["devices/system/node/node128", "128"]);
 
     // In a CPU list or a node's cpumap.
-    let mut t = Tree::of(GPU96);
-    t.write("devices/system/node/node0/cpulist", "0-23,1500\n");
-    let err = t.error();
+    let err = Tree::error_with("devices/system/node/node0/cpulist", "0-23,1500\n");
     assert!(
         matches!(&err, DiscoveryError::CpuIdOutOfRange { value, .. } if value == "1500"),
         "{err:?}"
@@ -312,9 +311,7 @@ fn a_sibling_list_without_its_own_cpu_is_an_error() {
 
 #[test]
 fn a_node_listed_twice_is_an_error() {
-    let mut t = Tree::of(GPU96);
-    t.write("devices/system/node/node01/cpulist", "\n");
-    let err = t.error();
+    let err = Tree::error_with("devices/system/node/node01/cpulist", "\n");
     assert!(
         matches!(&err, DiscoveryError::DuplicateNode { id: 1, .. }),
         "{err:?}"
@@ -327,9 +324,7 @@ fn a_node_listed_twice_is_an_error() {
 
 #[test]
 fn cpus_in_no_node_while_nodes_exist_are_an_error_not_a_folded_node_0() {
-    let mut t = Tree::of(GPU96);
-    t.remove("devices/system/node/node1");
-    let err = t.error();
+    let err = Tree::error_without("devices/system/node/node1");
     assert!(
         matches!(
             &err,
@@ -353,12 +348,10 @@ fn cpus_in_no_node_while_nodes_exist_are_an_error_not_a_folded_node_0() {
 
 #[test]
 fn memtotal_that_overflows_is_an_error_not_a_panic() {
-    let mut t = Tree::of(GPU96);
-    t.write(
+    let err = Tree::error_with(
         "devices/system/node/node2/meminfo",
         "Node 2 MemTotal:       18014398509481984 kB\nNode 2 MemFree: 1 kB\n",
     );
-    let err = t.error();
     assert!(
         matches!(&err, DiscoveryError::MemTotalOverflow { kib, .. } if kib == "18014398509481984"),
         "{err:?}"
@@ -388,9 +381,7 @@ fn node_memory_that_overflows_only_in_sum_is_an_error() {
 
 #[test]
 fn asymmetric_distance_is_a_warning() {
-    let mut t = Tree::of(GPU96);
-    t.write("devices/system/node/node0/distance", "10 12 21 20\n");
-    let w = t.warnings();
+    let w = Tree::warnings_with("devices/system/node/node0/distance", "10 12 21 20\n");
     assert_eq!(
         w,
         vec![DiscoveryWarning::AsymmetricDistance {
@@ -408,9 +399,7 @@ fn asymmetric_distance_is_a_warning() {
 
 #[test]
 fn short_distance_row_is_a_warning() {
-    let mut t = Tree::of(GPU96);
-    t.write("devices/system/node/node3/distance", "20 20 12\n");
-    let w = t.warnings();
+    let w = Tree::warnings_with("devices/system/node/node3/distance", "20 20 12\n");
     assert_eq!(
         w,
         vec![DiscoveryWarning::DistanceRowLength {

@@ -169,19 +169,16 @@ impl ExternalPlugin {
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let mut p = ExternalPlugin { child };
-        let until = Instant::now() + Duration::from_secs(secs);
-        while !ready() {
-            if let Some(st) = p.child.try_wait()? {
-                let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-                bail!("{} exited ({st}):\n{text}", bin.display());
-            }
-            ensure!(
-                Instant::now() < until,
-                "{} was not ready in {secs} s",
-                bin.display()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        tap_e2e::util::wait_child_ready(
+            &mut p.child,
+            &bin.display().to_string(),
+            tap_e2e::util::Patience {
+                timeout: Duration::from_secs(secs),
+                poll: Duration::from_millis(100),
+            },
+            ready,
+            || std::fs::read_to_string(&log_path).unwrap_or_default(),
+        )?;
         Ok(p)
     }
 }

@@ -92,10 +92,7 @@ fn publish(t: &Tier, device: &str, node: usize) -> Result<()> {
 /// The Pod's ResourceClaim (made from the template) and its allocation result, checked to be
 /// this driver's device on this node, reserved for the Pod.
 fn claim_allocation(t: &Tier, device: &str) -> Result<(Value, Value)> {
-    let pod =
-        t.cl.kube()
-            .get_json(&["-n", "default", "get", "pod", POD])?;
-    let pod = pod.context("no Pod")?;
+    let pod = t.pod_json(POD)?;
     let statuses = pod["status"]["resourceClaimStatuses"].as_array();
     let name = statuses
         .and_then(|s| s.iter().find(|s| s["name"] == CLAIM))
@@ -165,10 +162,5 @@ fn clean_up(t: &Tier) -> Result<()> {
         ("resourceslice", slice.as_str(), None),
         ("deviceclass", DRIVER, None),
     ];
-    for (kind, name, ns) in objects {
-        let mut args = vec!["delete", kind, name, "--ignore-not-found", "--wait=true"];
-        args.extend(ns.map(|ns| ["-n", ns]).into_iter().flatten());
-        t.kubectl(&args)?;
-    }
-    Ok(())
+    t.delete_all(&objects)
 }

@@ -421,10 +421,5 @@ fn clean_up(t: &Tier) -> Result<()> {
         ("resourceslice", slice.as_str(), None),
         ("deviceclass", ACCEL, None),
     ];
-    for (kind, name, ns) in objects {
-        let mut args = vec!["delete", kind, name, "--ignore-not-found", "--wait=true"];
-        args.extend(ns.map(|ns| ["-n", ns]).into_iter().flatten());
-        t.kubectl(&args)?;
-    }
-    Ok(())
+    t.delete_all(&objects)
 }

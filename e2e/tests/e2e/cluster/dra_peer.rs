@@ -471,10 +471,7 @@ fn delete_claimed(t: &Tier, pod: &str) -> Result<()> {
 /// driver refuses a prepare, before it retries): how many, and the first message.
 fn prepare_failures(t: &Tier, pod: &str) -> Result<String> {
     // By uid: both legs name their Pods alike.
-    let p =
-        t.cl.kube()
-            .get_json(&["-n", "default", "get", "pod", pod])?
-            .context("no Pod")?;
+    let p = t.pod_json(pod)?;
     let uid = p["metadata"]["uid"].as_str().context("no uid")?;
     let field = format!("involvedObject.uid={uid},reason=FailedPrepareDynamicResources");
     let list =

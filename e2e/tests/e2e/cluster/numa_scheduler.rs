@@ -151,12 +151,6 @@ fn guaranteed(name: &str, cpus: &str, node_selector: Option<&str>) -> String {
     .to_string()
 }
 
-fn pod_json(t: &Tier, name: &str) -> Result<Value> {
-    t.cl.kube()
-        .get_json(&["-n", "default", "get", "pod", name])?
-        .with_context(|| format!("no pod {name}"))
-}
-
 /// The node the scheduler bound `pod` to (waits for the Binding).
 fn bound_node(t: &Tier, pod: &str) -> Result<String> {
     let mut node = String::new();
@@ -165,7 +159,7 @@ fn bound_node(t: &Tier, pod: &str) -> Result<String> {
         Duration::from_secs(60),
         POLL,
         || {
-            node = pod_json(t, pod)?["spec"]["nodeName"]
+            node = t.pod_json(pod)?["spec"]["nodeName"]
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
@@ -339,7 +333,7 @@ fn binding_by_zone_fit(t: &mut Tier) -> Result<()> {
         msg.contains("cannot align"),
         "numa-fits-none (12 CPUs) not refused by the NUMA filter: {msg}"
     );
-    let p = pod_json(t, "numa-fits-none")?;
+    let p = t.pod_json("numa-fits-none")?;
     ensure!(
         p["spec"]["nodeName"]
             .as_str()
@@ -518,7 +512,7 @@ fn fingerprint_through_churn(t: &mut Tier, sched: &mut Proc) -> Result<()> {
             &format!("{name} {phase}"),
             Duration::from_secs(90),
             POLL,
-            || Ok(pod_json(t, name)?["status"]["phase"] == phase),
+            || Ok(t.pod_json(name)?["status"]["phase"] == phase),
         )
         .with_context(|| t.describe(name))?;
         // The set the plugin counts from now on; a check of exactly it must be accepted.

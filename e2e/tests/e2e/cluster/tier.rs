@@ -35,16 +35,10 @@ pub(crate) fn node_cpus(n: usize) -> BTreeSet<usize> {
     parse_list(&std::fs::read_to_string(p).unwrap())
 }
 
-pub(crate) fn helm_bin() -> PathBuf {
-    std::env::var_os("TAP_HELM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/kunpeng-tap/bin/helm"))
-}
-
 /// helm with a private home and the cluster's admin kubeconfig.
 pub(crate) fn helm(cl: &Cluster, args: &[&str]) -> Result<String> {
     let home = cl.dir.join("helm-home");
-    let out = Command::new(helm_bin())
+    let out = Command::new(tap_e2e::helm::helm_bin())
         .env("HELM_CONFIG_HOME", home.join("config"))
         .env("HELM_CACHE_HOME", home.join("cache"))
         .env("HELM_DATA_HOME", home.join("data"))
@@ -161,6 +155,16 @@ impl Tier {
         self.cl.kube().kubectl_ok(args)
     }
 
+    /// Deletes each `(kind, name, namespace)` that exists and waits until it is gone.
+    pub(crate) fn delete_all(&self, objects: &[(&str, &str, Option<&str>)]) -> Result<()> {
+        for &(kind, name, ns) in objects {
+            let mut args = vec!["delete", kind, name, "--ignore-not-found", "--wait=true"];
+            args.extend(ns.map(|ns| ["-n", ns]).into_iter().flatten());
+            self.kubectl(&args)?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn cri(&self) -> Result<Cri> {
         let sock = self.cl.containerd().cri_socket();
         self.rt.block_on(Cri::connect(&sock))
@@ -172,17 +176,21 @@ impl Tier {
         self.placed(def.name)
     }
 
+    /// Pod `name` of the default namespace, as JSON.
+    pub(crate) fn pod_json(&self, name: &str) -> Result<Value> {
+        self.cl
+            .kube()
+            .get_json(&["-n", "default", "get", "pod", name])?
+            .with_context(|| format!("no pod {name}"))
+    }
+
     pub(crate) fn wait_running(&self, pod: &str) -> Result<()> {
         util::wait_until(
             &format!("Pod {pod} Running"),
             Duration::from_secs(90),
             POLL,
             || {
-                let p = self
-                    .cl
-                    .kube()
-                    .get_json(&["-n", "default", "get", "pod", pod])?
-                    .context("no pod")?;
+                let p = self.pod_json(pod)?;
                 Ok(p["status"]["phase"] == "Running"
                     && p["status"]["containerStatuses"][0]["ready"] == true)
             },
@@ -192,11 +200,7 @@ impl Tier {
 
     /// The name of the ResourceClaim of the Pod's first claim (its status says it).
     pub(crate) fn claim_name(&self, pod: &str) -> Result<String> {
-        let p = self
-            .cl
-            .kube()
-            .get_json(&["-n", "default", "get", "pod", pod])?
-            .context("no Pod")?;
+        let p = self.pod_json(pod)?;
         Ok(p["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
             .as_str()
             .with_context(|| format!("no claim: {}", p["status"]))?
@@ -385,19 +389,16 @@ impl Tier {
         Ok(())
     }
 
-    pub(crate) fn agent_pod(&self) -> Result<String> {
-        let v = self
-            .cl
+    /// The agent's Pods (`kubectl get pods -l ...` as JSON), if the namespace has any list.
+    pub(crate) fn agent_pods(&self) -> Result<Option<Value>> {
+        let selector = "app.kubernetes.io/component=agent";
+        self.cl
             .kube()
-            .get_json(&[
-                "-n",
-                NS,
-                "get",
-                "pods",
-                "-l",
-                "app.kubernetes.io/component=agent",
-            ])?
-            .context("no pods")?;
+            .get_json(&["-n", NS, "get", "pods", "-l", selector])
+    }
+
+    pub(crate) fn agent_pod(&self) -> Result<String> {
+        let v = self.agent_pods()?.context("no pods")?;
         let items = v["items"].as_array().context("items")?;
         let running: Vec<&Value> = items
             .iter()
