@@ -48,28 +48,15 @@ fn crds_are_cluster_scoped_with_status_and_columns() {
     let v = &tp.spec.versions[0];
     assert_eq!(v.name, VERSION);
     assert!(v.subresources.as_ref().unwrap().status.is_some());
-    let cols: Vec<String> = v
-        .additional_printer_columns
-        .as_ref()
-        .unwrap()
-        .iter()
-        .filter(|c| c.priority.unwrap_or(0) == 0)
-        .map(|c| c.name.to_uppercase())
-        .collect();
-    assert_eq!(cols, ["POLICY", "NODES", "PRIORITY", "READY", "AGE"]);
+    assert_eq!(
+        default_columns(&tp),
+        ["POLICY", "NODES", "PRIORITY", "READY", "AGE"]
+    );
 
     let nt = NodeTopology::crd();
     assert_eq!(nt.spec.scope, "Cluster");
-    let cols: Vec<String> = nt.spec.versions[0]
-        .additional_printer_columns
-        .as_ref()
-        .unwrap()
-        .iter()
-        .filter(|c| c.priority.unwrap_or(0) == 0)
-        .map(|c| c.name.to_uppercase())
-        .collect();
     assert_eq!(
-        cols,
+        default_columns(&nt),
         [
             "NODE",
             "POLICY",
@@ -81,6 +68,29 @@ fn crds_are_cluster_scoped_with_status_and_columns() {
             "AGE"
         ]
     );
+}
+
+/// The printer columns `kubectl get` shows without `-o wide` (priority 0), upper-cased.
+fn default_columns(crd: &CustomResourceDefinition) -> Vec<String> {
+    crd.spec.versions[0]
+        .additional_printer_columns
+        .as_ref()
+        .expect("printer columns")
+        .iter()
+        .filter(|c| c.priority.unwrap_or(0) == 0)
+        .map(|c| c.name.to_uppercase())
+        .collect()
+}
+
+/// The first version's OpenAPI schema as JSON.
+fn schema_json(crd: &CustomResourceDefinition) -> serde_json::Value {
+    serde_json::to_value(&crd.spec.versions[0].schema).expect("schema as JSON")
+}
+
+/// A property of the TopologyPolicy spec's schema.
+fn policy_spec_property(name: &str) -> serde_json::Value {
+    schema_json(&TopologyPolicy::crd())["openAPIV3Schema"]["properties"]["spec"]["properties"][name]
+        .clone()
 }
 
 #[test]
@@ -113,7 +123,7 @@ fn schema_describes_every_field_and_bounds_priority() {
         }
     }
     for crd in [TopologyPolicy::crd(), NodeTopology::crd()] {
-        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        let schema = schema_json(&crd);
         let root = &schema["openAPIV3Schema"];
         let kind = &crd.spec.names.kind;
         let top = root["description"].as_str().unwrap();
@@ -132,88 +142,89 @@ fn schema_describes_every_field_and_bounds_priority() {
         let json = schema.to_string();
         assert!(!json.contains("self in ['numa-aware'"), "{kind}: {json}");
     }
-    let schema = serde_json::to_value(&TopologyPolicy::crd().spec.versions[0].schema).unwrap();
-    let priority = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["priority"];
+    let priority = policy_spec_property("priority");
     assert_eq!(priority["minimum"].as_f64(), Some(f64::from(PRIORITY_MIN)));
     assert_eq!(priority["maximum"].as_f64(), Some(f64::from(PRIORITY_MAX)));
 }
 
 #[test]
 fn spec_defaults_and_names_round_trip() {
-    let spec: TopologyPolicySpec = serde_json::from_value(serde_json::json!({
+    let spec = read_spec(serde_json::json!({
         "policy": "numa-aware",
         "reservedCPUs": "0-1",
     }))
-    .unwrap();
+    .expect("spec");
     assert_eq!(spec.settings.policy, PolicyName::NumaAware);
     assert!(spec.settings.annotations_allowed);
     assert_eq!(spec.priority, 0);
     assert_eq!(spec.settings.reserved_cpus, "0-1");
-    let v = serde_json::to_value(&spec.settings).unwrap();
+    let v = written(&spec.settings);
     assert_eq!(v["reservedCPUs"], "0-1");
     assert_eq!(v["policy"], "numa-aware");
-    assert!(
-        serde_json::from_value::<TopologyPolicySpec>(serde_json::json!({"policy": "best"}))
-            .is_err()
-    );
+    assert!(read_spec(serde_json::json!({"policy": "best"})).is_err());
 }
 
 #[test]
 fn reserved_cpus_for_round_trips_and_old_objects_still_parse() {
-    let spec: TopologyPolicySpec = serde_json::from_value(serde_json::json!({
+    let spec = read_spec(serde_json::json!({
         "policy": "topology-aware",
         "reservedCPUs": "0-1",
         "reservedCPUsFor": {"namespaces": ["kube-system"], "annotation": "honoured"},
     }))
-    .unwrap();
+    .expect("spec");
     assert_eq!(spec.settings.reserved_cpus_for.namespaces, ["kube-system"]);
     assert_eq!(
         spec.settings.reserved_cpus_for.annotation,
         ReservedAnnotation::Honoured
     );
-    let v = serde_json::to_value(&spec.settings).unwrap();
+    let v = written(&spec.settings);
     assert_eq!(v["reservedCPUsFor"]["annotation"], "honoured");
     assert_eq!(v["reservedCPUsFor"]["namespaces"][0], "kube-system");
     // Without it (objects written before it existed): nobody, and nothing written back.
-    let old: PolicySettings =
-        serde_json::from_value(serde_json::json!({"policy": "numa-aware"})).unwrap();
+    let old = settings_written_before_new_fields();
     assert!(old.reserved_cpus_for.is_empty());
-    assert!(serde_json::to_value(&old)
-        .unwrap()
-        .get("reservedCPUsFor")
-        .is_none());
+    assert!(written(&old).get("reservedCPUsFor").is_none());
     assert!(
         serde_json::from_value::<ReservedCpusFor>(serde_json::json!({"annotation": "always"}))
             .is_err()
     );
-    let schema = serde_json::to_value(&TopologyPolicy::crd().spec.versions[0].schema).unwrap();
-    let f = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["reservedCPUsFor"];
+    let f = policy_spec_property("reservedCPUsFor");
     assert_eq!(f["properties"]["namespaces"]["maxItems"], 64, "{f}");
 }
 
 #[test]
 fn rebalance_round_trips_and_old_objects_keep_containers_in_place() {
-    let spec: TopologyPolicySpec = serde_json::from_value(serde_json::json!({
+    let spec = read_spec(serde_json::json!({
         "policy": "numa-aware",
         "rebalance": "usage",
     }))
-    .unwrap();
+    .expect("spec");
     assert_eq!(spec.settings.rebalance, RebalanceMode::Usage);
-    let v = serde_json::to_value(&spec.settings).unwrap();
+    let v = written(&spec.settings);
     assert_eq!(v["rebalance"], "usage");
-    let old: PolicySettings =
-        serde_json::from_value(serde_json::json!({"policy": "numa-aware"})).unwrap();
+    let old = settings_written_before_new_fields();
     assert_eq!(old.rebalance, RebalanceMode::Off);
-    assert!(serde_json::to_value(&old)
-        .unwrap()
-        .get("rebalance")
-        .is_none());
+    assert!(written(&old).get("rebalance").is_none());
     // `off` is no value of the CRD (kubectl's YAML reads an unquoted off as false).
-    assert!(
-        serde_json::from_value::<TopologyPolicySpec>(serde_json::json!({
-            "policy": "numa-aware",
-            "rebalance": "off",
-        }))
-        .is_err()
-    );
+    assert!(read_spec(serde_json::json!({
+        "policy": "numa-aware",
+        "rebalance": "off",
+    }))
+    .is_err());
+}
+
+/// Settings as an object written before the optional fields existed carries them: the policy
+/// alone.
+fn settings_written_before_new_fields() -> PolicySettings {
+    serde_json::from_value(serde_json::json!({"policy": "numa-aware"})).expect("old settings")
+}
+
+/// Settings as they are written back to the API server.
+fn written(settings: &PolicySettings) -> serde_json::Value {
+    serde_json::to_value(settings).expect("settings as JSON")
+}
+
+/// A TopologyPolicy spec as the API server would hand it over.
+fn read_spec(json: serde_json::Value) -> serde_json::Result<TopologyPolicySpec> {
+    serde_json::from_value(json)
 }
