@@ -7,7 +7,7 @@
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::{Command, Output};
-use tap_e2e::helm::{chart, docs, helm, ok, run, template_in};
+use tap_e2e::helm::{chart, docs, helm, helm_bin, ok, run, template_in};
 use tap_e2e::kube::{kubectl_bin, KubeCluster};
 use tap_e2e::util::workspace_root;
 
@@ -1001,7 +1001,25 @@ fn install_path(kubeconfig: &std::path::Path, work: &std::path::Path) {
         c.args(args);
         ok(c)
     };
-    kc(&["create", "namespace", NS]);
+    // The README's install block, as written: the namespace and its label now, `helm install`
+    // after the dry runs below (which need the namespace).
+    let readme = ReadmeShell::new(kubeconfig, work);
+    let commands = readme_install_commands();
+    let (install, namespace) = commands
+        .split_last()
+        .expect("commands in the README's install block");
+    assert!(install.starts_with("helm install"), "{install}");
+    for c in namespace {
+        readme.run(c);
+    }
+    let label = kc(&[
+        "get",
+        "namespace",
+        NS,
+        "-o",
+        "jsonpath={.metadata.labels.pod-security\\.kubernetes\\.io/enforce}",
+    ]);
+    assert_eq!(label, "privileged");
 
     // 1. Server-side dry run of everything the chart renders by default (CRDs included),
     //    with strict field validation: an unknown or misspelt field fails.
@@ -1079,19 +1097,33 @@ fn install_path(kubeconfig: &std::path::Path, work: &std::path::Path) {
         }
     );
 
-    // 2. helm install for real (no --wait: there are no nodes or controllers here).
-    let mut c = helm();
-    c.args([
-        "install",
-        RELEASE,
-        &chart(),
-        "--namespace",
-        NS,
-        "--kubeconfig",
-    ])
-    .arg(kubeconfig);
-    let out = ok(c);
+    // 2. helm install for real, the README's command (no --wait: there are no nodes or
+    //    controllers here); the images are the ones it names under $REG.
+    let out = readme.run(install);
     assert!(out.contains("STATUS: deployed"), "{out}");
+    for (kind, name, image) in [
+        ("daemonset", "tap-kunpeng-tap-agent", "kunpeng-tap-agent"),
+        (
+            "deployment",
+            "tap-kunpeng-tap-operator",
+            "kunpeng-tap-operator",
+        ),
+    ] {
+        let got = kc(&[
+            "-n",
+            NS,
+            "get",
+            kind,
+            name,
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}",
+        ]);
+        let want = format!("{README_REG}/{image}:");
+        assert!(
+            got.starts_with(&want),
+            "{kind} {name} runs {got}, not {want}*"
+        );
+    }
     assert!(out.contains("kubectl get nodetopology"), "NOTES: {out}");
     // The e2e tier's kube-apiserver (1.37) serves ValidatingAdmissionPolicy: the restriction is installed.
     assert!(
@@ -1227,6 +1259,81 @@ fn install_path(kubeconfig: &std::path::Path, work: &std::path::Path) {
         "topologypolicies.tap.kunpeng.io",
     ]);
     kc(&["get", "tpol", "kunpeng-920-numa"]);
+}
+
+/// The registry `$REG` stands for when the README's commands run (never pulled from).
+const README_REG: &str = "registry.invalid/tap";
+
+/// The commands of the README's install block as written (a line ending in `\\` continues
+/// its command).
+fn readme_install_commands() -> Vec<String> {
+    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
+    let block = readme
+        .split("## Install on a cluster")
+        .nth(1)
+        .and_then(|s| s.split("```sh\n").nth(1))
+        .and_then(|b| b.split("```").next())
+        .expect("a sh block in the README's \"Install on a cluster\"");
+    let mut commands: Vec<String> = Vec::new();
+    let mut continued = false;
+    for line in block.lines() {
+        match commands.last_mut() {
+            Some(last) if continued => {
+                last.push('\n');
+                last.push_str(line);
+            }
+            _ => commands.push(line.to_string()),
+        }
+        continued = line.ends_with('\\');
+    }
+    commands
+}
+
+/// A platform team's shell for the README's commands: kubectl and helm on PATH, KUBECONFIG
+/// set, `$REG` a registry, the repository's root as the working folder.
+struct ReadmeShell {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl ReadmeShell {
+    fn new(kubeconfig: &std::path::Path, work: &std::path::Path) -> ReadmeShell {
+        let bin = work.join("readme-bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        for (name, target) in [("kubectl", kubectl_bin()), ("helm", helm_bin())] {
+            let link = bin.join(name);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(target, link).unwrap();
+        }
+        ReadmeShell {
+            bin,
+            kubeconfig: kubeconfig.to_path_buf(),
+        }
+    }
+
+    /// Runs `command` with `bash -eu -o pipefail`; panics with its output unless it succeeds.
+    /// Returns stdout.
+    fn run(&self, command: &str) -> String {
+        let path = format!(
+            "{}:{}",
+            self.bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut c = Command::new("bash");
+        c.args(["-eu", "-o", "pipefail", "-c", command])
+            .current_dir(workspace_root())
+            .env("PATH", path)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("REG", README_REG);
+        // helm's private HELM_* homes, as every other helm call here.
+        for (k, v) in helm().get_envs() {
+            if let Some(v) = v {
+                c.env(k, v);
+            }
+        }
+        eprintln!("README: {command}");
+        ok(c)
+    }
 }
 
 #[test]

@@ -7,4 +7,4 @@ mod common;
 mod cli_flags;
 mod explain_cpu;
 mod explain_devices;
-mod readme_first_command;
+mod readme_commands;
