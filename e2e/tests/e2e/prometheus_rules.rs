@@ -366,6 +366,22 @@ fn agent_labels(node: &str) -> BTreeMap<&'static str, &'static str> {
 }
 
 /// A promtool series selector: `name{labels}` (plus `extra` labels).
+/// An alert quiet at one minute and firing at a later one with these labels and value.
+type QuietThenFiring<'a> = (&'a str, u32, u32, BTreeMap<&'a str, &'a str>, &'a str);
+
+/// Two cases per row of `table`: the alert is quiet at its first minute and fires at its second.
+fn quiet_then_firing(rule: &Value, table: &[QuietThenFiring]) -> Vec<Value> {
+    table
+        .iter()
+        .flat_map(|(alert, quiet, fires, labels, value)| {
+            [
+                case(rule, alert, *quiet, &[]),
+                case(rule, alert, *fires, &[(labels.clone(), *value)]),
+            ]
+        })
+        .collect()
+}
+
 fn series(name: &str, labels: &BTreeMap<&str, &str>, extra: &[(&str, &str)]) -> String {
     let mut all: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
     all.extend(extra.iter().map(|(k, v)| format!("{k}=\"{v}\"")));
@@ -426,36 +442,31 @@ fn each_alert_fires_on_its_condition_only() {
         json!({"series": series("tap_unconverged_containers", &a, &[]), "values": "0 0 3x20"}),
         json!({"series": series("tap_unconverged_containers", &b, &[]), "values": "0 2 0x20"}),
     ];
-    let agent_cases = vec![
-        case(&r, "KunpengTapAgentDown", 6, &[]),
-        case(&r, "KunpengTapAgentDown", 8, &[(a.clone(), "0")]),
-        case(&r, "KunpengTapProxyDown", 6, &[]),
-        case(&r, "KunpengTapProxyDown", 8, &[(a.clone(), "0")]),
-        case(&r, "KunpengTapRuntimeDisconnected", 6, &[]),
-        case(&r, "KunpengTapRuntimeDisconnected", 8, &[(a.clone(), "0")]),
-        case(&r, "KunpengTapErrors", 4, &[]),
-        case(
-            &r,
-            "KunpengTapErrors",
-            20,
-            &[(with(&a, &[("kind", "timeout")]), "10")],
-        ),
-        case(&r, "KunpengTapPlacementRefused", 2, &[]),
-        case(
-            &r,
-            "KunpengTapPlacementRefused",
-            20,
-            &[(with(&a, &[("result", "refused")]), "10")],
-        ),
-        case(&r, "KunpengTapContainersUnconverged", 12, &[]),
-        case(
-            &r,
-            "KunpengTapContainersUnconverged",
-            18,
-            &[(a.clone(), "3")],
-        ),
-    ];
-    // The operator: both replicas down from minute 2; later a hand-over, then no leader.
+    // Each alert: quiet at its first minute, firing with its labels and value at the second.
+    let labelled = |extra: &[(&'static str, &'static str)]| with(&a, extra);
+    let agent_cases = quiet_then_firing(
+        &r,
+        &[
+            ("KunpengTapAgentDown", 6, 8, a.clone(), "0"),
+            ("KunpengTapProxyDown", 6, 8, a.clone(), "0"),
+            ("KunpengTapRuntimeDisconnected", 6, 8, a.clone(), "0"),
+            (
+                "KunpengTapErrors",
+                4,
+                20,
+                labelled(&[("kind", "timeout")]),
+                "10",
+            ),
+            (
+                "KunpengTapPlacementRefused",
+                2,
+                20,
+                labelled(&[("result", "refused")]),
+                "10",
+            ),
+            ("KunpengTapContainersUnconverged", 12, 18, a.clone(), "3"),
+        ],
+    );
     let operator_input = vec![
         json!({"series": series("up", &op("op-1"), &[]), "values": down_from_2}),
         json!({"series": series("up", &op("op-2"), &[]), "values": "1 1 1 0x19"}),
@@ -463,19 +474,15 @@ fn each_alert_fires_on_its_condition_only() {
         json!({"series": series("tap_operator_leader", &op("op-2"), &[]), "values": "0 0 0 0 1 1 1 0 0 0 0 0 0x10"}),
     ];
     let no_labels = BTreeMap::new();
-    let operator_cases = vec![
-        // One replica down is no alert; both for 5m is.
-        case(&r, "KunpengTapOperatorDown", 6, &[]),
-        case(&r, "KunpengTapOperatorDown", 9, &[(no_labels.clone(), "0")]),
-        // The hand-over at minute 4 is no alert; no leader from minute 7 for 5m is.
-        case(&r, "KunpengTapOperatorNoLeader", 8, &[]),
-        case(
-            &r,
-            "KunpengTapOperatorNoLeader",
-            13,
-            &[(no_labels.clone(), "0")],
-        ),
-    ];
+    // One replica down is no alert; both for 5m is. The hand-over at minute 4 is no alert; no
+    // leader from minute 7 for 5m is.
+    let operator_cases = quiet_then_firing(
+        &r,
+        &[
+            ("KunpengTapOperatorDown", 6, 9, no_labels.clone(), "0"),
+            ("KunpengTapOperatorNoLeader", 8, 13, no_labels.clone(), "0"),
+        ],
+    );
     let tests = json!({
         "rule_files": ["rules.yaml"],
         "evaluation_interval": "1m",
@@ -484,7 +491,7 @@ fn each_alert_fires_on_its_condition_only() {
             {"interval": "1m", "input_series": operator_input, "alert_rule_test": operator_cases},
         ],
     });
-    let n_cases = 16;
+    let n_cases = agent_cases.len() + operator_cases.len();
     std::fs::write(
         dir.join("tests.yaml"),
         serde_yaml::to_string(&tests).expect("YAML"),
