@@ -283,7 +283,7 @@ impl Cluster {
             ]
         });
         c.containerd = Some(Containerd::start(ContainerdOptions {
-            nri: true,
+            nri: crate::containerd::Nri::On,
             nri_request_timeout: opts.nri_request_timeout,
             import_image: true,
             cni_conflist: Some(conflist.to_string()),

@@ -122,8 +122,8 @@ fn tool_path() -> String {
 
 #[derive(Debug, Clone)]
 pub struct ContainerdOptions {
-    /// Enable NRI (socket at [`Containerd::nri_socket`]).
-    pub nri: bool,
+    /// Whether containerd serves NRI plugins (socket at [`Containerd::nri_socket`]).
+    pub nri: Nri,
     /// containerd's `plugin_request_timeout` for NRI.
     pub nri_request_timeout: Duration,
     /// Import [`IMAGE_TARBALL`] after start.
@@ -137,12 +137,29 @@ pub struct ContainerdOptions {
 impl Default for ContainerdOptions {
     fn default() -> Self {
         ContainerdOptions {
-            nri: true,
+            nri: Nri::On,
             nri_request_timeout: Duration::from_secs(2),
             import_image: true,
             cni_conflist: None,
         }
     }
+}
+
+impl ContainerdOptions {
+    /// The defaults with NRI off (the proxies' tests).
+    pub fn without_nri() -> Self {
+        ContainerdOptions {
+            nri: Nri::Off,
+            ..Default::default()
+        }
+    }
+}
+
+/// Whether containerd serves NRI plugins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nri {
+    On,
+    Off,
 }
 
 /// A running private containerd. Kill-on-drop, with everything it started.
@@ -400,7 +417,7 @@ state = "{state}"
   disable_connections = false
 "#,
             d = self.dir.display(),
-            disable = !self.opts.nri,
+            disable = self.opts.nri == Nri::Off,
             nri = self.nri_socket().display(),
             req = self.opts.nri_request_timeout.as_millis(),
         )
@@ -429,7 +446,7 @@ state = "{state}"
                 }
             }
             if self.cri_socket().exists()
-                && (!self.opts.nri || self.nri_socket().exists())
+                && (self.opts.nri == Nri::Off || self.nri_socket().exists())
                 && self.ctr(&["version"]).is_ok()
             {
                 return Ok(());

@@ -65,9 +65,9 @@ async fn churn_cri_proxy() -> Result<()> {
 async fn churn(test: &str, mode: Mode) -> Result<()> {
     tap_e2e::util::require_e2e_tier();
     churn::host_has_two_cpus()?;
-    let opts = ContainerdOptions {
-        nri: mode == Mode::Nri,
-        ..Default::default()
+    let opts = match mode {
+        Mode::Nri => ContainerdOptions::default(),
+        Mode::CriProxy => ContainerdOptions::without_nri(),
     };
     timed_with_containerd(test, "tap-churn", opts, async |ctd, dir| {
         phases(ctd, dir, mode).await

@@ -23,10 +23,7 @@ const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
 #[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn cri_proxy_places_passes_through_and_survives_restart() -> Result<()> {
     tap_e2e::util::require_e2e_tier();
-    let opts = ContainerdOptions {
-        nri: false,
-        ..Default::default()
-    };
+    let opts = ContainerdOptions::without_nri();
     timed_with_containerd("CRI proxy e2e", "tap-crip", opts, scenario).await
 }
 

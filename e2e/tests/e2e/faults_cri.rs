@@ -49,10 +49,7 @@ async fn check_truth(agent: &TapAgent, cri: &mut Cri, when: &str) -> Result<()> 
 #[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 async fn cri_proxy_fault_matrix() -> Result<()> {
     tap_e2e::util::require_e2e_tier();
-    let opts = ContainerdOptions {
-        nri: false,
-        ..Default::default()
-    };
+    let opts = ContainerdOptions::without_nri();
     timed_with_containerd("CRI fault matrix", "tap-crif", opts, scenario).await
 }
 

@@ -120,6 +120,18 @@ fn series_in(expr: &str) -> Vec<String> {
         .collect()
 }
 
+/// Every alert the chart's rules hold, by name.
+const ALL_ALERTS: [&str; 8] = [
+    "KunpengTapAgentDown",
+    "KunpengTapContainersUnconverged",
+    "KunpengTapErrors",
+    "KunpengTapOperatorDown",
+    "KunpengTapOperatorNoLeader",
+    "KunpengTapPlacementRefused",
+    "KunpengTapProxyDown",
+    "KunpengTapRuntimeDisconnected",
+];
+
 #[test]
 #[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
 fn prometheus_rules_pass_promtool_and_read_exported_series() {
@@ -130,32 +142,14 @@ fn prometheus_rules_pass_promtool_and_read_exported_series() {
     for (sets, want_alerts) in [
         (
             vec!["metrics.serviceMonitor.enabled=true"],
-            vec![
-                "KunpengTapAgentDown",
-                "KunpengTapContainersUnconverged",
-                "KunpengTapErrors",
-                "KunpengTapOperatorDown",
-                "KunpengTapOperatorNoLeader",
-                "KunpengTapPlacementRefused",
-                "KunpengTapProxyDown",
-                "KunpengTapRuntimeDisconnected",
-            ],
+            ALL_ALERTS.to_vec(),
         ),
         (
             vec![
                 "metrics.podMonitor.enabled=true",
                 "metrics.podMonitor.namespace=monitoring",
             ],
-            vec![
-                "KunpengTapAgentDown",
-                "KunpengTapContainersUnconverged",
-                "KunpengTapErrors",
-                "KunpengTapOperatorDown",
-                "KunpengTapOperatorNoLeader",
-                "KunpengTapPlacementRefused",
-                "KunpengTapProxyDown",
-                "KunpengTapRuntimeDisconnected",
-            ],
+            ALL_ALERTS.to_vec(),
         ),
         // Scraped some other way: the chart cannot know the jobs, no target-down alerts.
         (

@@ -54,9 +54,9 @@ async fn cri_proxy_rebalancer_spreads_busy_containers() -> Result<()> {
 
 async fn run(test: &str, mode: Mode) -> Result<()> {
     util::require_e2e_tier();
-    let opts = ContainerdOptions {
-        nri: matches!(mode, Mode::Nri),
-        ..Default::default()
+    let opts = match mode {
+        Mode::Nri => ContainerdOptions::default(),
+        Mode::CriProxy => ContainerdOptions::without_nri(),
     };
     timed_with_containerd(test, "tap-rebal", opts, async |ctd, dir| {
         scenario(ctd, dir, mode).await
