@@ -10,41 +10,19 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
-use std::sync::Arc;
-use tap_engine::{ContainerRequest, Engine, PolicyKind, Qos, Topology};
-
-fn topo() -> Arc<Topology> {
-    Arc::new(
-        Topology::build(
-            &tap_engine::testdata::discover_fixture("synthetic-4s-8numa-smt-384t")
-                .expect("fixture"),
-        )
-        .expect("topology"),
-    )
-}
+use tap_engine::testdata::{fixture_topology, Probe};
+use tap_engine::{Engine, PolicyKind};
 
 fn loaded(policy: PolicyKind) -> Engine {
-    let e = tap_engine::testdata::bench_engine(topo(), policy, 1000);
+    let topo = fixture_topology("synthetic-4s-8numa-smt-384t");
+    let e = tap_engine::testdata::bench_engine(topo, policy, 1000);
     assert_eq!(e.len(), 1000);
     e
 }
 
 fn bench(c: &mut Criterion) {
-    let burstable = ContainerRequest {
-        id: "new".into(),
-        namespace: "default".into(),
-        cpu_request_milli: 4000,
-        cpu_limit_milli: Some(8000),
-        ..Default::default()
-    };
-    let guaranteed = ContainerRequest {
-        id: "new-g".into(),
-        namespace: "default".into(),
-        qos: Some(Qos::Guaranteed),
-        cpu_request_milli: 4000,
-        cpu_limit_milli: Some(4000),
-        ..Default::default()
-    };
+    let burstable = Probe::Burstable.request();
+    let guaranteed = Probe::Guaranteed.request();
     for (name, policy) in [
         ("topology-aware", PolicyKind::TopologyAware),
         ("numa-aware", PolicyKind::NumaAware),

@@ -15,18 +15,8 @@ use std::hint::black_box;
 use std::path::Path;
 use std::sync::Arc;
 use tap_engine::sysfs::discover_dir;
-use tap_engine::{ContainerRequest, PolicyKind, Qos, Topology};
-
-fn new_request(id: &str, qos: Qos, request: u64, limit: u64) -> ContainerRequest {
-    ContainerRequest {
-        id: id.into(),
-        namespace: "default".into(),
-        qos: Some(qos),
-        cpu_request_milli: request,
-        cpu_limit_milli: Some(limit),
-        ..Default::default()
-    }
-}
+use tap_engine::testdata::Probe;
+use tap_engine::{PolicyKind, Topology};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -43,8 +33,8 @@ fn main() {
     };
     let n: usize = n.parse().expect("N: a count");
     let mut e = tap_engine::testdata::bench_engine(topo, policy, 1000);
-    let burstable = new_request("new", Qos::Burstable, 4000, 8000);
-    let guaranteed = new_request("new-g", Qos::Guaranteed, 4000, 4000);
+    let burstable = Probe::Burstable.request();
+    let guaranteed = Probe::Guaranteed.request();
     let (req, remove) = match operation.as_str() {
         "setup" => return,
         "decide-burstable" => (&burstable, false),

@@ -8,6 +8,8 @@
 //! it out once as a folder under the Cargo target directory, for what needs a real directory
 //! (an agent started with `--sysfs-root`, a container image, a test that edits files on disk).
 
+use crate::cpuset::CpuSet;
+use crate::raw::{RawCpu, RawNode};
 use crate::sysfs::{DiscoveryError, MapSource};
 use crate::RawTopology;
 use std::io;
@@ -158,6 +160,38 @@ pub fn bench_request(i: usize) -> crate::ContainerRequest {
     }
 }
 
+/// The container the placement benchmarks place on their state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// `new`: Burstable, 4 CPUs requested, 8 the limit.
+    Burstable,
+    /// `new-g`: Guaranteed, 4 CPUs (exclusive where the policy gives them).
+    Guaranteed,
+}
+
+impl Probe {
+    pub fn request(self) -> crate::ContainerRequest {
+        let (id, qos, limit) = match self {
+            Probe::Burstable => ("new", crate::Qos::Burstable, 8000),
+            Probe::Guaranteed => ("new-g", crate::Qos::Guaranteed, 4000),
+        };
+        crate::ContainerRequest {
+            id: id.into(),
+            namespace: "default".into(),
+            qos: Some(qos),
+            cpu_request_milli: 4000,
+            cpu_limit_milli: Some(limit),
+            ..Default::default()
+        }
+    }
+}
+
+/// The topology of fixture `name`, built; panics when it does not discover or build.
+pub fn fixture_topology(name: &str) -> std::sync::Arc<crate::Topology> {
+    let raw = discover_fixture(name).expect("fixture discovers");
+    std::sync::Arc::new(crate::Topology::build(&raw).expect("fixture builds a topology"))
+}
+
 /// An engine of `policy` on `topo` with the first `n` containers of [`bench_request`] placed.
 pub fn bench_engine(
     topo: std::sync::Arc<crate::Topology>,
@@ -175,4 +209,85 @@ pub fn bench_engine(
         let _ = e.create(&bench_request(i));
     }
     e
+}
+
+/// A hand-made machine for tests: `sockets` x `dies` x `numa_per_die` NUMA nodes, each of
+/// `clusters_per_numa` clusters of `cores_per_cluster` single-thread cores, CPU ids linear;
+/// `memory_bytes` per node; distances 10 local, 12 within a socket, 20 across sockets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub sockets: u32,
+    pub dies: u32,
+    pub numa_per_die: u32,
+    pub clusters_per_numa: u32,
+    pub cores_per_cluster: u32,
+    /// Whether the CPUs report their cluster (else `RawCpu::cluster` is `None`).
+    pub cluster_ids: ClusterIds,
+    pub memory_bytes: u64,
+}
+
+/// Whether a [`Shape`]'s CPUs report the cluster they belong to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterIds {
+    Reported,
+    Absent,
+}
+
+impl Shape {
+    /// `sockets` x `numa_per_socket` nodes of `cores` single-thread cores, one die per socket,
+    /// no cluster information.
+    pub fn plain(sockets: u32, numa_per_socket: u32, cores: u32, memory_bytes: u64) -> Shape {
+        Shape {
+            sockets,
+            dies: 1,
+            numa_per_die: numa_per_socket,
+            clusters_per_numa: 1,
+            cores_per_cluster: cores,
+            cluster_ids: ClusterIds::Absent,
+            memory_bytes,
+        }
+    }
+
+    /// What discovery would read off such a machine.
+    pub fn raw(&self) -> RawTopology {
+        let nodes_per_socket = self.dies * self.numa_per_die;
+        let n_nodes = self.sockets * nodes_per_socket;
+        let mut raw = RawTopology::default();
+        for node in 0..n_nodes {
+            let socket = node / nodes_per_socket;
+            let mut set = CpuSet::new();
+            for cl in 0..self.clusters_per_numa {
+                for _ in 0..self.cores_per_cluster {
+                    let id = raw.cpus.len();
+                    raw.cpus.push(RawCpu {
+                        id,
+                        package: socket,
+                        die: node % nodes_per_socket / self.numa_per_die,
+                        cluster: (self.cluster_ids == ClusterIds::Reported)
+                            .then_some(u64::from(node * self.clusters_per_numa + cl)),
+                        core: id as u64,
+                        numa: Some(node),
+                        llc: None,
+                    });
+                    set.insert(id);
+                }
+            }
+            let distances = (0..n_nodes)
+                .map(|o| match o {
+                    o if o == node => 10,
+                    o if o / nodes_per_socket == socket => 12,
+                    _ => 20,
+                })
+                .collect();
+            raw.nodes.push(RawNode {
+                id: node,
+                cpus: set,
+                memory_bytes: self.memory_bytes,
+                distances,
+                read_bandwidth: None,
+                memory_tier: None,
+            });
+        }
+        raw
+    }
 }

@@ -396,9 +396,10 @@ impl TreeBuilder {
 #[cfg(test)]
 pub(crate) mod fixtures {
     use super::*;
+    use crate::testdata::{ClusterIds, Shape};
 
     /// A hand-made machine: `sockets` x `dies` x `numa_per_die` x `clusters_per_numa` x
-    /// `cores_per_cluster` cores, one thread each, CPU ids linear.
+    /// `cores_per_cluster` cores, one thread each, CPU ids linear, 64 GiB per node.
     pub fn machine(
         sockets: u32,
         dies: u32,
@@ -406,59 +407,16 @@ pub(crate) mod fixtures {
         clusters_per_numa: u32,
         cores_per_cluster: u32,
     ) -> RawTopology {
-        let mut cpus = Vec::new();
-        let mut nodes: Vec<RawNode> = Vec::new();
-        let mut id = 0usize;
-        let n_nodes = sockets * dies * numa_per_die;
-        for s in 0..sockets {
-            for d in 0..dies {
-                for n in 0..numa_per_die {
-                    let node = (s * dies + d) * numa_per_die + n;
-                    let mut set = CpuSet::new();
-                    for cl in 0..clusters_per_numa {
-                        for _ in 0..cores_per_cluster {
-                            cpus.push(RawCpu {
-                                id,
-                                package: s,
-                                die: d,
-                                cluster: Some((node * clusters_per_numa + cl) as u64),
-                                core: id as u64,
-                                numa: Some(node),
-                                llc: None,
-                            });
-                            set.insert(id);
-                            id += 1;
-                        }
-                    }
-                    let distances = (0..n_nodes)
-                        .map(|o| {
-                            if o == node {
-                                10
-                            } else if o / (dies * numa_per_die) == s {
-                                12
-                            } else {
-                                20
-                            }
-                        })
-                        .collect();
-                    nodes.push(RawNode {
-                        id: node,
-                        cpus: set,
-                        memory_bytes: 64 << 30,
-                        distances,
-                        read_bandwidth: None,
-                        memory_tier: None,
-                    });
-                }
-            }
+        Shape {
+            sockets,
+            dies,
+            numa_per_die,
+            clusters_per_numa,
+            cores_per_cluster,
+            cluster_ids: ClusterIds::Reported,
+            memory_bytes: 64 << 30,
         }
-        RawTopology {
-            cpus,
-            nodes,
-            devices: Vec::new(),
-            isolated: CpuSet::new(),
-            cpu: CpuModel::unknown(),
-        }
+        .raw()
     }
 }
 

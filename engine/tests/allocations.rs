@@ -3,8 +3,8 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use tap_engine::{ContainerRequest, Engine, EngineConfig, PolicyKind, Qos, Topology};
+use tap_engine::testdata::{fixture_topology, Probe};
+use tap_engine::{ContainerRequest, Engine, EngineConfig, PolicyKind};
 
 struct Counting;
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
@@ -30,12 +30,7 @@ fn allocations<T>(f: impl FnOnce() -> T) -> usize {
 
 #[test]
 fn decisions_allocate_almost_nothing() {
-    let topo = Arc::new(
-        Topology::build(
-            &tap_engine::testdata::discover_fixture("synthetic-4s-8numa-smt-384t").unwrap(),
-        )
-        .unwrap(),
-    );
+    let topo = fixture_topology("synthetic-4s-8numa-smt-384t");
     for policy in [PolicyKind::TopologyAware, PolicyKind::NumaAware] {
         let mut e = Engine::new(
             topo.clone(),
@@ -54,24 +49,11 @@ fn decisions_allocate_almost_nothing() {
             };
             let _ = e.create(&r);
         }
-        let burstable = ContainerRequest {
-            id: "new".into(),
-            namespace: "default".into(),
-            cpu_request_milli: 4000,
-            cpu_limit_milli: Some(8000),
-            ..Default::default()
-        };
+        let burstable = Probe::Burstable.request();
         let n = allocations(|| e.decide(&burstable));
         // topology-aware: none; numa-aware: one small vector of per-node figures.
         assert!(n <= 1, "{policy}: a shared decision made {n} allocations");
-        let g = ContainerRequest {
-            id: "g".into(),
-            namespace: "default".into(),
-            qos: Some(Qos::Guaranteed),
-            cpu_request_milli: 4000,
-            cpu_limit_milli: Some(4000),
-            ..Default::default()
-        };
+        let g = Probe::Guaranteed.request();
         let n = allocations(|| e.decide(&g));
         // Exclusive: a ranked candidate list and a core list, whatever the number of containers.
         assert!(

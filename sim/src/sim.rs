@@ -798,48 +798,11 @@ fn replay(
 mod tests {
     use super::*;
     use crate::trace::Trace;
-    use tap_engine::topology::{RawCpu, RawNode};
+    use tap_engine::testdata::Shape;
 
     /// 2 sockets x 1 NUMA node x 4 single-thread cores: CPUs 0-3 on node 0, 4-7 on node 1.
     fn tiny_machine() -> Machine {
-        let mut cpus = Vec::new();
-        let mut nodes = Vec::new();
-        for node in 0..2u32 {
-            let mut set = CpuSet::new();
-            for k in 0..4usize {
-                let id = node as usize * 4 + k;
-                cpus.push(RawCpu {
-                    id,
-                    package: node,
-                    die: 0,
-                    cluster: None,
-                    core: id as u64,
-                    numa: Some(node),
-                    llc: None,
-                });
-                set.insert(id);
-            }
-            nodes.push(RawNode {
-                id: node,
-                cpus: set,
-                memory_bytes: 8 << 30,
-                distances: if node == 0 {
-                    vec![10, 20]
-                } else {
-                    vec![20, 10]
-                },
-                read_bandwidth: None,
-                memory_tier: None,
-            });
-        }
-        let raw = RawTopology {
-            cpus,
-            nodes,
-            devices: Vec::new(),
-            isolated: CpuSet::new(),
-            cpu: Default::default(),
-        };
-        Machine::new("tiny", &raw).unwrap()
+        Machine::new("tiny", &Shape::plain(2, 1, 4, 8 << 30).raw()).unwrap()
     }
 
     /// Four Burstable Pods of request 2 / limit 3 CPUs arriving at t=0..3, all leaving at 10;
@@ -851,22 +814,29 @@ mod tests {
       {"name": "d", "qos": "Burstable", "arrival_s": 4, "departure_s": 10, "containers": [{"name": "c", "cpu_request": "2", "cpu_limit": "3"}]}
     ]}"#;
 
-    fn run(label: &str, policy: Policy) -> Outcomes {
-        let m = tiny_machine();
-        let t = Trace::parse(TINY).unwrap();
-        simulate(
-            &m,
-            &t,
-            &PolicyRun {
-                label: label.into(),
-                policy,
-            },
+    /// `trace` (JSON) replayed on [`tiny_machine`] under `policy`.
+    fn on_tiny(trace: &str, policy: Policy, profiling: Profiling) -> Outcomes {
+        let run = PolicyRun {
+            label: "test".into(),
+            policy,
+        };
+        replay(
+            &tiny_machine(),
+            &Trace::parse(trace).unwrap(),
+            &run,
+            1,
+            profiling,
         )
+    }
+
+    /// One figure of every placed container, in order.
+    fn each<T>(o: &Outcomes, figure: impl Fn(&Placed) -> T) -> Vec<T> {
+        o.placed.iter().map(figure).collect()
     }
 
     #[test]
     fn no_pinning_metrics_are_known() {
-        let o = run("none", Policy::NoPinning);
+        let o = on_tiny(TINY, Policy::NoPinning, Profiling::Off);
         let s = o.summary();
         assert_eq!(s.containers, 4);
         // Everything spans both nodes and both sockets.
@@ -874,10 +844,7 @@ mod tests {
         // Each Pod charges 1 CPU of request to each node. The first three find a node with 2
         // CPUs of request free (4, 3, 2 free); the fourth finds 1 free on each: no single node.
         assert_eq!(
-            o.placed
-                .iter()
-                .map(|p| p.single_possible)
-                .collect::<Vec<_>>(),
+            each(&o, |p| p.single_possible),
             vec![true, true, true, false]
         );
         assert_eq!(s.one_numa_where_fits, 0.0);
@@ -892,23 +859,21 @@ mod tests {
 
     #[test]
     fn topology_aware_metrics_are_known() {
-        let o = run("ta", Policy::Engine(EngineConfig::default()));
+        let o = on_tiny(
+            TINY,
+            Policy::Engine(EngineConfig::default()),
+            Profiling::Off,
+        );
         let s = o.summary();
         // Pools: machine > socket0 (node 0), socket1 (node 1).
         // a -> socket0 (tie, lower id); b -> socket1 (only there does the limit fit too);
         // c: both sockets have 2 CPUs of request free, less than its limit of 3, while the
         // machine has 4; the root is the last resort, so c goes to a socket (socket0: tie on
         // free request and limit room, lower id). d: only socket1 has room left.
-        assert_eq!(
-            o.placed.iter().map(|p| p.numa_nodes).collect::<Vec<_>>(),
-            vec![1, 1, 1, 1]
-        );
+        assert_eq!(each(&o, |p| p.numa_nodes), vec![1, 1, 1, 1]);
         // Ledger before d: node 0 holds 4, node 1 holds 2 of 4: node 1 still fits.
         assert_eq!(
-            o.placed
-                .iter()
-                .map(|p| p.single_possible)
-                .collect::<Vec<_>>(),
+            each(&o, |p| p.single_possible),
             vec![true, true, true, true]
         );
         assert_eq!((s.one_numa, s.one_socket), (1.0, 1.0));
@@ -927,24 +892,13 @@ mod tests {
 
     #[test]
     fn kubelet_static_pins_only_guaranteed_integer() {
-        let m = tiny_machine();
-        let t = Trace::parse(
-            r#"{"name": "k", "pods": [
+        let trace = r#"{"name": "k", "pods": [
           {"name": "g", "qos": "Guaranteed", "arrival_s": 0, "departure_s": 5, "containers": [{"name": "c", "cpu_limit": "2", "memory_limit": "1Gi"}]},
           {"name": "h", "qos": "Guaranteed", "arrival_s": 1, "departure_s": 5, "containers": [{"name": "c", "cpu_limit": "500m", "memory_limit": "1Gi"}]},
           {"name": "b", "qos": "Burstable", "arrival_s": 2, "departure_s": 5, "containers": [{"name": "c", "cpu_request": "1"}]},
           {"name": "big", "qos": "Guaranteed", "arrival_s": 3, "departure_s": 5, "containers": [{"name": "c", "cpu_limit": "6", "memory_limit": "1Gi"}]}
-        ]}"#,
-        )
-        .unwrap();
-        let o = simulate(
-            &m,
-            &t,
-            &PolicyRun {
-                label: "k".into(),
-                policy: Policy::KubeletStatic,
-            },
-        );
+        ]}"#;
+        let o = on_tiny(trace, Policy::KubeletStatic, Profiling::Off);
         let s = o.summary();
         assert_eq!(s.exclusive_grants, 1);
         assert_eq!(s.exclusive_cpus, 2);
@@ -963,23 +917,12 @@ mod tests {
         // b (1 CPU, shared) spreads over all 8 CPUs; g then takes CPUs 0-1 exclusively, so b
         // runs on 2-7: 2/6 of its request on node 0, 4/6 on node 1. Window [2, 3]:
         // node 0 = 2000 + 333, node 1 = 667 -> max/mean = 2333 / 1500.
-        let m = tiny_machine();
-        let t = Trace::parse(
-            r#"{"name": "k", "warmup_s": 2, "pods": [
+        let trace = r#"{"name": "k", "warmup_s": 2, "pods": [
           {"name": "b", "qos": "Burstable", "arrival_s": 0, "containers": [{"name": "c", "cpu_request": "1"}]},
           {"name": "g", "qos": "Guaranteed", "arrival_s": 1, "containers": [{"name": "c", "cpu_limit": "2", "memory_limit": "1Gi"}]},
           {"name": "e", "qos": "BestEffort", "arrival_s": 3, "containers": [{"name": "c"}]}
-        ]}"#,
-        )
-        .unwrap();
-        let o = simulate(
-            &m,
-            &t,
-            &PolicyRun {
-                label: "k".into(),
-                policy: Policy::KubeletStatic,
-            },
-        );
+        ]}"#;
+        let o = on_tiny(trace, Policy::KubeletStatic, Profiling::Off);
         assert!(
             (o.imbalance - 2333.0 / 1500.0).abs() < 1e-9,
             "{}",
@@ -988,11 +931,7 @@ mod tests {
         assert_eq!(o.updates, 1);
         assert_eq!(o.imbalance_profile, ImbalanceProfile::default());
         // The profile accounts for the same imbalance; node 0 (2,333 of its 4,000) is never over.
-        let run = PolicyRun {
-            label: "k".into(),
-            policy: Policy::KubeletStatic,
-        };
-        let f = &simulate_profiled(&m, &t, &run).imbalance_profile;
+        let f = &on_tiny(trace, Policy::KubeletStatic, Profiling::On).imbalance_profile;
         assert!((f.imbalance() - o.imbalance).abs() < 1e-9, "{f:?}");
         assert_eq!(f.over_share(), 0.0);
     }
@@ -1002,24 +941,13 @@ mod tests {
         // No pinning: three containers of 3 CPUs of request each spread over both 4-CPU nodes,
         // 4.5 CPUs of request on each: both over their CPUs all the time, all of it shares of
         // two-node cpusets; balanced (1.0).
-        let m = tiny_machine();
-        let t = Trace::parse(
-            r#"{"name": "p", "warmup_s": 1, "pods": [
+        let trace = r#"{"name": "p", "warmup_s": 1, "pods": [
           {"name": "a", "qos": "Burstable", "arrival_s": 0, "containers": [{"name": "c", "cpu_request": "3"}]},
           {"name": "b", "qos": "Burstable", "arrival_s": 0.5, "containers": [{"name": "c", "cpu_request": "3"}]},
           {"name": "c", "qos": "Burstable", "arrival_s": 1, "containers": [{"name": "c", "cpu_request": "3"}]},
           {"name": "d", "qos": "BestEffort", "arrival_s": 3, "containers": [{"name": "c"}]}
-        ]}"#,
-        )
-        .unwrap();
-        let o = simulate_profiled(
-            &m,
-            &t,
-            &PolicyRun {
-                label: "none".into(),
-                policy: Policy::NoPinning,
-            },
-        );
+        ]}"#;
+        let o = on_tiny(trace, Policy::NoPinning, Profiling::On);
         let f = &o.imbalance_profile;
         assert!((f.imbalance() - 1.0).abs() < 1e-9 && (o.imbalance - 1.0).abs() < 1e-9);
         assert_eq!(f.over_share(), 1.0);
@@ -1032,33 +960,17 @@ mod tests {
         // A Burstable 1/2 and a BestEffort container: the engine leaves the BestEffort one on
         // all CPUs (both nodes), which counts against "1 NUMA" but not against "1 NUMA where
         // one fits" or the Guaranteed/Burstable share.
-        let m = tiny_machine();
-        let t = Trace::parse(
-            r#"{"name": "be", "pods": [
+        let trace = r#"{"name": "be", "pods": [
           {"name": "b", "qos": "Burstable", "arrival_s": 0, "containers": [{"name": "c", "cpu_request": "1", "cpu_limit": "2"}]},
           {"name": "e", "qos": "BestEffort", "arrival_s": 1, "containers": [{"name": "c"}]}
-        ]}"#,
-        )
-        .unwrap();
-        let o = simulate(
-            &m,
-            &t,
-            &PolicyRun {
-                label: "ta".into(),
-                policy: Policy::Engine(EngineConfig::default()),
-            },
+        ]}"#;
+        let o = on_tiny(
+            trace,
+            Policy::Engine(EngineConfig::default()),
+            Profiling::Off,
         );
-        assert_eq!(
-            o.placed.iter().map(|p| p.numa_nodes).collect::<Vec<_>>(),
-            vec![1, 2]
-        );
-        assert_eq!(
-            o.placed
-                .iter()
-                .map(|p| p.single_possible)
-                .collect::<Vec<_>>(),
-            vec![true, false]
-        );
+        assert_eq!(each(&o, |p| p.numa_nodes), vec![1, 2]);
+        assert_eq!(each(&o, |p| p.single_possible), vec![true, false]);
         let s = o.summary();
         assert_eq!((s.one_numa, s.one_numa_not_be), (0.5, 1.0));
         assert_eq!(s.one_numa_where_fits, 1.0);

@@ -8,8 +8,7 @@ pub const GPU96: &str = "synthetic-2s-4numa-96c-gpu";
 
 /// The topology of fixture `name` (fixtures/sysfs).
 pub fn topo(name: &str) -> Arc<Topology> {
-    let raw = tap_engine::testdata::discover_fixture(name).expect("fixture discovers");
-    Arc::new(Topology::build(&raw).expect("fixture builds a topology"))
+    tap_engine::testdata::fixture_topology(name)
 }
 
 /// An engine on fixture `name`.

@@ -5,10 +5,10 @@
 
 use crate::common::placed;
 use std::sync::Arc;
-use tap_engine::topology::{RawCpu, RawNode};
+use tap_engine::testdata::Shape;
 use tap_engine::{
     ContainerRequest, CpuSet, Engine, EngineConfig, Existing, Level, NodeSet, Placement,
-    PolicyKind, Qos, RawTopology, Reason, Topology,
+    PolicyKind, Qos, Reason, Topology,
 };
 
 const GIB: u64 = 1 << 30;
@@ -23,46 +23,8 @@ const EVERY_CONFIG: [(PolicyKind, bool); 4] = [
 
 /// `sockets` x `numa` NUMA nodes per socket x `cpus` single-thread cores per node, `mem_gib` of
 /// memory per node, CPU ids linear; distances 10 local, 12 same socket, 20 remote.
-fn shape(sockets: u32, numa: u32, cpus: usize, mem_gib: u64) -> Arc<Topology> {
-    let n_nodes = sockets * numa;
-    let mut raw = RawTopology {
-        cpus: Vec::new(),
-        nodes: Vec::new(),
-        devices: Vec::new(),
-        isolated: CpuSet::new(),
-        cpu: Default::default(),
-    };
-    for node in 0..n_nodes {
-        let mut set = CpuSet::new();
-        for k in 0..cpus {
-            let id = node as usize * cpus + k;
-            raw.cpus.push(RawCpu {
-                id,
-                package: node / numa,
-                die: 0,
-                cluster: None,
-                core: id as u64,
-                numa: Some(node),
-                llc: None,
-            });
-            set.insert(id);
-        }
-        let distances = (0..n_nodes)
-            .map(|o| match o {
-                o if o == node => 10,
-                o if o / numa == node / numa => 12,
-                _ => 20,
-            })
-            .collect();
-        raw.nodes.push(RawNode {
-            id: node,
-            cpus: set,
-            memory_bytes: mem_gib * GIB,
-            distances,
-            read_bandwidth: None,
-            memory_tier: None,
-        });
-    }
+fn shape(sockets: u32, numa: u32, cpus: u32, mem_gib: u64) -> Arc<Topology> {
+    let raw = Shape::plain(sockets, numa, cpus, mem_gib * GIB).raw();
     Arc::new(Topology::build(&raw).expect("topology"))
 }
 
