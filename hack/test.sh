@@ -17,6 +17,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tier="${1:-all}"
+usage="usage: hack/test.sh [unit|arm64|e2e|containerd2|all]"
+case "$tier" in
+  unit | arm64 | e2e | containerd2 | all) ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac
 # CI keeps Cargo's build output outside the fresh clone so later runs on the same machine
 # start warm; locally the usual ./target is used.
 if [ "${CI:-}" = "true" ] && [ -z "${CARGO_TARGET_DIR:-}" ]; then
@@ -123,5 +128,5 @@ case "$tier" in
   e2e) e2e ;;
   containerd2) containerd2 ;;
   all) unit; arm64; e2e; containerd2 ;;
-  *) echo "usage: hack/test.sh [unit|arm64|e2e|containerd2|all]" >&2; exit 2 ;;
+  *) echo "$usage" >&2; exit 2 ;;
 esac
