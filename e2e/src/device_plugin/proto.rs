@@ -1,5 +1,9 @@
 //! The kubelet's device-plugin API v1beta1 (`k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1`),
 //! the messages this test plugin sends and reads, written out from the API's field numbers.
+//! `TopologyInfo` and `NUMANode` are the pod-resources API's messages field for field (the
+//! kubelet hands a device's topology on as it got it), so the agent's are used.
+
+pub use node_agent::pod_resources::proto::{NumaNode, TopologyInfo};
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Empty {}
@@ -28,18 +32,6 @@ pub struct RegisterRequest {
 pub struct ListAndWatchResponse {
     #[prost(message, repeated, tag = "1")]
     pub devices: Vec<Device>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct TopologyInfo {
-    #[prost(message, repeated, tag = "1")]
-    pub nodes: Vec<NumaNode>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct NumaNode {
-    #[prost(int64, tag = "1")]
-    pub id: i64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
