@@ -155,6 +155,17 @@ impl ContainerdOptions {
     }
 }
 
+/// The agent's topology flags: a sysfs fixture folded onto this host, or this host's own.
+fn sysfs_args(fixture: Option<&str>) -> Vec<String> {
+    match fixture {
+        Some(f) => vec![
+            format!("--sysfs-root={}", crate::util::fixture_dir(f).display()),
+            "--fold-cpus-to-host".into(),
+        ],
+        None => vec!["--sysfs-root=/sys".into()],
+    }
+}
+
 /// Whether containerd serves NRI plugins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Nri {
@@ -210,13 +221,6 @@ impl Containerd {
         fixture: Option<&str>,
         state_dir: &Path,
     ) -> Vec<String> {
-        let sysfs = match fixture {
-            Some(f) => vec![
-                format!("--sysfs-root={}", crate::util::fixture_dir(f).display()),
-                "--fold-cpus-to-host".into(),
-            ],
-            None => vec!["--sysfs-root=/sys".into()],
-        };
         let mut args = vec![
             "--container-runtime-mode=Containerd".into(),
             format!("--runtime-proxy-endpoint={}", proxy.display()),
@@ -225,11 +229,23 @@ impl Containerd {
                 self.cri_socket().display()
             ),
         ];
-        args.extend(sysfs);
+        args.extend(sysfs_args(fixture));
         args.extend([
             format!("--state-dir={}", state_dir.display()),
             "--graceful-timeout=2s".into(),
         ]);
+        args
+    }
+
+    /// The agent's flags for NRI mode on this containerd: its NRI socket, the topology of
+    /// `fixture` folded onto this host (`None`: this host's own), its state in `state_dir`.
+    pub fn nri_agent_args(&self, fixture: Option<&str>, state_dir: &Path) -> Vec<String> {
+        let mut args = vec![
+            "--container-runtime-mode=NRI".into(),
+            format!("--nri-socket-path={}", self.nri_socket().display()),
+        ];
+        args.extend(sysfs_args(fixture));
+        args.push(format!("--state-dir={}", state_dir.display()));
         args
     }
 

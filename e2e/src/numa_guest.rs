@@ -163,15 +163,10 @@ impl GuestAgent {
             .matches("state restored from the runtime")
             .count();
         let child = Command::new(agent_bin()?)
-            .arg("--container-runtime-mode=NRI")
-            .arg(format!("--nri-socket-path={}", ctd.nri_socket().display()))
+            .args(ctd.nri_agent_args(None, &ctd.dir().join("agent-state")))
             .arg("--resource-policy=topology-aware")
             .arg("--enable-memory-topology=true")
             .arg(format!("--metrics-bind-address=127.0.0.1:{metrics}"))
-            .arg(format!(
-                "--state-dir={}",
-                ctd.dir().join("agent-state").display()
-            ))
             .args(extra)
             .env_remove("TAP_LOG")
             .stdin(Stdio::null())

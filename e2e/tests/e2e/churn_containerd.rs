@@ -78,11 +78,7 @@ async fn churn(test: &str, mode: Mode) -> Result<()> {
 fn agent_args(ctd: &Containerd, dir: &Path, mode: Mode) -> Vec<String> {
     let state = dir.join("state");
     let args = match mode {
-        Mode::Nri => vec![
-            "--container-runtime-mode=NRI".to_string(),
-            format!("--nri-socket-path={}", ctd.nri_socket().display()),
-            format!("--state-dir={}", state.display()),
-        ],
+        Mode::Nri => ctd.nri_agent_args(None, &state),
         Mode::CriProxy => ctd.cri_proxy_agent_args(&dir.join("proxy.sock"), None, &state),
     };
     churn::on_this_host(args)

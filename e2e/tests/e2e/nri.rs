@@ -82,19 +82,9 @@ impl Agent {
         let f = std::fs::File::create(&log)?;
         let metrics_port = util::free_port()?;
         let child = Command::new(util::agent_binary().expect("building kunpeng-tap"))
-            .arg("--container-runtime-mode=NRI")
-            .arg(format!("--nri-socket-path={}", ctd.nri_socket().display()))
+            .args(ctd.nri_agent_args(Some(fixture), &ctd.dir().join("agent-state")))
             .arg("--resource-policy=topology-aware")
-            .arg(format!(
-                "--sysfs-root={}",
-                util::fixture_dir(fixture).display()
-            ))
-            .arg("--fold-cpus-to-host")
             .arg(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"))
-            .arg(format!(
-                "--state-dir={}",
-                ctd.dir().join("agent-state").display()
-            ))
             .args(extra)
             .env("NO_COLOR", "1")
             .env_remove("TAP_LOG")

@@ -18,7 +18,6 @@ use tap_e2e::containerd::{
 use tap_e2e::docker::TapAgent;
 use tap_e2e::kube::KubeCluster;
 use tap_e2e::text::grant_nodes;
-use tap_e2e::util::fixture_dir;
 
 const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-4numa-96c-gpu";
@@ -157,16 +156,12 @@ async fn node_resource_topology_follows_allocations() -> Result<()> {
 }
 
 async fn scenario(k: &KubeCluster, ctd: &mut Containerd, dir: &Path) -> Result<()> {
-    let args = vec![
-        "--container-runtime-mode=NRI".to_string(),
-        format!("--nri-socket-path={}", ctd.nri_socket().display()),
-        format!("--sysfs-root={}", fixture_dir(FIXTURE).display()),
-        "--fold-cpus-to-host".into(),
-        format!("--state-dir={}", dir.join("state").display()),
+    let mut args = ctd.nri_agent_args(Some(FIXTURE), &dir.join("state"));
+    args.extend([
         "--reserved-cpus=0".into(),
         "--enable-node-topology".into(),
         format!("--node-name={NODE}"),
-    ];
+    ]);
     let agent = TapAgent::start(&args, &dir.join("agent.log"))?;
 
     // Published with nothing placed: every zone has all its allocatable CPUs available, and

@@ -115,13 +115,7 @@ async fn start(ctd: &Containerd, dir: &Path, mode: Mode) -> Result<(TapAgent, Cr
     let proxy = dir.join("cri-proxy.sock");
     let mut args = match mode {
         Mode::CriProxy => ctd.cri_proxy_agent_args(&proxy, Some(FIXTURE), &dir.join("state")),
-        Mode::Nri => vec![
-            "--container-runtime-mode=NRI".into(),
-            format!("--nri-socket-path={}", ctd.nri_socket().display()),
-            format!("--sysfs-root={}", util::fixture_dir(FIXTURE).display()),
-            "--fold-cpus-to-host".into(),
-            format!("--state-dir={}", dir.join("state").display()),
-        ],
+        Mode::Nri => ctd.nri_agent_args(Some(FIXTURE), &dir.join("state")),
     };
     args.extend(
         [
