@@ -114,37 +114,31 @@ impl<const W: usize> IdSet<W> {
         found
     }
 
-    pub fn union(&self, other: &Self) -> Self {
+    /// The set whose every word is `op` of the two sets' words.
+    #[inline]
+    fn word_by_word(&self, other: &Self, op: impl Fn(u64, u64) -> u64) -> Self {
         let mut out = *self;
         for (o, b) in out.bits.iter_mut().zip(other.bits.iter()) {
-            *o |= *b;
+            *o = op(*o, *b);
         }
         out
+    }
+
+    pub fn union(&self, other: &Self) -> Self {
+        self.word_by_word(other, |a, b| a | b)
     }
 
     pub fn intersection(&self, other: &Self) -> Self {
-        let mut out = *self;
-        for (o, b) in out.bits.iter_mut().zip(other.bits.iter()) {
-            *o &= *b;
-        }
-        out
+        self.word_by_word(other, |a, b| a & b)
     }
 
     pub fn difference(&self, other: &Self) -> Self {
-        let mut out = *self;
-        for (o, b) in out.bits.iter_mut().zip(other.bits.iter()) {
-            *o &= !*b;
-        }
-        out
+        self.word_by_word(other, |a, b| a & !b)
     }
 
     /// The CPUs in exactly one of the two sets.
     pub fn symmetric_difference(&self, other: &Self) -> Self {
-        let mut out = *self;
-        for (o, b) in out.bits.iter_mut().zip(other.bits.iter()) {
-            *o ^= *b;
-        }
-        out
+        self.word_by_word(other, |a, b| a ^ b)
     }
 
     pub fn is_subset(&self, other: &Self) -> bool {

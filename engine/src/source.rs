@@ -64,6 +64,18 @@ impl MapSource {
         self
     }
 
+    /// With NUMA node `id`'s files: its `cpulist`, a `meminfo` of `mem_kib` kB and its
+    /// `distance` line (`cpulist` and `distance` as sysfs writes them, without the newline).
+    pub fn with_node(self, id: u32, cpulist: &str, mem_kib: u64, distance: &str) -> Self {
+        let dir = format!("devices/system/node/node{id}");
+        self.with(&format!("{dir}/cpulist"), &format!("{cpulist}\n"))
+            .with(
+                &format!("{dir}/meminfo"),
+                &format!("Node {id} MemTotal: {mem_kib} kB\n"),
+            )
+            .with(&format!("{dir}/distance"), &format!("{distance}\n"))
+    }
+
     /// `rel` with every symlink on its way replaced by its target: the path of the file or
     /// directory it names, without `.`, `..` or empty components.
     fn resolve(&self, rel: &str) -> io::Result<String> {

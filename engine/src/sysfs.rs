@@ -33,39 +33,38 @@ const NODE_DIR: &str = "devices/system/node";
 const PCI_DIR: &str = "bus/pci/devices";
 const TIER_DIR: &str = "devices/virtual/memory_tiering";
 
+fn read_error(path: &str, source: io::Error) -> DiscoveryError {
+    DiscoveryError::Read {
+        path: path.to_string(),
+        source,
+    }
+}
+
+/// What reading `path` gave, a file or directory that is not there as `None`.
+fn absent_as_none<T>(path: &str, read: io::Result<T>) -> Result<Option<T>, DiscoveryError> {
+    match read {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(read_error(path, e)),
+    }
+}
+
 struct Reader<'a, S: FileSource + ?Sized> {
     src: &'a S,
 }
 
 impl<S: FileSource + ?Sized> Reader<'_, S> {
     fn read(&self, path: &str) -> Result<String, DiscoveryError> {
-        self.src.read(path).map_err(|source| DiscoveryError::Read {
-            path: path.to_string(),
-            source,
-        })
+        self.src.read(path).map_err(|e| read_error(path, e))
     }
 
     fn read_opt(&self, path: &str) -> Result<Option<String>, DiscoveryError> {
-        match self.src.read(path) {
-            Ok(s) => Ok(Some(s)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(DiscoveryError::Read {
-                path: path.to_string(),
-                source,
-            }),
-        }
+        absent_as_none(path, self.src.read(path))
     }
 
     /// Directory entries; `None` when the directory does not exist.
     fn list_opt(&self, path: &str) -> Result<Option<Vec<String>>, DiscoveryError> {
-        match self.src.list(path) {
-            Ok(names) => Ok(Some(names)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(DiscoveryError::Read {
-                path: path.to_string(),
-                source,
-            }),
-        }
+        absent_as_none(path, self.src.list(path))
     }
 
     fn cpuset(&self, path: &str, text: &str) -> Result<CpuSet, DiscoveryError> {
@@ -447,10 +446,7 @@ pub fn discover_dir_with_warnings(root: &Path) -> Result<Discovery, DiscoveryErr
 /// [`RootSource::open`], its failure (an unreadable or malformed dump) as a read error of the
 /// file.
 pub fn open_root(root: &Path) -> Result<RootSource, DiscoveryError> {
-    RootSource::open(root).map_err(|source| DiscoveryError::Read {
-        path: root.display().to_string(),
-        source,
-    })
+    RootSource::open(root).map_err(|e| read_error(&root.display().to_string(), e))
 }
 
 #[cfg(test)]
@@ -475,25 +471,10 @@ mod tests {
     fn tiny() -> MapSource {
         let mut m = MapSource::default()
             .with("devices/system/cpu/online", "0-2,4\n")
-            .with("devices/system/node/node0/cpulist", "0-1\n")
-            .with(
-                "devices/system/node/node0/meminfo",
-                "Node 0 MemTotal:  1024 kB\n",
-            )
-            .with("devices/system/node/node0/distance", "10 20 20\n")
-            .with("devices/system/node/node1/cpulist", "2-4\n")
-            .with(
-                "devices/system/node/node1/meminfo",
-                "Node 1 MemTotal:  2048 kB\n",
-            )
-            .with("devices/system/node/node1/distance", "20 10 20\n")
+            .with_node(0, "0-1", 1024, "10 20 20")
+            .with_node(1, "2-4", 2048, "20 10 20")
             // A memory-only node.
-            .with("devices/system/node/node2/cpulist", "\n")
-            .with(
-                "devices/system/node/node2/meminfo",
-                "Node 2 MemTotal:  4096 kB\n",
-            )
-            .with("devices/system/node/node2/distance", "17 28 10\n");
+            .with_node(2, "", 4096, "17 28 10");
         for cpu in [0, 1, 2, 4] {
             let b = format!("devices/system/cpu/cpu{cpu}/topology");
             m = m

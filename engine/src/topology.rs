@@ -157,15 +157,11 @@ impl Topology {
     }
 
     pub fn node_of_cpu(&self, cpu: usize) -> Option<u32> {
-        self.cpu_node.get(cpu).copied().filter(|n| *n != u32::MAX)
+        per_cpu(&self.cpu_node, cpu)
     }
 
     pub fn core_of_cpu(&self, cpu: usize) -> Option<usize> {
-        self.cpu_core
-            .get(cpu)
-            .copied()
-            .filter(|n| *n != u32::MAX)
-            .map(|c| c as usize)
+        per_cpu(&self.cpu_core, cpu).map(|c| c as usize)
     }
 
     /// The number of CPUs of core `i` (0 for no such core).
@@ -188,11 +184,7 @@ impl Topology {
     }
 
     pub fn cluster_of_cpu(&self, cpu: usize) -> Option<usize> {
-        self.cpu_cluster
-            .get(cpu)
-            .copied()
-            .filter(|n| *n != u32::MAX)
-            .map(|c| c as usize)
+        per_cpu(&self.cpu_cluster, cpu).map(|c| c as usize)
     }
 
     /// Position in `nodes` of the NUMA node of `cpu`.
@@ -391,6 +383,12 @@ impl TreeBuilder {
         }
         best
     }
+}
+
+/// The entry of `cpu` in a per-CPU table (`u32::MAX` for none).
+#[inline]
+fn per_cpu(table: &[u32], cpu: usize) -> Option<u32> {
+    table.get(cpu).copied().filter(|v| *v != u32::MAX)
 }
 
 #[cfg(test)]

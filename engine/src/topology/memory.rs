@@ -62,22 +62,21 @@ mod tests {
         for (n, bw) in raw.nodes.iter_mut().zip([100_000, 100_000]) {
             n.read_bandwidth = Some(bw);
         }
-        raw.nodes.push(RawNode {
-            id: 2,
-            cpus: CpuSet::new(),
-            memory_bytes: 128 << 30,
-            distances: vec![17, 28, 10, 28],
-            read_bandwidth: Some(30_000),
-            memory_tier: None,
-        });
-        raw.nodes.push(RawNode {
-            id: 3,
-            cpus: CpuSet::new(),
-            memory_bytes: 16 << 30,
-            distances: vec![28, 13, 28, 10],
-            read_bandwidth: Some(400_000),
-            memory_tier: None,
-        });
+        // (id, GiB, distances, read bandwidth): PMEM nearer node 0, HBM nearer node 1.
+        let memory_only = [
+            (2, 128, [17, 28, 10, 28], 30_000),
+            (3, 16, [28, 13, 28, 10], 400_000),
+        ];
+        for (id, gib, distances, bw) in memory_only {
+            raw.nodes.push(RawNode {
+                id,
+                cpus: CpuSet::new(),
+                memory_bytes: gib << 30,
+                distances: distances.to_vec(),
+                read_bandwidth: Some(bw),
+                memory_tier: None,
+            });
+        }
         let t = Topology::build(&raw).unwrap();
         let kinds: Vec<MemoryKind> = t.nodes.iter().map(|n| n.kind).collect();
         use MemoryKind::*;

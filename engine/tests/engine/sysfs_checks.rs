@@ -552,18 +552,8 @@ fn back_links_are_followed_without_looping() {
 fn small_tree() -> MapSource {
     let mut m = MapSource::default()
         .with("devices/system/cpu/online", "0-3\n")
-        .with("devices/system/node/node0/cpulist", "0-1\n")
-        .with(
-            "devices/system/node/node0/meminfo",
-            "Node 0 MemTotal: 1024 kB\n",
-        )
-        .with("devices/system/node/node0/distance", "10 20\n")
-        .with("devices/system/node/node1/cpulist", "2-3\n")
-        .with(
-            "devices/system/node/node1/meminfo",
-            "Node 1 MemTotal: 2048 kB\n",
-        )
-        .with("devices/system/node/node1/distance", "20 10\n")
+        .with_node(0, "0-1", 1024, "10 20")
+        .with_node(1, "2-3", 2048, "20 10")
         .with("bus/pci/devices/0000:10:00.0/class", "0x030000\n")
         .with("bus/pci/devices/0000:10:00.0/numa_node", "1\n");
     for cpu in 0..4 {
