@@ -391,19 +391,10 @@ mod tests {
     #[test]
     fn mix_is_roughly_as_asked() {
         let t = generate(&params(3, 2.0));
-        let n = t.pods.len() as f64;
-        let be = t
-            .pods
-            .iter()
-            .filter(|p| p.qos == QosName::BestEffort)
-            .count() as f64
-            / n;
-        let g = t
-            .pods
-            .iter()
-            .filter(|p| p.qos == QosName::Guaranteed)
-            .count() as f64
-            / n;
+        let share = |qos: QosName| {
+            t.pods.iter().filter(|p| p.qos == qos).count() as f64 / t.pods.len() as f64
+        };
+        let (be, g) = (share(QosName::BestEffort), share(QosName::Guaranteed));
         assert!((0.12..0.30).contains(&be), "BestEffort share {be}");
         assert!((0.04..0.16).contains(&g), "Guaranteed share {g}");
     }

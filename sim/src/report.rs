@@ -12,16 +12,16 @@ fn us(v: Option<f64>) -> String {
     v.map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into())
 }
 
+/// A Markdown table's first two lines: its column names and their alignment.
+fn head(names: &str, alignment: &str) -> String {
+    format!("{names}\n{alignment}\n")
+}
+
 /// A Markdown table, one row per policy.
 pub fn table(results: &[Outcomes]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "| policy | containers | 1 NUMA | 1 NUMA (not BestEffort) | 1 L3 (not BestEffort) | 1 die | 1 socket | 1 NUMA where one fits | spans NUMA though one fits | NUMA imbalance by request (max/mean) | by limit | exclusive grants / CPUs (peak) | Guaranteed-integer left shared | exclusive on split cores | refused | fallback to root | cpuset updates of others | decision p50 µs | decision p99 µs | GPU-local |"
-    );
-    let _ = writeln!(
-        out,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    let mut out = head(
+        "| policy | containers | 1 NUMA | 1 NUMA (not BestEffort) | 1 L3 (not BestEffort) | 1 die | 1 socket | 1 NUMA where one fits | spans NUMA though one fits | NUMA imbalance by request (max/mean) | by limit | exclusive grants / CPUs (peak) | Guaranteed-integer left shared | exclusive on split cores | refused | fallback to root | cpuset updates of others | decision p50 µs | decision p99 µs | GPU-local |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     );
     for r in results {
         let s: Summary = r.summary();
@@ -64,14 +64,9 @@ pub fn table(results: &[Outcomes]) -> String {
 /// without and with the rebalancer, its moves, and the placements' locality; a last row per
 /// policy with the worst of each column.
 pub fn rebalance_table(rows: &[(u64, Vec<Pair>)]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "| seed | policy | containers | usage imbalance mean, without | p95, without | mean, with | p95, with | per shared CPU: mean, without | p95, without | mean, with | p95, with | moves | moves per container-hour | most moves of one container | containers moved | 1 NUMA (not BestEffort), without | with | neighbour updates from moves | moves refused |"
-    );
-    let _ = writeln!(
-        out,
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    let mut out = head(
+        "| seed | policy | containers | usage imbalance mean, without | p95, without | mean, with | p95, with | per shared CPU: mean, without | p95, without | mean, with | p95, with | moves | moves per container-hour | most moves of one container | containers moved | 1 NUMA (not BestEffort), without | with | neighbour updates from moves | moves refused |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     );
     for (seed, pairs) in rows {
         for p in pairs {

@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use std::path::PathBuf;
 use tap_sim::gen::{generate, GenParams};
-use tap_sim::plot::{plot, Series};
+use tap_sim::plot::{plot, Point, Series};
 use tap_sim::report::table;
 use tap_sim::sim::{simulate_with, standard_policies, Machine, Outcomes};
 use tap_sim::trace::Trace;
@@ -247,82 +247,84 @@ fn main() -> Result<()> {
     print!("{}", table(&results));
 
     if let Some(path) = &args.plot {
-        let levels: Vec<f64> = parse_list(&args.sweep, "--sweep")?;
-        let mut series: Vec<Series> = standard_policies()
-            .iter()
-            .map(|p| Series {
-                label: p.label.clone(),
-                points: Vec::new(),
-            })
-            .collect();
-        println!();
-        println!(
-            "sweep (seed {}): share within one NUMA node where one fits",
-            args.seed
-        );
-        let mut header = String::from("| policy |");
-        let mut rows: Vec<String> = series.iter().map(|s| format!("| {} |", s.label)).collect();
-        let mut imb_rows: Vec<String> = rows.clone();
-        let mut lim_rows: Vec<String> = rows.clone();
-        for oc in levels {
-            let t = generate(&params(&args, &m, oc)?);
-            let res = run_all(&m, &t, 1);
-            let measured = res.first().map(|r| r.overcommit).unwrap_or(oc);
-            let util = res.first().map(|r| r.request_util).unwrap_or(0.0);
-            header.push_str(&format!(
-                " {oc}x (measured {measured:.2}x, requests {:.0}%) |",
-                util * 100.0
-            ));
-            for (i, r) in res.iter().enumerate() {
-                let s = r.summary();
-                series[i].points.push(tap_sim::plot::Point {
-                    overcommit: measured,
-                    one_numa: s.one_numa,
-                    one_numa_where_fits: s.one_numa_where_fits,
-                    imbalance: s.imbalance,
-                    limit_imbalance: s.limit_imbalance,
-                });
-                rows[i].push_str(&format!(" {:.1}% |", s.one_numa_where_fits * 100.0));
-                imb_rows[i].push_str(&format!(" {:.3} |", s.imbalance));
-                lim_rows[i].push_str(&format!(" {:.3} |", s.limit_imbalance));
-            }
-        }
-        println!("{header}");
-        println!("|---|{}", "---:|".repeat(series[0].points.len()));
-        for r in rows {
-            println!("{r}");
-        }
-        println!();
-        println!(
-            "sweep (seed {}): NUMA imbalance (max/mean of requested CPUs)",
-            args.seed
-        );
-        println!("{header}");
-        println!("|---|{}", "---:|".repeat(series[0].points.len()));
-        for r in imb_rows {
-            println!("{r}");
-        }
-        println!();
-        println!(
-            "sweep (seed {}): NUMA imbalance (max/mean of CPU limits, requests where none)",
-            args.seed
-        );
-        println!("{header}");
-        println!("|---|{}", "---:|".repeat(series[0].points.len()));
-        for r in lim_rows {
-            println!("{r}");
-        }
-        plot(
-            path,
-            &format!(
-                "tap-sim: locality vs overcommit on {} (seed {})",
-                m.name, args.seed
-            ),
-            &series,
-        )?;
-        println!();
-        println!("plot written to {}", path.display());
+        sweep(&args, &m, path)?;
     }
+    Ok(())
+}
+
+/// One table of the sweep: its title and the cell of one point.
+struct SweepTable {
+    title: &'static str,
+    cell: fn(&Point) -> String,
+}
+
+const SWEEP_TABLES: [SweepTable; 3] = [
+    SweepTable {
+        title: "share within one NUMA node where one fits",
+        cell: |p| format!(" {:.1}% |", p.one_numa_where_fits * 100.0),
+    },
+    SweepTable {
+        title: "NUMA imbalance (max/mean of requested CPUs)",
+        cell: |p| format!(" {:.3} |", p.imbalance),
+    },
+    SweepTable {
+        title: "NUMA imbalance (max/mean of CPU limits, requests where none)",
+        cell: |p| format!(" {:.3} |", p.limit_imbalance),
+    },
+];
+
+/// `--plot`: the standard policies at each overcommit of `--sweep`, three tables (locality
+/// where one node fits, imbalance by request, by limit) and the plot.
+fn sweep(args: &Args, m: &Machine, path: &std::path::Path) -> Result<()> {
+    let levels: Vec<f64> = parse_list(&args.sweep, "--sweep")?;
+    let mut series: Vec<Series> = standard_policies()
+        .iter()
+        .map(|p| Series {
+            label: p.label.clone(),
+            points: Vec::new(),
+        })
+        .collect();
+    let mut header = String::from("| policy |");
+    for oc in levels {
+        let t = generate(&params(args, m, oc)?);
+        let res = run_all(m, &t, 1);
+        let measured = res.first().map(|r| r.overcommit).unwrap_or(oc);
+        let util = res.first().map(|r| r.request_util).unwrap_or(0.0);
+        header.push_str(&format!(
+            " {oc}x (measured {measured:.2}x, requests {:.0}%) |",
+            util * 100.0
+        ));
+        for (i, r) in res.iter().enumerate() {
+            let s = r.summary();
+            series[i].points.push(Point {
+                overcommit: measured,
+                one_numa: s.one_numa,
+                one_numa_where_fits: s.one_numa_where_fits,
+                imbalance: s.imbalance,
+                limit_imbalance: s.limit_imbalance,
+            });
+        }
+    }
+    for table in SWEEP_TABLES {
+        println!();
+        println!("sweep (seed {}): {}", args.seed, table.title);
+        println!("{header}");
+        println!("|---|{}", "---:|".repeat(series[0].points.len()));
+        for s in &series {
+            let cells: String = s.points.iter().map(|p| (table.cell)(p)).collect();
+            println!("| {} |{cells}", s.label);
+        }
+    }
+    plot(
+        path,
+        &format!(
+            "tap-sim: locality vs overcommit on {} (seed {})",
+            m.name, args.seed
+        ),
+        &series,
+    )?;
+    println!();
+    println!("plot written to {}", path.display());
     Ok(())
 }
 
