@@ -7,6 +7,14 @@
 //! in the proxy modes (Docker, Containerd). The per-zone gauges and `tap_build_info` are read
 //! from the engine at scrape time; cluster-level zones appear only while cluster affinity is on.
 
+/// Registers each metric under its name and help text, in order; the registry gets a clone
+/// (the values are shared, so the caller keeps the handle it updates).
+macro_rules! register {
+    ($registry:expr; $($name:literal => $metric:expr, $help:literal;)+) => {
+        $($registry.register($name, $help, $metric.clone());)+
+    };
+}
+
 mod rebalance;
 pub use rebalance::{NumaLabels, RebalanceMetrics};
 
@@ -364,65 +372,36 @@ impl Metrics {
                 proxy_up.clone(),
             );
         }
-        registry.register(
-            "tap_proxy_request_duration_seconds",
-            "Time to serve a proxied runtime request, by method",
-            proxy_request_duration.clone(),
-        );
-        registry.register(
-            "tap_hook_request_duration_seconds",
-            "Time the placement engine took for a hook, by hook and mode",
-            hook_request_duration.clone(),
-        );
-        registry.register(
-            "tap_pod_resources_request_duration_seconds",
-            "Time the kubelet's pod-resources API took to tell a create's allocated devices (answered or not)",
-            pod_resources_duration.clone(),
+        register!(registry;
+            "tap_proxy_request_duration_seconds" => proxy_request_duration,
+                "Time to serve a proxied runtime request, by method";
+            "tap_hook_request_duration_seconds" => hook_request_duration,
+                "Time the placement engine took for a hook, by hook and mode";
+            "tap_pod_resources_request_duration_seconds" => pod_resources_duration,
+                "Time the kubelet's pod-resources API took to tell a create's allocated devices (answered or not)";
         );
         let usage = UsageSource::default();
         registry.register_collector(Box::new(UsageCollector {
             source: usage.clone(),
             mode: mode.to_string(),
         }));
-        registry.register(
-            "tap_errors",
-            "Problems that were failed open (the container started unchanged), by hook and kind",
-            errors.clone(),
-        );
-        registry.register(
-            "tap_placements",
-            "Containers placed, by pool level and exclusivity",
-            placements.clone(),
-        );
-        registry.register(
-            "tap_runtime_connected",
-            "Whether the agent is connected to its runtime (NRI) or can reach it (proxies)",
-            runtime_connected.clone(),
-        );
-        registry.register(
-            "tap_runtime_reconciles",
-            "Periodic comparisons of the agent's state with the runtime's containers (proxy modes), by result (ok, error)",
-            reconciles.clone(),
-        );
-        registry.register(
-            "tap_cpuset_writes",
-            "Cpuset updates the agent sent to its runtime to converge a container, by result (ok, refused, not_found, runtime, timeout)",
-            cpuset_writes.clone(),
-        );
-        registry.register(
-            "tap_unconverged_containers",
-            "Containers whose cpuset at the runtime differs from the agent's decision, as far as the agent knows (0 at rest)",
-            unconverged.clone(),
-        );
-        registry.register(
-            "tap_cpuset_readbacks",
-            "Containers' cgroup cpusets read back by the agent, by result (same: as the agent's books said; corrected: the books were wrong and now say what the cgroup holds; not_found; error)",
-            cpuset_readbacks.clone(),
-        );
-        registry.register(
-            "tap_cpu_info",
-            "Always 1: the CPU model (Arm implementer and part, hex; model name)",
-            cpu_info.clone(),
+        register!(registry;
+            "tap_errors" => errors,
+                "Problems that were failed open (the container started unchanged), by hook and kind";
+            "tap_placements" => placements,
+                "Containers placed, by pool level and exclusivity";
+            "tap_runtime_connected" => runtime_connected,
+                "Whether the agent is connected to its runtime (NRI) or can reach it (proxies)";
+            "tap_runtime_reconciles" => reconciles,
+                "Periodic comparisons of the agent's state with the runtime's containers (proxy modes), by result (ok, error)";
+            "tap_cpuset_writes" => cpuset_writes,
+                "Cpuset updates the agent sent to its runtime to converge a container, by result (ok, refused, not_found, runtime, timeout)";
+            "tap_unconverged_containers" => unconverged,
+                "Containers whose cpuset at the runtime differs from the agent's decision, as far as the agent knows (0 at rest)";
+            "tap_cpuset_readbacks" => cpuset_readbacks,
+                "Containers' cgroup cpusets read back by the agent, by result (same: as the agent's books said; corrected: the books were wrong and now say what the cgroup holds; not_found; error)";
+            "tap_cpu_info" => cpu_info,
+                "Always 1: the CPU model (Arm implementer and part, hex; model name)";
         );
         let rebalance = RebalanceMetrics::register(&mut registry);
         Metrics {
@@ -617,6 +596,11 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: Arc<Metrics>) -> anyhow:
 mod tests {
     use super::*;
 
+    /// The lines of a scrape that start with `prefix` (a metric's name and `{`: its series).
+    fn series<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+        text.lines().filter(|l| l.starts_with(prefix)).collect()
+    }
+
     /// A control's payload (a whole-cores size) makes no series of its own: two sizes count
     /// on one line.
     #[test]
@@ -792,23 +776,17 @@ mod tests {
                 ..EngineConfig::default()
             },
         }));
-        let line = |t: &str| {
-            t.lines()
-                .find(|l| l.starts_with("tap_build_info{"))
-                .map(str::to_string)
-                .unwrap_or_default()
-        };
         let (v, arch) = (env!("CARGO_PKG_VERSION"), std::env::consts::ARCH);
+        let want = |policy: &str| {
+            [format!("tap_build_info{{version=\"{v}\",arch=\"{arch}\",mode=\"NRI\",policy=\"{policy}\"}} 1")]
+        };
         assert_eq!(
-            line(&m.render()),
-            format!("tap_build_info{{version=\"{v}\",arch=\"{arch}\",mode=\"NRI\",policy=\"topology-aware\"}} 1")
+            series(&m.render(), "tap_build_info{"),
+            want("topology-aware")
         );
         // A NodeTopology policy switches the engine's config: the next scrape says so.
         *policy.lock().unwrap() = tap_engine::PolicyKind::NumaAware;
-        assert_eq!(
-            line(&m.render()),
-            format!("tap_build_info{{version=\"{v}\",arch=\"{arch}\",mode=\"NRI\",policy=\"numa-aware\"}} 1")
-        );
+        assert_eq!(series(&m.render(), "tap_build_info{"), want("numa-aware"));
     }
 
     #[test]
@@ -818,14 +796,8 @@ mod tests {
         let kp = |bits| CpuModel::from_midr(Midr::from_bits(bits), CpuModelSource::SysfsMidr);
         m.set_cpu_info(&kp(0x481f_d010));
         m.set_cpu_info(&kp(0x480f_d060));
-        let lines: Vec<String> = m
-            .render()
-            .lines()
-            .filter(|l| l.starts_with("tap_cpu_info{"))
-            .map(str::to_string)
-            .collect();
         assert_eq!(
-            lines,
+            series(&m.render(), "tap_cpu_info{"),
             ["tap_cpu_info{implementer=\"0x48\",part=\"0xd06\",model=\"HiSilicon Kunpeng 950\"} 1"]
         );
     }
@@ -875,25 +847,17 @@ mod tests {
             )],
             config: EngineConfig::default(),
         }));
-        let line = |t: &str, name: &str| {
-            t.lines()
-                .find(|l| l.starts_with(name))
-                .map(str::to_string)
-                .unwrap_or_default()
-        };
         let t = m.render();
-        assert_eq!(
-            line(&t, "tap_topology_node_usage_cpus{"),
-            "tap_topology_node_usage_cpus{zone=\"numa0\",level=\"numa\"} 1.0"
-        );
-        assert_eq!(
-            line(&t, "tap_topology_node_capacity_cpus{"),
-            "tap_topology_node_capacity_cpus{zone=\"numa0\",level=\"numa\"} 4.0"
-        );
-        assert_eq!(
-            line(&t, "tap_topology_node_containers{"),
-            "tap_topology_node_containers{zone=\"numa0\",level=\"numa\"} 2"
-        );
+        for (name, value) in [
+            ("tap_topology_node_usage_cpus", "1.0"),
+            ("tap_topology_node_capacity_cpus", "4.0"),
+            ("tap_topology_node_containers", "2"),
+        ] {
+            assert_eq!(
+                series(&t, &format!("{name}{{")),
+                [format!("{name}{{zone=\"numa0\",level=\"numa\"}} {value}")]
+            );
+        }
         n.store(2500, Ordering::SeqCst);
         assert!(m
             .render()

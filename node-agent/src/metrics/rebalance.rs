@@ -43,35 +43,19 @@ impl RebalanceMetrics {
             // 100 µs .. ~1.6 s
             round_duration: Histogram::new(exponential_buckets(1e-4, 4.0, 8)),
         };
-        registry.register(
-            "tap_numa_usage_cpus",
-            "CPUs the shared containers on each NUMA node used over the last rebalancing round (cgroup cpu.stat)",
-            m.usage.clone(),
-        );
-        registry.register(
-            "tap_numa_cpu_stall_cpus",
-            "CPUs' worth of time the shared containers on each NUMA node waited for a CPU over the last rebalancing round (cgroup cpu.pressure, some)",
-            m.stall.clone(),
-        );
-        registry.register(
-            "tap_numa_usage_imbalance",
-            "Max/mean over NUMA nodes of the shared containers' demand (use plus wait) per shared CPU, as the rebalancer last measured it (0: nothing to compare)",
-            m.imbalance.clone(),
-        );
-        registry.register(
-            "tap_rebalance_moves",
-            "Shared containers the rebalancer moved to another NUMA node",
-            m.moves.clone(),
-        );
-        registry.register(
-            "tap_rebalance_sampled_containers",
-            "Containers whose cgroup the last rebalancing round read",
-            m.sampled.clone(),
-        );
-        registry.register(
-            "tap_rebalance_round_duration_seconds",
-            "Time a rebalancing round took: reading every container's cgroup, planning, applying",
-            m.round_duration.clone(),
+        register!(registry;
+            "tap_numa_usage_cpus" => m.usage,
+                "CPUs the shared containers on each NUMA node used over the last rebalancing round (cgroup cpu.stat)";
+            "tap_numa_cpu_stall_cpus" => m.stall,
+                "CPUs' worth of time the shared containers on each NUMA node waited for a CPU over the last rebalancing round (cgroup cpu.pressure, some)";
+            "tap_numa_usage_imbalance" => m.imbalance,
+                "Max/mean over NUMA nodes of the shared containers' demand (use plus wait) per shared CPU, as the rebalancer last measured it (0: nothing to compare)";
+            "tap_rebalance_moves" => m.moves,
+                "Shared containers the rebalancer moved to another NUMA node";
+            "tap_rebalance_sampled_containers" => m.sampled,
+                "Containers whose cgroup the last rebalancing round read";
+            "tap_rebalance_round_duration_seconds" => m.round_duration,
+                "Time a rebalancing round took: reading every container's cgroup, planning, applying";
         );
         m
     }
