@@ -271,7 +271,7 @@ fn attributes(engine: &Engine, adv: &Advertised, extras: &Extras) -> Vec<Value> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::Arc;
     use tap_engine::{ContainerRequest, EngineConfig, Outcome, Qos, Topology};
@@ -290,16 +290,21 @@ mod tests {
         )
     }
 
-    fn zone<'a>(obj: &'a Value, name: &str) -> &'a Value {
-        obj["zones"]
+    /// The entry of `obj[list]` whose `name` is `name`.
+    fn named<'a>(obj: &'a Value, list: &str, name: &str) -> &'a Value {
+        obj[list]
             .as_array()
-            .and_then(|z| z.iter().find(|z| z["name"] == name))
-            .unwrap_or_else(|| panic!("no zone {name} in {obj}"))
+            .and_then(|l| l.iter().find(|e| e["name"] == name))
+            .unwrap_or_else(|| panic!("no {name} in the {list} of {obj}"))
+    }
+
+    fn zone<'a>(obj: &'a Value, name: &str) -> &'a Value {
+        named(obj, "zones", name)
     }
 
     /// What the tests' objects advertise: `single-numa-node`, the default pod set and method,
     /// a fingerprint.
-    fn advertised() -> Advertised {
+    pub(crate) fn advertised() -> Advertised {
         Advertised {
             policy: "single-numa-node".into(),
             sysfs_root: std::path::PathBuf::new(),
@@ -310,10 +315,7 @@ mod tests {
     }
 
     fn resource<'a>(zone: &'a Value, name: &str) -> &'a Value {
-        zone["resources"]
-            .as_array()
-            .and_then(|r| r.iter().find(|r| r["name"] == name))
-            .unwrap_or_else(|| panic!("no resource {name} in {zone}"))
+        named(zone, "resources", name)
     }
 
     #[test]
@@ -372,11 +374,7 @@ mod tests {
     }
 
     fn attribute<'a>(obj: &'a Value, name: &str) -> &'a Value {
-        obj["attributes"]
-            .as_array()
-            .and_then(|a| a.iter().find(|a| a["name"] == name))
-            .map(|a| &a["value"])
-            .unwrap_or_else(|| panic!("no attribute {name} in {obj}"))
+        &named(obj, "attributes", name)["value"]
     }
 
     /// Devices, hugepages, the pod fingerprint and what the agent enforces are published.
@@ -424,19 +422,15 @@ mod tests {
             attribute(&obj_excl, "nodeTopologyPodsFingerprintMethod"),
             "with-exclusive-resources"
         );
-        assert_eq!(
-            attribute(&obj, "tap.kunpeng.huawei.com/policy"),
-            "topology-aware"
-        );
-        assert_eq!(
-            attribute(&obj, "tap.kunpeng.huawei.com/memory-binding"),
-            "true"
-        );
-        assert_eq!(
-            attribute(&obj, "tap.kunpeng.huawei.com/exclusive-cpus"),
-            "whole"
-        );
-        assert_eq!(attribute(&obj, "tap.kunpeng.huawei.com/reserved-cpus"), "0");
+        for (name, value) in [
+            ("policy", "topology-aware"),
+            ("memory-binding", "true"),
+            ("exclusive-cpus", "whole"),
+            ("reserved-cpus", "0"),
+        ] {
+            let name = format!("tap.kunpeng.huawei.com/{name}");
+            assert_eq!(attribute(&obj, &name), value, "{name}");
+        }
         // Without a pod list (no runtime mode): no fingerprint rather than a wrong one.
         let none = resource_topology(&e, "n1", &adv, &Extras::default());
         let names: Vec<&Value> = none["attributes"]

@@ -141,7 +141,8 @@ pub fn payload(
 #[cfg(test)]
 mod tests {
     use super::super::node_pods::{ContainerFacts, Phase};
-    use super::super::nrt::{resource_topology, Advertised, Extras, Fingerprint};
+    use super::super::nrt::tests::advertised;
+    use super::super::nrt::{resource_topology, Extras};
     use super::super::numaplacement::tests::decode;
     use super::super::numaplacement::{METADATA_ATTRIBUTE, VECTOR_ATTRIBUTE};
     use super::*;
@@ -200,16 +201,6 @@ mod tests {
                     extended: ext.iter().map(|s| s.to_string()).collect(),
                 })
                 .collect(),
-        }
-    }
-
-    fn adv() -> Advertised {
-        Advertised {
-            policy: "single-numa-node".into(),
-            sysfs_root: std::path::PathBuf::new(),
-            method: Default::default(),
-            informer: Default::default(),
-            fingerprint: Fingerprint::Published,
         }
     }
 
@@ -281,7 +272,7 @@ mod tests {
             devices: vec![accel_on(2)],
             ..Default::default()
         };
-        let obj = resource_topology(&e, "n1", &adv(), &extras);
+        let obj = resource_topology(&e, "n1", &advertised(), &extras);
         let (meta, vectors) = published(&obj).expect("a placement");
         let mut ids: Vec<(&str, &str, &str)> = ["g1", "g2", "g3", "g4", "g5"]
             .iter()
@@ -320,7 +311,7 @@ mod tests {
             payload(&e, Some(&pods), &extras.booked, &BTreeSet::new()),
             Err(Unplaced::Spread(..))
         ));
-        let obj = resource_topology(&e, "n1", &adv(), &extras);
+        let obj = resource_topology(&e, "n1", &advertised(), &extras);
         assert_eq!(published(&obj), None);
         assert!(!obj.to_string().contains(VECTOR_ATTRIBUTE));
         // Not in the books at all.
@@ -333,7 +324,7 @@ mod tests {
             Err(Unplaced::Unknown(n)) if n == "ns/wide/app"
         ));
         assert_eq!(
-            published(&resource_topology(&e, "n1", &adv(), &unknown)),
+            published(&resource_topology(&e, "n1", &advertised(), &unknown)),
             None
         );
         // The pods not listed yet: nothing either.
@@ -341,7 +332,10 @@ mod tests {
             booked: vec![wide],
             ..Default::default()
         };
-        assert_eq!(published(&resource_topology(&e, "n1", &adv(), &none)), None);
+        assert_eq!(
+            published(&resource_topology(&e, "n1", &advertised(), &none)),
+            None
+        );
     }
 
     /// No pinned container: the metadata says none, no zone has a vector.
@@ -352,7 +346,7 @@ mod tests {
             seen_pods: Some(vec![facts("b", false, &[("c", false, &[])])]),
             ..Default::default()
         };
-        let obj = resource_topology(&e, "n1", &adv(), &extras);
+        let obj = resource_topology(&e, "n1", &advertised(), &extras);
         let (meta, vectors) = published(&obj).expect("a placement");
         assert_eq!(meta, "npv0v001::ve=leb89::cc=0::nn=4::bn=0");
         assert!(vectors.is_empty());
