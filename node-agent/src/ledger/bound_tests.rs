@@ -2,7 +2,9 @@
 //! session, and which updates may ride on an answer (pure logic over a directory tree standing
 //! in for a cgroup mount; containerd and the kernel are in the e2e tiers).
 
-use super::tests::{agent, container, created, one_shared_per_node, Recorder};
+use super::tests::{
+    agent, as_listed, container, created, shared_then_one_exclusive, the_one_write_due, Recorder,
+};
 use super::*;
 use crate::agent::Update;
 use crate::cgroupfs::testing::{read, Mount};
@@ -100,8 +102,7 @@ async fn a_reading_taken_while_a_write_was_out_is_dropped() {
     let l = Ledger::new(agent(), None);
     let _ = started_with_an_exclusive_one(&l, &m).await;
     let targets = l.read_back_targets();
-    let due = l.take_due(Instant::now());
-    assert_eq!(due.writes.len(), 1, "one shared container shrinks");
+    let due = the_one_write_due(&l);
     let key = due.writes[0].key.clone();
     let t = targets.iter().find(|t| t.key == key).expect("target");
     let stale = fs.read(&t.runtime_id).expect("read");
@@ -118,11 +119,9 @@ async fn a_reading_taken_while_a_write_was_out_is_dropped() {
 #[tokio::test]
 async fn a_late_session_restore_keeps_the_creates_newer_than_its_list() {
     let l = Ledger::new(agent(), None);
-    let mut old = container("old", "burstable", 2, 4);
+    let old = container("old", "burstable", 2, 4);
     let adj = created(&l, old.clone(), "old").await;
-    old.cpus = adj.cpus;
-    old.annotations
-        .insert(GRANT_KEY.into(), adj.record.expect("record"));
+    let old = as_listed(old, &adj);
     let since = l.now();
     let new = l.begin_create(container("new", "burstable", 2, 4)).await;
     let listed = vec![Listed {
@@ -147,11 +146,8 @@ async fn updates_ride_on_answers_only_where_no_hung_write_stands_in_the_way() {
         (WriteError::Refused("no".into()), false),
         (WriteError::Deferred("busy".into()), true),
     ] {
-        let l = Ledger::new(agent(), None);
-        let _ = one_shared_per_node(&l).await;
-        let _ = created(&l, container("g", "guaranteed", 4, 4), "ig").await;
-        let due = l.take_due(Instant::now());
-        assert_eq!(due.writes.len(), 1);
+        let (l, _) = shared_then_one_exclusive().await;
+        let due = the_one_write_due(&l);
         for d in due.writes {
             l.settle(d, Err(outcome.clone()));
         }
@@ -171,9 +167,7 @@ async fn updates_ride_on_answers_only_where_no_hung_write_stands_in_the_way() {
 /// hold of the other.
 #[tokio::test]
 async fn a_second_call_out_for_a_container_keeps_its_writes_held() {
-    let l = Ledger::new(agent(), None);
-    let _ = one_shared_per_node(&l).await;
-    let _ = created(&l, container("g", "guaranteed", 4, 4), "ig").await;
+    let (l, _) = shared_then_one_exclusive().await;
     let due = l.pending_updates();
     assert_eq!(due.len(), 1, "a shared container shrinks: {due:?}");
     let target = due[0].container_id.clone();
@@ -192,12 +186,9 @@ async fn a_second_call_out_for_a_container_keeps_its_writes_held() {
 /// loop writes again.
 #[tokio::test]
 async fn a_refused_resize_that_overlapped_a_write_leaves_the_cpuset_unknown() {
-    let l = Ledger::new(agent(), None);
+    let (l, _) = shared_then_one_exclusive().await;
     let rt = Recorder::default();
-    let _ = one_shared_per_node(&l).await;
-    let _ = created(&l, container("g", "guaranteed", 4, 4), "ig").await;
-    let due = l.take_due(Instant::now());
-    assert_eq!(due.writes.len(), 1);
+    let due = the_one_write_due(&l);
     let id = due.writes[0].update.container_id.clone();
     let resize = l.begin_update(&id, |_| {}).await;
     for d in due.writes {
@@ -205,7 +196,7 @@ async fn a_refused_resize_that_overlapped_a_write_leaves_the_cpuset_unknown() {
     }
     // The exclusive container goes: the engine wants back what the books held before the
     // loop's write, which the runtime may no longer hold.
-    l.release("ig", Release::Removed);
+    l.release("idg", Release::Removed);
     l.abort(resize);
     assert_eq!(l.pending_updates().len(), 1, "unknown after the overlap");
     l.converge_once(&rt).await;

@@ -48,6 +48,14 @@ fn state_dir(name: &str) -> std::path::PathBuf {
     d
 }
 
+/// `c` as the runtime lists it after `adj`: the cpuset and the grant record it was given.
+pub(super) fn as_listed(mut c: ContainerInfo, adj: &Adjustment) -> ContainerInfo {
+    c.cpus = adj.cpus;
+    let record = adj.record.clone().expect("a grant record");
+    c.annotations.insert(GRANT_KEY.into(), record);
+    c
+}
+
 pub(super) async fn created(l: &Ledger, c: ContainerInfo, id: &str) -> Adjustment {
     let t = l.begin_create(c).await;
     let adj = t.adjustment.clone();
@@ -262,13 +270,9 @@ async fn resized_before_a_restart(name: &str) -> (PathBuf, PathBuf, Vec<Listed>,
     a.commit_update(t);
     a.flush_records();
     let want = a.agent().snapshot();
-    let mut live = container("k", "burstable", 6, 8);
-    live.cpus = adj.cpus;
-    live.annotations
-        .insert(GRANT_KEY.into(), adj.record.clone().unwrap());
     let listed = vec![Listed {
         runtime_id: "id".into(),
-        info: live,
+        info: as_listed(container("k", "burstable", 6, 8), &adj),
     }];
     (dir, file, listed, want)
 }
@@ -591,13 +595,27 @@ async fn a_shared_ledger_lists_its_book_to_the_agent() {
 pub(super) async fn one_shared_per_node(l: &Ledger) -> Vec<ContainerInfo> {
     let mut out = Vec::new();
     for i in 0..4 {
-        let mut c = container(&format!("s{i}"), "burstable", 2, 4);
+        let c = container(&format!("s{i}"), "burstable", 2, 4);
         let adj = created(l, c.clone(), &format!("ids{i}")).await;
-        c.cpus = adj.cpus;
-        c.annotations.insert(GRANT_KEY.into(), adj.record.unwrap());
-        out.push(c);
+        out.push(as_listed(c, &adj));
     }
     out
+}
+
+/// A ledger holding [`one_shared_per_node`] and then an exclusive 4-CPU container (key `g`,
+/// runtime id `idg`) that shrinks one of them; the shared containers as created.
+pub(super) async fn shared_then_one_exclusive() -> (Ledger, Vec<ContainerInfo>) {
+    let l = Ledger::new(agent(), None);
+    let shared = one_shared_per_node(&l).await;
+    let _ = created(&l, container("g", "guaranteed", 4, 4), "idg").await;
+    (l, shared)
+}
+
+/// What the loop takes now after [`shared_then_one_exclusive`]: the one write due.
+pub(super) fn the_one_write_due(l: &Ledger) -> converge::Due {
+    let due = l.take_due(std::time::Instant::now());
+    assert_eq!(due.writes.len(), 1, "one shared container shrinks");
+    due
 }
 
 /// What the runtime double holds for each container, by runtime id: its create answer's
@@ -720,11 +738,8 @@ async fn a_refused_update_is_retried_until_the_runtime_takes_it() {
 /// writes what the engine wants once more.
 #[tokio::test]
 async fn a_write_overlapping_a_resize_is_not_trusted() {
-    let l = Ledger::new(agent(), None);
-    let _ = one_shared_per_node(&l).await;
-    let _ = created(&l, container("g", "guaranteed", 4, 4), "idg").await;
-    let due = l.take_due(std::time::Instant::now());
-    assert_eq!(due.writes.len(), 1);
+    let (l, _) = shared_then_one_exclusive().await;
+    let due = the_one_write_due(&l);
     let shrunk = due.writes[0].update.container_id.clone();
     // The kubelet resizes it while the loop's write is out.
     let t = l
@@ -775,11 +790,8 @@ async fn writes_wait_for_a_start_under_way() {
 #[tokio::test]
 async fn a_write_overlapping_a_start_is_sent_again() {
     for start_answered_first in [true, false] {
-        let l = Ledger::new(agent(), None);
-        let _ = one_shared_per_node(&l).await;
-        let _ = created(&l, container("g", "guaranteed", 4, 4), "idg").await;
-        let due = l.take_due(std::time::Instant::now());
-        assert_eq!(due.writes.len(), 1);
+        let (l, _) = shared_then_one_exclusive().await;
+        let due = the_one_write_due(&l);
         let key = l
             .begin_start(&due.writes[0].update.container_id)
             .expect("in the book");
@@ -808,19 +820,7 @@ async fn a_stopped_container_started_again_is_adopted_again() {
     let adj = created(&l, container("d", "burstable", 4, 8), "idd").await;
     l.release("idd", Release::Stopped);
     assert!(l.agent().snapshot().grant("d").is_none());
-    let since = l.now();
-    let mut live = container("d", "burstable", 4, 8);
-    live.cpus = adj.cpus;
-    live.annotations
-        .insert(GRANT_KEY.into(), adj.record.unwrap());
-    let report = l.reconcile(
-        vec![Listed {
-            runtime_id: "idd".into(),
-            info: live,
-        }],
-        since,
-        Listing::Live,
-    );
+    let report = started_again(&l, &adj);
     assert_eq!(report.adopted, 1);
     assert_eq!(
         l.agent().current("d").map(|c| c.0),
@@ -829,14 +829,23 @@ async fn a_stopped_container_started_again_is_adopted_again() {
     );
 }
 
+/// The stopped container `d` (runtime id `idd`, created as `adj` says) listed live again, as
+/// after a start: what the reconcile did.
+fn started_again(l: &Ledger, adj: &Adjustment) -> ReconcileReport {
+    let since = l.now();
+    let listed = vec![Listed {
+        runtime_id: "idd".into(),
+        info: as_listed(container("d", "burstable", 4, 8), adj),
+    }];
+    l.reconcile(listed, since, Listing::Live)
+}
+
 /// The periodic read-back: a write the runtime lost (it restarted from an older spec) is seen,
 /// and written again.
 #[tokio::test]
 async fn a_read_back_corrects_a_write_the_runtime_lost() {
-    let l = Ledger::new(agent(), None);
+    let (l, before) = shared_then_one_exclusive().await;
     let rt = Recorder::default();
-    let before = one_shared_per_node(&l).await;
-    let _ = created(&l, container("g", "guaranteed", 4, 4), "idg").await;
     l.converge_once(&rt).await;
     let written = rt.writes();
     assert_eq!(written.len(), 1);
@@ -880,19 +889,7 @@ async fn a_resize_answered_after_a_stop_leaves_the_container_stopped() {
             l.abort(t);
         }
         assert!(l.agent().snapshot().grant("d").is_none());
-        let since = l.now();
-        let mut live = container("d", "burstable", 4, 8);
-        live.cpus = adj.cpus;
-        live.annotations
-            .insert(GRANT_KEY.into(), adj.record.clone().unwrap());
-        let report = l.reconcile(
-            vec![Listed {
-                runtime_id: "idd".into(),
-                info: live,
-            }],
-            since,
-            Listing::Live,
-        );
+        let report = started_again(&l, &adj);
         assert_eq!(
             report.adopted, 1,
             "started again: adopted (commit: {commit})"
@@ -905,11 +902,8 @@ async fn a_resize_answered_after_a_stop_leaves_the_container_stopped() {
 /// writes what the engine wants again even if it equals what was last confirmed.
 #[tokio::test]
 async fn a_write_that_timed_out_is_not_taken_as_known() {
-    let l = Ledger::new(agent(), None);
-    let _ = one_shared_per_node(&l).await;
-    let _ = created(&l, container("g", "guaranteed", 4, 4), "idg").await;
-    let due = l.take_due(std::time::Instant::now());
-    assert_eq!(due.writes.len(), 1);
+    let (l, _) = shared_then_one_exclusive().await;
+    let due = the_one_write_due(&l);
     for d in due.writes {
         l.settle(d, Err(WriteError::Timeout(converge::WRITE_DEADLINE)));
     }
