@@ -416,6 +416,27 @@ pub(crate) mod fixtures {
         }
         .raw()
     }
+
+    /// An engine on `raw` with `cfg`.
+    pub fn engine_on(raw: &RawTopology, cfg: crate::EngineConfig) -> crate::Engine {
+        crate::Engine::new(std::sync::Arc::new(Topology::build(raw).unwrap()), cfg)
+    }
+
+    /// The default configuration with `policy`.
+    pub fn with_policy(policy: crate::PolicyKind) -> crate::EngineConfig {
+        crate::EngineConfig {
+            policy,
+            ..crate::EngineConfig::default()
+        }
+    }
+
+    /// The placement of an outcome that must be one.
+    pub fn placed(o: crate::Outcome) -> crate::Placement {
+        match o {
+            crate::Outcome::Placed(p) => p,
+            crate::Outcome::Skipped(s) => panic!("expected a placement, got skipped: {s}"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,8 @@
 //! Engine unit tests that need crate-private fixtures.
 
-use super::{Engine, EngineConfig, Outcome};
+use super::{Engine, EngineConfig};
 use crate::request::ContainerRequest;
-use crate::topology::{fixtures::machine, Topology};
-use std::sync::Arc;
+use crate::topology::fixtures::{engine_on, machine, placed, with_policy};
 
 fn req(id: &str, request: u64, limit: u64) -> ContainerRequest {
     ContainerRequest {
@@ -17,23 +16,18 @@ fn req(id: &str, request: u64, limit: u64) -> ContainerRequest {
 #[test]
 fn exclusive_cpus_pass_over_cores_that_would_starve_a_shared_cluster() {
     // One socket, one NUMA node, clusters 0-3 and 4-7 (single-thread cores).
-    let topo = Arc::new(Topology::build(&machine(1, 1, 1, 2, 4)).unwrap());
     let cfg = EngineConfig {
         cluster_affinity: true,
         ..EngineConfig::default()
     };
-    let mut e = Engine::new(topo, cfg);
+    let mut e = engine_on(&machine(1, 1, 1, 2, 4), cfg);
     for id in ["a", "b"] {
-        match e.create(&req(id, 500, 1000)) {
-            Outcome::Placed(p) => assert_eq!(p.cpus.len(), 4, "{id} on a cluster"),
-            other => panic!("{other:?}"),
-        }
+        let p = placed(e.create(&req(id, 500, 1000)));
+        assert_eq!(p.cpus.len(), 4, "{id} on a cluster");
     }
     // A Guaranteed 4-CPU container fits neither cluster (3.5 CPUs free each); the socket
     // can give 4 CPUs only by leaving each cluster one.
-    let Outcome::Placed(g) = e.create(&req("g", 4000, 4000)) else {
-        panic!("not placed");
-    };
+    let g = placed(e.create(&req("g", 4000, 4000)));
     assert!(g.exclusive, "{g:?}");
     assert_eq!(g.cpus.len(), 4);
     for id in ["a", "b"] {
@@ -71,8 +65,7 @@ fn pool_figures_follow_exclusive_grants_pool_by_pool() {
     // 2 sockets x 2 NUMA nodes x 2 clusters x 2 cores: exclusive grants of 1 and 2 CPUs
     // land in different pools; only the pools they touch are counted again, and every
     // pool's figures still equal a full recount after each step.
-    let topo = Arc::new(Topology::build(&machine(2, 1, 2, 2, 2)).unwrap());
-    let mut e = Engine::new(topo, EngineConfig::default());
+    let mut e = engine_on(&machine(2, 1, 2, 2, 2), EngineConfig::default());
     let steps: [(&str, Option<u64>); 8] = [
         ("s1", None),
         ("g1", Some(1000)),
@@ -89,9 +82,7 @@ fn pool_figures_follow_exclusive_grants_pool_by_pool() {
                 e.remove(gone);
             }
             (None, Some(milli)) => {
-                let Outcome::Placed(p) = e.create(&req(id, milli, milli)) else {
-                    panic!("{id} not placed");
-                };
+                let p = placed(e.create(&req(id, milli, milli)));
                 assert!(p.exclusive, "{id}: {p:?}");
             }
             (None, None) => {
@@ -161,12 +152,7 @@ fn loads_kept_per_charge_equal_a_recharge_from_the_grants() {
     // request: the first node takes the remainder), on all four, and a topology-aware
     // exclusive one, created and removed in turn.
     use crate::request::{PolicyKind, Qos};
-    let topo = Arc::new(Topology::build(&machine(2, 1, 2, 2, 2)).unwrap());
-    let cfg = EngineConfig {
-        policy: PolicyKind::NumaAware,
-        ..EngineConfig::default()
-    };
-    let mut e = Engine::new(topo, cfg);
+    let mut e = engine_on(&machine(2, 1, 2, 2, 2), with_policy(PolicyKind::NumaAware));
     let mut exclusive = req("x", 2000, 2000);
     exclusive.qos = Some(Qos::Guaranteed);
     exclusive.overrides.policy = Some(PolicyKind::TopologyAware);
@@ -182,10 +168,7 @@ fn loads_kept_per_charge_equal_a_recharge_from_the_grants() {
     ];
     for (id, step) in steps {
         match step {
-            Some(r) => match e.create(&r) {
-                Outcome::Placed(p) => assert_eq!(p.exclusive, id == "x", "{id}"),
-                other => panic!("{id}: {other:?}"),
-            },
+            Some(r) => assert_eq!(placed(e.create(&r)).exclusive, id == "x", "{id}"),
             None => drop(e.remove(id)),
         }
         assert_eq!(charged(&e), recharged(&e), "after {id}");

@@ -79,30 +79,26 @@ pub fn choice(view: &StateView<'_>, set: &Settings, cpus: CpuSet) -> Choice {
 mod tests {
     use crate::cpuset::CpuSet;
     use crate::request::{ContainerRequest, RESERVED_CPUS_KEY};
-    use crate::topology::{fixtures::machine, Topology};
+    use crate::topology::fixtures::{engine_on, machine, placed};
     use crate::types::{
-        EngineConfig, Existing, Outcome, Placement, Reason, ReservedAccess, ReservedAnnotation,
+        EngineConfig, Existing, Outcome, Reason, ReservedAccess, ReservedAnnotation,
         ReservedRefusal, Unhonoured,
     };
     use crate::{Engine, Overrides};
     use std::collections::HashMap;
-    use std::sync::Arc;
 
     /// Two NUMA nodes of 4 CPUs (0-3, 4-7); `reserved` kept for `kube-system`.
     fn engine(reserved: &str, annotation: ReservedAnnotation) -> Engine {
-        let topo = Arc::new(Topology::build(&machine(2, 1, 1, 1, 4)).unwrap());
-        Engine::new(
-            topo,
-            EngineConfig {
-                reserved: CpuSet::parse(reserved).unwrap(),
-                reserved_for: ReservedAccess {
-                    namespaces: vec!["kube-system".into()],
-                    annotation,
-                },
-                memory_topology: true,
-                ..EngineConfig::default()
+        let cfg = EngineConfig {
+            reserved: CpuSet::parse(reserved).unwrap(),
+            reserved_for: ReservedAccess {
+                namespaces: vec!["kube-system".into()],
+                annotation,
             },
-        )
+            memory_topology: true,
+            ..EngineConfig::default()
+        };
+        engine_on(&machine(2, 1, 1, 1, 4), cfg)
     }
 
     fn req(id: &str, ns: &str, milli: u64, ask: Option<&str>) -> ContainerRequest {
@@ -116,13 +112,6 @@ mod tests {
             cpu_limit_milli: Some(milli),
             overrides: Overrides::from_pod(&HashMap::new(), &ann, "c").0,
             ..Default::default()
-        }
-    }
-
-    fn placed(o: Outcome) -> Placement {
-        match o {
-            Outcome::Placed(p) => p,
-            other => panic!("not placed: {other:?}"),
         }
     }
 

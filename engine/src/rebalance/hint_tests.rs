@@ -3,13 +3,9 @@
 
 use super::tests::{burstable, engine, hot_node0, never, node, numa_pool, sample};
 use super::*;
-use crate::engine::Outcome;
 use crate::nodeset::NodeSet;
 use crate::request::{ContainerRequest, PolicyKind};
-use crate::topology::fixtures::machine;
-use crate::topology::Topology;
-use crate::types::EngineConfig;
-use std::sync::Arc;
+use crate::topology::fixtures::{engine_on, machine, placed, with_policy};
 
 /// c0..c3 on nodes 0..3; node 2 the least busy, node 0 the busiest.
 fn usage4() -> Vec<UsageSample> {
@@ -27,9 +23,7 @@ fn with_hint(mut e: Engine, u: &[UsageSample]) -> Engine {
 }
 
 fn place(e: &mut Engine, r: &ContainerRequest) -> usize {
-    let Outcome::Placed(_) = e.create(r) else {
-        panic!("{} not placed", r.id);
-    };
+    placed(e.create(r));
     node(e, &r.id)
 }
 
@@ -58,12 +52,7 @@ fn topology_aware_puts_a_new_shared_container_on_the_least_busy_node() {
 
 #[test]
 fn numa_aware_puts_a_new_shared_container_on_the_least_busy_node() {
-    let topo = Arc::new(Topology::build(&machine(1, 1, 4, 1, 4)).unwrap());
-    let cfg = EngineConfig {
-        policy: PolicyKind::NumaAware,
-        ..EngineConfig::default()
-    };
-    let mut e = Engine::new(topo, cfg);
+    let mut e = engine_on(&machine(1, 1, 4, 1, 4), with_policy(PolicyKind::NumaAware));
     for i in 0..4 {
         place(&mut e, &burstable(&format!("c{i}"), 500, 1000));
     }
@@ -83,9 +72,7 @@ fn exclusive_cpus_are_taken_where_the_shared_ones_stay_least_busy() {
         ..Default::default()
     };
     let mut plain = engine(4);
-    let Outcome::Placed(p) = plain.create(&g) else {
-        panic!("g not placed");
-    };
+    let p = placed(plain.create(&g));
     let busy = plain.topology().nodes_of(&p.cpus);
     assert_eq!(busy.len(), 1);
     let busy = busy.iter().next().unwrap();
@@ -99,9 +86,7 @@ fn exclusive_cpus_are_taken_where_the_shared_ones_stay_least_busy() {
         })
         .collect();
     let mut e = with_hint(engine(4), &u);
-    let Outcome::Placed(p) = e.create(&g) else {
-        panic!("g not placed");
-    };
+    let p = placed(e.create(&g));
     assert!(p.exclusive);
     let idlest = if busy == 0 { 1 } else { 0 };
     assert_eq!(e.topology().nodes_of(&p.cpus), NodeSet::from_ids([idlest]));

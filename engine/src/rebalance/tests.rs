@@ -1,22 +1,16 @@
 //! Unit tests of the rebalancer's plan and of `Engine::relocate`.
 
 use super::*;
-use crate::engine::Outcome;
 use crate::request::ContainerRequest;
-use crate::topology::fixtures::machine;
-use crate::topology::Topology;
+use crate::topology::fixtures::{engine_on, machine, placed};
 use crate::types::{EngineConfig, Existing};
-use std::sync::Arc;
 
 /// One socket, 4 NUMA nodes of 4 single-thread CPUs; `n` Burstable containers `c0..` of
 /// request 500m and limit 1, placed round robin: `ci` on node `i % 4`.
 pub(super) fn engine(n: usize) -> Engine {
-    let topo = Arc::new(Topology::build(&machine(1, 1, 4, 1, 4)).unwrap());
-    let mut e = Engine::new(topo, EngineConfig::default());
+    let mut e = engine_on(&machine(1, 1, 4, 1, 4), EngineConfig::default());
     for i in 0..n {
-        let Outcome::Placed(_) = e.create(&burstable(&format!("c{i}"), 500, 1000)) else {
-            panic!("c{i} not placed");
-        };
+        placed(e.create(&burstable(&format!("c{i}"), 500, 1000)));
         assert_eq!(node(&e, &format!("c{i}")), i % 4, "c{i}");
     }
     e
@@ -172,9 +166,7 @@ fn never_moves_opted_out_containers() {
 #[test]
 fn never_moves_exclusive_grants_nor_counts_their_usage() {
     let mut e = engine(8);
-    let Outcome::Placed(p) = e.create(&burstable("g", 2000, 2000)) else {
-        panic!("g not placed");
-    };
+    let p = placed(e.create(&burstable("g", 2000, 2000)));
     assert!(p.exclusive);
     let mut u: Vec<UsageSample> = (0..8).map(|i| sample(&format!("c{i}"), 200)).collect();
     u.push(sample("g", 2000));
@@ -208,9 +200,7 @@ fn never_moves_exclusive_grants_nor_counts_their_usage() {
 fn no_move_when_nothing_fits() {
     let mut e = engine(1);
     for (i, id) in ["f1", "f2", "f3"].iter().enumerate() {
-        let Outcome::Placed(_) = e.create(&burstable(id, 3900, 4000)) else {
-            panic!("{id}");
-        };
+        placed(e.create(&burstable(id, 3900, 4000)));
         assert_eq!(node(&e, id), i + 1);
     }
     let mut r = Rebalancer::new(cfg(2));
@@ -281,15 +271,11 @@ fn relocate_refuses_unknown_containers_and_pools() {
 #[test]
 fn a_grant_over_several_nodes_counts_in_proportion_to_its_cpus_there() {
     let mut e = engine(0);
-    let Outcome::Placed(g) = e.create(&burstable("g", 2000, 2000)) else {
-        panic!("g not placed");
-    };
+    let g = placed(e.create(&burstable("g", 2000, 2000)));
     assert!(g.exclusive);
     let g_node = node(&e, "g");
     // 5 CPUs fit no node of 4: the grant spans them all, 14 shared CPUs (2 are g's).
-    let Outcome::Placed(w) = e.create(&burstable("w", 5000, 6000)) else {
-        panic!("w not placed");
-    };
+    let w = placed(e.create(&burstable("w", 5000, 6000)));
     assert_eq!(w.cpus.len(), 14);
     let u = [sample("w", 14_000)];
     let raw = nodes::Nodes::measure(&e.view(), &u, BalanceBy::Usage);
@@ -332,12 +318,9 @@ fn the_report_shows_each_nodes_usage_and_the_imbalance() {
 /// an idle container.
 #[test]
 fn stops_once_under_the_threshold() {
-    let topo = Arc::new(Topology::build(&machine(1, 1, 2, 1, 4)).unwrap());
-    let mut e = Engine::new(topo, EngineConfig::default());
+    let mut e = engine_on(&machine(1, 1, 2, 1, 4), EngineConfig::default());
     for i in 0..4 {
-        let Outcome::Placed(_) = e.create(&burstable(&format!("c{i}"), 500, 1000)) else {
-            panic!("c{i} not placed");
-        };
+        placed(e.create(&burstable(&format!("c{i}"), 500, 1000)));
     }
     // c0 and c2 on node 0 spin; c1 and c3 (node 1) almost idle.
     let u: Vec<UsageSample> = (0..4)

@@ -14,6 +14,13 @@ fn guaranteed(id: &str, cpus: u64) -> ContainerRequest {
     request(id, cpus * 1000, Some(cpus * 1000))
 }
 
+/// [`guaranteed`], asking for `grain` by annotation.
+fn guaranteed_by(id: &str, cpus: u64, grain: CoreGrain) -> ContainerRequest {
+    let mut r = guaranteed(id, cpus);
+    r.overrides.exclusive_cores = Some(grain);
+    r
+}
+
 /// Whether `cpus` is a union of whole cores of the topology.
 fn whole_cores(e: &Engine, cpus: &CpuSet) -> bool {
     e.topology()
@@ -27,8 +34,7 @@ fn whole_cores(e: &Engine, cpus: &CpuSet) -> bool {
 fn exclusive_grants_take_whole_cores_by_default() {
     let mut e = engine(SMT, EngineConfig::default());
     // A split core first: a 1-CPU container with the opt-out takes one thread.
-    let mut one = guaranteed("one", 1);
-    one.overrides.exclusive_cores = Some(CoreGrain::Threads);
+    let one = guaranteed_by("one", 1, CoreGrain::Threads);
     let p = placed(e.create(&one));
     assert!(p.exclusive && p.cpus.len() == 1, "{p:?}");
     // 4 CPUs by default: two whole cores, never the split core's free sibling.
@@ -42,8 +48,7 @@ fn exclusive_grants_take_whole_cores_by_default() {
     assert!(!p.exclusive, "{p:?}");
     assert_eq!(p.unhonoured, Some(Unhonoured::WholeCores { cpus: 3 }));
     // The opt-out (annotation): 3 exclusive CPUs, the remainder from a split core.
-    let mut three = guaranteed("three-threads", 3);
-    three.overrides.exclusive_cores = Some(CoreGrain::Threads);
+    let three = guaranteed_by("three-threads", 3, CoreGrain::Threads);
     let p = placed(e.create(&three));
     assert!(p.exclusive && p.cpus.len() == 3, "{p:?}");
     assert!(!whole_cores(&e, &p.cpus), "{}", p.cpus);
@@ -61,8 +66,7 @@ fn exclusive_grants_take_whole_cores_by_default() {
 #[test]
 fn a_sibling_pair_is_one_core_or_shared_with_a_reason() {
     let mut e = engine(SMT, EngineConfig::default());
-    let mut pair = guaranteed("pair", 2);
-    pair.overrides.exclusive_cores = Some(CoreGrain::SiblingPair);
+    let pair = guaranteed_by("pair", 2, CoreGrain::SiblingPair);
     let p = placed(e.create(&pair));
     assert!(p.exclusive, "{p:?}");
     let core = e.topology().core_of_cpu(p.cpus.first().unwrap());
@@ -73,8 +77,7 @@ fn a_sibling_pair_is_one_core_or_shared_with_a_reason() {
     );
     assert_eq!(p.cpus.len(), 2);
     // Not 2 CPUs: ignored (whole cores as by default), and said.
-    let mut four = guaranteed("four", 4);
-    four.overrides.exclusive_cores = Some(CoreGrain::SiblingPair);
+    let four = guaranteed_by("four", 4, CoreGrain::SiblingPair);
     let p = placed(e.create(&four));
     assert_eq!(p.unhonoured, Some(Unhonoured::SiblingPairSize));
     assert!(p.exclusive && whole_cores(&e, &p.cpus), "{p:?}");

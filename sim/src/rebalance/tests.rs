@@ -7,13 +7,18 @@ fn machine() -> Machine {
     Machine::fixture("synthetic-2s-4numa-96c-gpu")
 }
 
+/// 400 generated Pods of `seed` at 2x overcommit on `m`, its GPUs asked for.
+fn trace(m: &Machine, seed: u64) -> Trace {
+    let mut p = GenParams::new(seed, m.cpus() as u64, m.memory_bytes(), 2.0);
+    p.pods = 400;
+    p.gpus = m.gpus.len() as u32;
+    generate(&p)
+}
+
 #[test]
 fn the_rebalancer_moves_only_the_moved_and_lowers_the_imbalance() {
     let m = machine();
-    let mut p = GenParams::new(3, m.cpus() as u64, m.memory_bytes(), 2.0);
-    p.pods = 400;
-    p.gpus = m.gpus.len() as u32;
-    let t = generate(&p);
+    let t = trace(&m, 3);
     let pairs = compare(
         &m,
         &t,
@@ -44,10 +49,7 @@ fn the_rebalancer_moves_only_the_moved_and_lowers_the_imbalance() {
 #[test]
 fn placing_by_usage_changes_placements_only_with_the_rebalancer() {
     let m = machine();
-    let mut p = GenParams::new(5, m.cpus() as u64, m.memory_bytes(), 2.0);
-    p.pods = 400;
-    p.gpus = m.gpus.len() as u32;
-    let t = generate(&p);
+    let t = trace(&m, 5);
     let run = |cfg| compare(&m, &t, UsageModel::new(5), (10.0, Measure::Demand), cfg);
     let usage = RebalanceConfig::usage_aware();
     let requests = RebalanceConfig {

@@ -1,20 +1,17 @@
 use crate::claim::{ClaimAsk, ClaimError, ClaimKey, PartAsk};
 use crate::request::ContainerRequest;
-use crate::topology::{fixtures::machine, Topology};
+use crate::topology::fixtures::{engine_on, machine, placed};
 use crate::types::{Existing, Outcome, Reason};
 use crate::{CpuSet, Engine, EngineConfig};
 use std::sync::Arc;
 
 /// Two NUMA nodes (0-7, 8-15) of two clusters of four single-thread cores; memory bound.
 fn engine() -> Engine {
-    let topo = Arc::new(Topology::build(&machine(1, 1, 2, 2, 4)).unwrap());
-    Engine::new(
-        topo,
-        EngineConfig {
-            memory_topology: true,
-            ..EngineConfig::default()
-        },
-    )
+    let cfg = EngineConfig {
+        memory_topology: true,
+        ..EngineConfig::default()
+    };
+    engine_on(&machine(1, 1, 2, 2, 4), cfg)
 }
 
 fn key(name: &str) -> ClaimKey {
@@ -64,9 +61,7 @@ fn cpus(s: &str) -> CpuSet {
 #[test]
 fn a_claim_takes_cpus_of_its_node_and_shared_containers_move_off_them() {
     let mut e = engine();
-    let Outcome::Placed(s) = e.create(&shared("s", 1000)) else {
-        panic!("shared not placed");
-    };
+    let s = placed(e.create(&shared("s", 1000)));
     let node = e.topology().node_of_cpu(s.cpus.first().unwrap()).unwrap();
     let (g, ups) = e
         .claim(&ask("c1", &[(&format!("numa{node}"), 4)], &e))
@@ -89,9 +84,7 @@ fn a_claim_takes_cpus_of_its_node_and_shared_containers_move_off_them() {
             cpu_limit_milli: Some(limit),
             ..shared(id, milli)
         };
-        let Outcome::Placed(p) = e.create(&r) else {
-            panic!("{id} not placed");
-        };
+        let p = placed(e.create(&r));
         assert!(!p.cpus.intersects(&g.cpus), "{id}: {}", p.cpus);
     }
 }
@@ -100,9 +93,7 @@ fn a_claim_takes_cpus_of_its_node_and_shared_containers_move_off_them() {
 fn a_container_of_the_claim_runs_on_its_cpus_and_is_restored_there() {
     let mut e = engine();
     let (g, _) = e.claim(&ask("c1", &[("numa1", 4)], &e)).unwrap();
-    let Outcome::Placed(p) = e.create(&user("u", &["c1"])) else {
-        panic!("not placed");
-    };
+    let p = placed(e.create(&user("u", &["c1"])));
     assert_eq!(
         (p.cpus, p.mems, p.reason),
         (g.cpus, Some(g.mems), Reason::Claimed)
@@ -111,9 +102,7 @@ fn a_container_of_the_claim_runs_on_its_cpus_and_is_restored_there() {
     let record = e.record("u").unwrap();
     assert!(record.ends_with(";on=claim:c1"), "{record}");
     // A container of the Pod that does not use the claim is placed as any other.
-    let Outcome::Placed(o) = e.create(&user("o", &["another"])) else {
-        panic!("not placed");
-    };
+    let o = placed(e.create(&user("o", &["another"])));
     assert!(!o.cpus.intersects(&g.cpus));
     // A resize keeps the claim's CPUs.
     let Outcome::Placed(r) = e.update(&ContainerRequest {
@@ -182,9 +171,7 @@ fn a_claim_that_cannot_be_held_books_nothing_and_says_why() {
 fn releasing_a_claim_gives_its_cpus_back_to_the_shared_containers() {
     let mut e = engine();
     let (g, _) = e.claim(&ask("c1", &[("numa0", 4)], &e)).unwrap();
-    let Outcome::Placed(s) = e.create(&shared("s", 1000)) else {
-        panic!("not placed");
-    };
+    let s = placed(e.create(&shared("s", 1000)));
     let ups = e.release_claim("c1");
     assert!(e.claim_of("c1").is_none());
     assert!(g.cpus.is_subset(e.usable()));
