@@ -8,9 +8,13 @@ use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::retry::{pause, Delays, Spread};
 use anyhow::Context;
+use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
+use hyper::service::HttpService;
 use std::future::Future;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{UnixListener, UnixStream};
@@ -181,6 +185,48 @@ impl Startup {
     }
 }
 
+/// A runtime proxy as its start-up sees it: a runtime the ledger's loops reach through it,
+/// and its books.
+pub trait Proxy: Runtime + 'static {
+    /// `CRI`, `Docker`: for the log.
+    const KIND: &'static str;
+
+    fn ledger(&self) -> &Arc<Ledger>;
+}
+
+/// A proxy started: its socket bound, its ledger's loops running.
+pub struct Serving {
+    pub listener: UnixListener,
+    pub loops: LedgerLoops,
+}
+
+/// The proxy modes' start-up: rebuilds the books from the runtime (named `runtime` in the log)
+/// as [`restore_or_serve_open`] does, binds the proxy socket and starts the ledger's loops.
+/// `None` when `shutdown` came first.
+pub async fn start<P: Proxy>(
+    flags: &Flags,
+    metrics: &Arc<Metrics>,
+    proxy: &Arc<P>,
+    runtime: String,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<Serving>> {
+    let group = resolve_group(&flags.socket_group)?;
+    let p = proxy.clone();
+    let restorer = restore_or_serve_open(metrics, runtime, shutdown, move || {
+        let p = p.clone();
+        async move { p.ledger().restore_from(&*p).await }
+    })
+    .await;
+    if matches!(restorer, Startup::Stopped) {
+        return Ok(None);
+    }
+    let listener = bind_unix(&flags.runtime_proxy_endpoint, group)?;
+    metrics.set_socket_bound(true);
+    tracing::info!(socket = %flags.runtime_proxy_endpoint.display(), backend = %flags.runtime_endpoint_path().display(), "{} proxy serving", P::KIND);
+    let loops = LedgerLoops::spawn(proxy.ledger(), proxy.clone(), restorer, flags, shutdown);
+    Ok(Some(Serving { listener, loops }))
+}
+
 /// The ledger's loops beside a proxy that serves: writing cpusets (converge), comparing with
 /// the runtime once the state is restored (reconcile), rebalancing and reading cgroups back.
 pub struct LedgerLoops {
@@ -220,6 +266,57 @@ impl LedgerLoops {
         self.ledger.flush_records();
         metrics.set_socket_bound(false);
         let _ = std::fs::remove_file(&flags.runtime_proxy_endpoint);
+    }
+}
+
+/// A connection hyper serves, which can be told to finish what it has under way and close.
+pub trait GracefulConnection: Future<Output = hyper::Result<()>> {
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+/// An HTTP/1 connection that may be upgraded (Docker's attach and exec streams).
+impl<I, B, S> GracefulConnection for http1::UpgradeableConnection<I, S>
+where
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http1::UpgradeableConnection::graceful_shutdown(self)
+    }
+}
+
+/// An HTTP/2 connection (gRPC).
+impl<I, B, S, E> GracefulConnection for http2::Connection<I, S, E>
+where
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http2::Connection::graceful_shutdown(self)
+    }
+}
+
+/// Serves `conn` until it ends, or until `stop`: then lets it finish gracefully. `peer` names
+/// the other side in the log of a connection that failed.
+pub async fn serve_until_stopped<C: GracefulConnection>(
+    conn: C,
+    stop: CancellationToken,
+    peer: &str,
+) {
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => if let Err(e) = r { tracing::debug!("{peer} connection: {e}") },
+        _ = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
     }
 }
 

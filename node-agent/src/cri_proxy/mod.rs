@@ -30,7 +30,7 @@ use crate::hook::Hook;
 use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime};
 use crate::ledger::state_file::StateFile;
 use crate::ledger::{hook_span, Ledger, Listed, Release, WriteError, Writer};
-use crate::proxy_server::{bind_unix, resolve_group, restore_or_serve_open, LedgerLoops, Startup};
+use crate::proxy_server::{self, Serving};
 use anyhow::Context;
 use grpc::{error_response, read_unary, with_overlay, ProxyBody, Unary, Upstream};
 use hyper::body::Incoming;
@@ -164,6 +164,14 @@ impl CriProxy {
     /// Rebuilds the state from the runtime. Returns how many containers were reported.
     pub async fn restore(&self) -> anyhow::Result<usize> {
         self.inner.ledger.restore_from(self).await
+    }
+}
+
+impl proxy_server::Proxy for CriProxy {
+    const KIND: &'static str = "CRI";
+
+    fn ledger(&self) -> &Arc<Ledger> {
+        CriProxy::ledger(self)
     }
 }
 
@@ -673,7 +681,7 @@ pub async fn serve_calls<H, F>(
     h2.initial_stream_window_size(grpc::STREAM_WINDOW)
         .initial_connection_window_size(grpc::CONNECTION_WINDOW);
     let h2 = Arc::new(h2);
-    crate::proxy_server::serve_connections(listener, shutdown, grace, move |stream, stop| {
+    proxy_server::serve_connections(listener, shutdown, grace, move |stream, stop| {
         let handle = handle.clone();
         let h2 = h2.clone();
         async move {
@@ -682,14 +690,7 @@ pub async fn serve_calls<H, F>(
                 async move { Ok::<_, std::convert::Infallible>(f.await) }
             });
             let conn = h2.serve_connection(TokioIo::new(stream), svc);
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => if let Err(e) = r { tracing::debug!("kubelet connection: {e}") },
-                _ = stop.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
+            proxy_server::serve_until_stopped(conn, stop, "kubelet").await;
         }
     })
     .await;
@@ -702,26 +703,18 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let backend: PathBuf = flags.runtime_endpoint_path();
-    let proxy = CriProxy::new(agent.clone(), &backend, Some(&flags.state_dir))?;
+    let proxy = Arc::new(CriProxy::new(
+        agent.clone(),
+        &backend,
+        Some(&flags.state_dir),
+    )?);
     let runtime = format!("the CRI runtime at {}", backend.display());
-    let group = resolve_group(&flags.socket_group)?;
-    let restorer = {
-        let p = proxy.clone();
-        restore_or_serve_open(agent.metrics(), runtime.clone(), &shutdown, move || {
-            let p = p.clone();
-            async move { p.restore().await }
-        })
-        .await
-    };
-    if matches!(restorer, Startup::Stopped) {
+    let Some(Serving { listener, loops }) =
+        proxy_server::start(flags, agent.metrics(), &proxy, runtime, &shutdown).await?
+    else {
         return Ok(());
-    }
-    let listener = bind_unix(&flags.runtime_proxy_endpoint, group)?;
-    agent.metrics().set_socket_bound(true);
-    tracing::info!(socket = %flags.runtime_proxy_endpoint.display(), backend = %backend.display(), "CRI proxy serving");
-    let ledger = proxy.ledger().clone();
-    let loops = LedgerLoops::spawn(&ledger, Arc::new(proxy.clone()), restorer, flags, &shutdown);
-    serve(proxy, listener, shutdown, flags.graceful_timeout).await;
+    };
+    serve((*proxy).clone(), listener, shutdown, flags.graceful_timeout).await;
     loops.finish(agent.metrics(), flags).await;
     Ok(())
 }

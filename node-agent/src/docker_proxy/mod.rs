@@ -22,9 +22,7 @@ use crate::hook::Hook;
 use crate::ledger::runtime::{LiveId, Runtime as LedgerRuntime};
 use crate::ledger::state_file::StateFile;
 use crate::ledger::{hook_span, Ledger, Listed, Release, WriteError, Writer};
-use crate::proxy_server::{
-    bind_unix, resolve_group, restore_or_serve_open, serve_connections, LedgerLoops, Startup,
-};
+use crate::proxy_server::{self, serve_connections, Serving};
 use anyhow::Context;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -233,6 +231,14 @@ impl Writer for DockerProxy {
             Ok((s, v)) => Err(WriteError::Refused(format!("{s} {v}"))),
             Err(e) => Err(WriteError::Unreachable(format!("{e:#}"))),
         }
+    }
+}
+
+impl proxy_server::Proxy for DockerProxy {
+    const KIND: &'static str = "Docker";
+
+    fn ledger(&self) -> &Arc<Ledger> {
+        DockerProxy::ledger(self)
     }
 }
 
@@ -612,23 +618,11 @@ pub async fn run(
         flags.runtime_endpoint_path(),
         Some(&flags.state_dir),
     ));
-    let group = resolve_group(&flags.socket_group)?;
-    let restorer = {
-        let p = proxy.clone();
-        restore_or_serve_open(agent.metrics(), "dockerd".into(), &shutdown, move || {
-            let p = p.clone();
-            async move { p.restore().await }
-        })
-        .await
-    };
-    if matches!(restorer, Startup::Stopped) {
+    let Some(Serving { listener, loops }) =
+        proxy_server::start(flags, agent.metrics(), &proxy, "dockerd".into(), &shutdown).await?
+    else {
         return Ok(());
-    }
-    let listener = bind_unix(&flags.runtime_proxy_endpoint, group)?;
-    agent.metrics().set_socket_bound(true);
-    tracing::info!(socket = %flags.runtime_proxy_endpoint.display(), backend = %flags.runtime_endpoint_path().display(), "Docker proxy serving");
-    let ledger = proxy.ledger().clone();
-    let loops = LedgerLoops::spawn(&ledger, proxy.clone(), restorer, flags, &shutdown);
+    };
     serve_connections(
         listener,
         shutdown,
@@ -643,14 +637,7 @@ pub async fn run(
                 let conn = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), svc)
                     .with_upgrades();
-                tokio::pin!(conn);
-                tokio::select! {
-                    r = conn.as_mut() => if let Err(e) = r { tracing::debug!("client connection: {e}") },
-                    _ = stop.cancelled() => {
-                        conn.as_mut().graceful_shutdown();
-                        let _ = conn.await;
-                    }
-                }
+                proxy_server::serve_until_stopped(conn, stop, "client").await;
             }
         },
     )
