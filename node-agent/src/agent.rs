@@ -835,7 +835,7 @@ fn grants_json(e: &Engine, fold: Option<&HostFold>) -> serde_json::Value {
 /// Sets from literals and sets shown as the runtime writes them, for tests.
 #[cfg(test)]
 pub(crate) mod test_sets {
-    use super::{CpuSet, NodeSet};
+    use super::{Adjustment, ContainerInfo, CpuSet, NodeSet};
 
     pub fn cpu_set(s: &str) -> CpuSet {
         CpuSet::parse(s).expect("a cpu list literal")
@@ -847,6 +847,26 @@ pub(crate) mod test_sets {
 
     pub fn shown<T: std::fmt::Display>(o: Option<T>) -> Option<String> {
         o.map(|v| v.to_string())
+    }
+
+    /// The answer placing a container on `cpus` and memory nodes `mems`, with a grant `record`
+    /// and no updates to others.
+    pub fn placed(cpus: &str, mems: &str, record: &str) -> Adjustment {
+        Adjustment {
+            cpus: Some(cpu_set(cpus)),
+            mems: Some(node_set(mems)),
+            record: Some(record.into()),
+            updates: vec![],
+        }
+    }
+
+    /// Asserts the CPU and memory figures the runtimes' create fixtures carry: 4096 CPU
+    /// shares, a quota of 8 CPUs per 100 ms, 1 GiB of memory.
+    pub fn assert_fixture_resources(info: &ContainerInfo) {
+        assert_eq!(info.cpu_shares, Some(4096));
+        assert_eq!(info.cpu_quota, Some(800_000));
+        assert_eq!(info.cpu_period, Some(100_000));
+        assert_eq!(info.memory_limit, Some(1 << 30));
     }
 }
 

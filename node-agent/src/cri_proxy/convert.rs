@@ -261,10 +261,7 @@ mod tests {
         let info = info_from_create(&req, pod).unwrap();
         assert_eq!(info.id, "sb1/app/2");
         assert_eq!(info.name, "app");
-        assert_eq!(info.cpu_shares, Some(4096));
-        assert_eq!(info.cpu_quota, Some(800_000));
-        assert_eq!(info.cpu_period, Some(100_000));
-        assert_eq!(info.memory_limit, Some(1 << 30));
+        assert_fixture_resources(&info);
         assert_eq!(
             info.hugepage_limits,
             [HugepageLimit {
@@ -311,12 +308,7 @@ mod tests {
 
     #[test]
     fn create_overlay_sets_the_cpuset_and_keeps_the_rest() {
-        let adj = Adjustment {
-            cpus: Some(cpu_set("0-23")),
-            mems: Some(node_set("0")),
-            record: Some("v1;x".into()),
-            updates: vec![],
-        };
+        let adj = placed("0-23", "0", "v1;x");
         let overlay = create_overlay(&adj).unwrap();
         let got = merged(&create_req(), &overlay);
         assert_eq!(got, rewritten(create_req(), &adj));
@@ -381,12 +373,7 @@ mod tests {
             annotations: [("k".to_string(), "v".to_string())].into(),
             ..Default::default()
         };
-        let adj = Adjustment {
-            cpus: Some(cpu_set("24-47")),
-            mems: Some(node_set("1")),
-            record: Some("v1;y".into()),
-            updates: vec![],
-        };
+        let adj = placed("24-47", "1", "v1;y");
         let got = merged(&req, &update_overlay(&adj).unwrap());
         let mut want = req.clone();
         {

@@ -440,21 +440,13 @@ mod tests {
     fn create_body_is_parsed_and_rewritten() {
         let mut v = create_body();
         let info = info_from_create("k8s_app_web_default_u_0", &v, None).unwrap();
-        assert_eq!(info.cpu_shares, Some(4096));
-        assert_eq!(info.cpu_quota, Some(800_000));
-        assert_eq!(info.cpu_period, Some(100_000));
-        assert_eq!(info.memory_limit, Some(1 << 30));
+        assert_fixture_resources(&info);
         assert_eq!(
             info.pod.cgroup_parent.as_deref(),
             Some("/kubepods/burstable/podu")
         );
         assert_eq!(info.env, vec!["A=1", "VA_VISIBLE_DEVICES=0"]);
-        let adj = Adjustment {
-            cpus: Some(cpu_set("0-23")),
-            mems: Some(node_set("0")),
-            record: Some("v1;p=topology-aware".into()),
-            updates: vec![],
-        };
+        let adj = placed("0-23", "0", "v1;p=topology-aware");
         assert!(rewrite_create(&mut v, &adj));
         assert_eq!(v["HostConfig"]["CpusetCpus"], "0-23");
         assert_eq!(v["HostConfig"]["CpusetMems"], "0");

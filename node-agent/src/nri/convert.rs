@@ -247,10 +247,7 @@ mod tests {
             Some("/kubepods/burstable/poduid-1")
         );
         assert!(info.pod.labels.contains_key("tap.kunpeng.huawei.com/skip"));
-        assert_eq!(info.cpu_shares, Some(4096));
-        assert_eq!(info.cpu_quota, Some(800_000));
-        assert_eq!(info.cpu_period, Some(100_000));
-        assert_eq!(info.memory_limit, Some(1 << 30));
+        assert_fixture_resources(&info);
         assert_eq!(
             info.hugepage_limits,
             [HugepageLimit {
@@ -283,12 +280,7 @@ mod tests {
     #[test]
     fn adjustment_carries_cpus_mems_and_the_grant_record() {
         assert!(adjustment(&Adjustment::default()).is_none());
-        let a = Adjustment {
-            cpus: Some(cpu_set("0-23")),
-            mems: Some(node_set("0")),
-            record: Some("r1".into()),
-            updates: vec![],
-        };
+        let a = placed("0-23", "0", "r1");
         let out = adjustment(&a).unwrap();
         let cpu = out.linux.resources.cpu.clone().unwrap();
         assert_eq!(cpu.cpus, "0-23");
