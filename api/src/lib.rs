@@ -574,5 +574,8 @@ fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, serde_yaml::Error> 
     ))
 }
 
+#[cfg(feature = "fixtures")]
+pub mod fixtures;
+
 #[cfg(test)]
 mod tests;

@@ -303,17 +303,8 @@ mod tests {
             spec: TopologyPolicySpec {
                 node_selector: LabelSelector::default(),
                 settings: PolicySettings {
-                    policy: PolicyName::NumaAware,
-                    memory_topology: true,
                     cluster_affinity: false,
-                    reserved_cpus: "0-1".into(),
-                    reserved_cpus_for: tap_api::ReservedCpusFor {
-                        namespaces: vec!["kube-system".into()],
-                        annotation: tap_api::ReservedAnnotation::Honoured,
-                    },
-                    rebalance: tap_api::RebalanceMode::Usage,
-                    annotations_allowed: false,
-                    dra_device_level: None,
+                    ..tap_api::fixtures::settings_all_set()
                 },
                 priority: prio,
             },

@@ -147,6 +147,7 @@ pub fn store_cache(path: &Path, c: &CachedPolicy) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tap_api::fixtures::settings_all_set;
     use tap_api::PolicyName;
     use tap_engine::ResourcePriority;
 
@@ -157,32 +158,16 @@ mod tests {
         }
     }
 
-    fn settings() -> PolicySettings {
-        PolicySettings {
-            policy: PolicyName::NumaAware,
-            memory_topology: true,
-            cluster_affinity: true,
-            reserved_cpus: "0-1".into(),
-            reserved_cpus_for: tap_api::ReservedCpusFor {
-                namespaces: vec!["kube-system".into()],
-                annotation: tap_api::ReservedAnnotation::Honoured,
-            },
-            rebalance: tap_api::RebalanceMode::Usage,
-            annotations_allowed: false,
-            dra_device_level: None,
-        }
-    }
-
     #[test]
     fn a_policys_dra_device_level_overrides_the_flag_and_its_absence_keeps_it() {
         let base = EngineConfig::default();
         let clusters = PolicySettings {
             dra_device_level: Some(tap_api::DraDeviceLevel::Cluster),
-            ..settings()
+            ..settings_all_set()
         };
         let c = engine_config(&base, &CpuSet::new(), Some(&clusters)).unwrap();
         assert_eq!(c.dra_level, Some(tap_engine::topology::Level::Cluster));
-        let c = engine_config(&base, &CpuSet::new(), Some(&settings())).unwrap();
+        let c = engine_config(&base, &CpuSet::new(), Some(&settings_all_set())).unwrap();
         assert_eq!(c.dra_level, None, "absent: the agent's --dra-device-level");
         let yaml = "policy: topology-aware\ndraDeviceLevel: cache\n";
         let s: PolicySettings = serde_yaml::from_str(yaml).unwrap();
@@ -197,7 +182,7 @@ mod tests {
             cluster_rule: tap_engine::ClusterAffinityRule::Kunpeng950Only,
             ..Default::default()
         };
-        let c = engine_config(&base, &CpuSet::new(), Some(&settings())).unwrap();
+        let c = engine_config(&base, &CpuSet::new(), Some(&settings_all_set())).unwrap();
         assert_eq!(c.policy, PolicyKind::NumaAware);
         assert!(c.memory_topology && c.cluster_affinity && !c.annotations_allowed);
         assert_eq!(c.reserved.to_string(), "0-1");
@@ -210,7 +195,7 @@ mod tests {
         );
         let off = PolicySettings {
             rebalance: tap_api::RebalanceMode::Off,
-            ..settings()
+            ..settings_all_set()
         };
         let flags_on = EngineConfig {
             rebalance: Rebalance::Usage,
@@ -238,14 +223,14 @@ mod tests {
             ..Default::default()
         };
         let kubelet = CpuSet::parse("3").unwrap();
-        let c = engine_config(&base, &kubelet, Some(&settings())).unwrap();
+        let c = engine_config(&base, &kubelet, Some(&settings_all_set())).unwrap();
         assert_eq!(c.reserved.to_string(), "0-1,3");
         assert_eq!(c.reserved_for.namespaces, ["kube-system"]);
         assert_eq!(c.reserved_for.annotation, ReservedAnnotation::Honoured);
         // A policy without reservedCPUsFor: nobody uses the reserved CPUs.
         let s = PolicySettings {
             reserved_cpus_for: Default::default(),
-            ..settings()
+            ..settings_all_set()
         };
         let c = engine_config(&base, &kubelet, Some(&s)).unwrap();
         assert_eq!(c.reserved_for, ReservedAccess::default());
@@ -253,7 +238,7 @@ mod tests {
 
     #[test]
     fn bad_reserved_cpus_is_an_error_not_a_panic() {
-        let mut s = settings();
+        let mut s = settings_all_set();
         s.reserved_cpus = "3-1,x".into();
         assert!(
             engine_config(&EngineConfig::default(), &CpuSet::new(), Some(&s))
@@ -275,7 +260,7 @@ mod tests {
                 uid: None,
                 generation: 5,
             }),
-            policy: Some(settings()),
+            policy: Some(settings_all_set()),
         };
         store_cache(&path, &c).unwrap();
         assert_eq!(load_cache(&path).unwrap(), Some(c));
