@@ -5,6 +5,7 @@
 //! goal ([`crate::goals::GOALS`]) draws its threshold as a dashed line.
 
 use crate::goals::{Goal, Metric, GOALS};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 /// One trace's figures for one policy; shares in 0..=1.
@@ -82,13 +83,20 @@ pub fn plot(path: &std::path::Path, title: &str, series: &[Series]) -> anyhow::R
 
 /// The four panels, their ranges fitted to `series`.
 fn panels(series: &[Series]) -> [Panel; 4] {
-    let top = |f: fn(&Point) -> f64| {
-        series
+    // A max/mean panel: from 1 to just above the highest value, at least to `at_least`.
+    let ratio = |caption, value: fn(&Point) -> f64, at_least: f64, metric| {
+        let top = series
             .iter()
-            .flat_map(|s| s.points.iter().map(f))
-            .fold(1.0_f64, f64::max)
+            .flat_map(|s| s.points.iter().map(value))
+            .fold(1.0_f64, f64::max);
+        Panel {
+            caption,
+            y_desc: "max/mean",
+            value,
+            range: (1.0, (top + 0.02).max(at_least)),
+            goal: goal_of(metric, 1.0),
+        }
     };
-    let (imb_max, lim_max) = (top(|p| p.imbalance), top(|p| p.limit_imbalance));
     [
         Panel {
             caption: "containers within one NUMA node (%)",
@@ -104,20 +112,18 @@ fn panels(series: &[Series]) -> [Panel; 4] {
             range: (zoom_floor(series), 100.5),
             goal: goal_of(Metric::OneNumaWhereFits, 100.0),
         },
-        Panel {
-            caption: "NUMA imbalance of requested CPUs (max/mean)",
-            y_desc: "max/mean",
-            value: |p| p.imbalance,
-            range: (1.0, (imb_max + 0.02).max(1.1)),
-            goal: goal_of(Metric::ImbalanceByRequest, 1.0),
-        },
-        Panel {
-            caption: "NUMA imbalance of CPU limits (max/mean)",
-            y_desc: "max/mean",
-            value: |p| p.limit_imbalance,
-            range: (1.0, (lim_max + 0.02).max(1.25)),
-            goal: goal_of(Metric::ImbalanceByLimit, 1.0),
-        },
+        ratio(
+            "NUMA imbalance of requested CPUs (max/mean)",
+            |p| p.imbalance,
+            1.1,
+            Metric::ImbalanceByRequest,
+        ),
+        ratio(
+            "NUMA imbalance of CPU limits (max/mean)",
+            |p| p.limit_imbalance,
+            1.25,
+            Metric::ImbalanceByLimit,
+        ),
     ]
 }
 
@@ -156,12 +162,7 @@ where
             format!("{} (off scale)", s.label)
         };
         let kept: Vec<(f64, f64)> = pts.into_iter().filter(|p| p.1 >= y0 && p.1 <= y1).collect();
-        chart
-            .draw_series(LineSeries::new(kept.clone(), color.stroke_width(2)))?
-            .label(label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-            });
+        line(&mut chart, kept.clone(), color.stroke_width(2), label)?;
         chart.draw_series(kept.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
     }
     if let Some((g, y)) = panel.goal {
@@ -172,9 +173,40 @@ where
             .label(label)
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.stroke_width(1)));
     }
+    legend(&mut chart, SeriesLabelPosition::LowerLeft)
+}
+
+/// A chart of both axes in `f64`.
+type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// `points` as a line of `style`, named `label` in the legend by a stroke of that style.
+fn line<'a, DB: DrawingBackend + 'a>(
+    chart: &mut Chart<'a, DB>,
+    points: Vec<(f64, f64)>,
+    style: ShapeStyle,
+    label: String,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    chart
+        .draw_series(LineSeries::new(points, style))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+    Ok(())
+}
+
+/// The legend, at `position`.
+fn legend<'a, DB: DrawingBackend + 'a>(
+    chart: &mut Chart<'a, DB>,
+    position: SeriesLabelPosition,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerLeft)
+        .position(position)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()?;
@@ -208,24 +240,17 @@ pub fn plot_timeline(
         .draw()?;
     for (i, (label, points)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-            .label(label.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-            });
+        line(
+            &mut chart,
+            points.clone(),
+            color.stroke_width(2),
+            label.clone(),
+        )?;
     }
-    let line = vec![(x0, threshold), (x1, threshold)];
-    chart
-        .draw_series(LineSeries::new(line, BLACK.stroke_width(1)))?
-        .label(format!("threshold {threshold}"))
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.stroke_width(1)));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
+    let level = vec![(x0, threshold), (x1, threshold)];
+    let label = format!("threshold {threshold}");
+    line(&mut chart, level, BLACK.stroke_width(1), label)?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present()?;
     Ok(())
 }
@@ -263,18 +288,24 @@ mod tests {
         assert_eq!(zoom_floor(&[series("x", &[0.6])]), 59.0);
     }
 
+    /// The SVG `draw` writes to the path it is given (in a folder of its own, `name`).
+    fn drawn(name: &str, draw: impl FnOnce(&std::path::Path) -> anyhow::Result<()>) -> String {
+        let dir = std::env::temp_dir().join(format!("tap-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("out.svg");
+        draw(&path).expect("plot");
+        let svg = std::fs::read_to_string(&path).expect("svg");
+        let _ = std::fs::remove_dir_all(&dir);
+        svg
+    }
+
     #[test]
     fn plot_names_policies_off_scale() {
-        let dir = std::env::temp_dir().join(format!("tap-plot-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("p.svg");
         let s = [
             series("kubelet", &[0.05, 0.06]),
             series("topology-aware", &[0.97, 0.99]),
         ];
-        plot(&path, "t", &s).expect("plot");
-        let svg = std::fs::read_to_string(&path).expect("svg");
-        let _ = std::fs::remove_dir_all(&dir);
+        let svg = drawn("plot", |path| plot(path, "t", &s));
         assert!(
             svg.contains("kubelet (off scale)"),
             "the zoomed panel names what it leaves out"
@@ -287,16 +318,11 @@ mod tests {
 
     #[test]
     fn timeline_draws_each_run_and_the_threshold() {
-        let dir = std::env::temp_dir().join(format!("tap-timeline-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("t.svg");
         let runs = [
             ("without".to_string(), vec![(0.0, 1.4), (10.0, 1.5)]),
             ("with".to_string(), vec![(0.0, 1.2), (10.0, 1.1)]),
         ];
-        plot_timeline(&path, "t", &runs, 1.15).expect("plot");
-        let svg = std::fs::read_to_string(&path).expect("svg");
-        let _ = std::fs::remove_dir_all(&dir);
+        let svg = drawn("timeline", |path| plot_timeline(path, "t", &runs, 1.15));
         for label in ["without", "with", "threshold 1.15"] {
             assert!(svg.contains(label), "{label}");
         }
