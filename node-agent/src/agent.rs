@@ -552,26 +552,7 @@ impl Agent {
                 }
             }
             Some((Outcome::Skipped(why), _)) => {
-                tracing::info!(hook = hook.as_str(), container = %c.id, name = %c.name, pod = %c.pod.name, "not adjusted: {why}");
-                match why {
-                    tap_engine::SkipReason::NoCapacity => {
-                        let msg = format!("left on all CPUs: {why}");
-                        self.note(hook, c, crate::notes::Kind::FailedOpen, msg);
-                    }
-                    tap_engine::SkipReason::NoSingleNumaNode => {
-                        let msg = format!("left on all CPUs: {why}");
-                        self.metrics
-                            .count_error(hook, crate::metrics::ErrorKind::StrictNuma);
-                        self.note(hook, c, crate::notes::Kind::FailedOpen, msg);
-                    }
-                    tap_engine::SkipReason::NoFreeNumaNode => {
-                        let msg = format!("left on all CPUs: {why}");
-                        self.metrics
-                            .count_error(hook, crate::metrics::ErrorKind::ExclusiveNuma);
-                        self.note(hook, c, crate::notes::Kind::FailedOpen, msg);
-                    }
-                    _ => {}
-                }
+                self.left_alone(hook, c, why);
                 Adjustment::default()
             }
             None => {
@@ -580,6 +561,25 @@ impl Agent {
                 Adjustment::default()
             }
         }
+    }
+
+    /// A container the engine left alone: where it was to be placed and could not be, a
+    /// failed-open note, and an error counted when its NUMA policy could not be met.
+    fn left_alone(&self, hook: Hook, c: &ContainerInfo, why: tap_engine::SkipReason) {
+        use crate::metrics::ErrorKind;
+        use tap_engine::SkipReason;
+        tracing::info!(hook = hook.as_str(), container = %c.id, name = %c.name, pod = %c.pod.name, "not adjusted: {why}");
+        let error = match why {
+            SkipReason::NoCapacity => None,
+            SkipReason::NoSingleNumaNode => Some(ErrorKind::StrictNuma),
+            SkipReason::NoFreeNumaNode => Some(ErrorKind::ExclusiveNuma),
+            _ => return,
+        };
+        if let Some(kind) = error {
+            self.metrics.count_error(hook, kind);
+        }
+        let msg = format!("left on all CPUs: {why}");
+        self.note(hook, c, crate::notes::Kind::FailedOpen, msg);
     }
 
     /// A container is being created. Everything that reads the runtime's input runs inside
@@ -904,6 +904,26 @@ pub(crate) mod tests {
         Arc::new(Topology::build(&raw).unwrap())
     }
 
+    /// Asserts the series of `metrics` with the error kind `kind` stands at `n`.
+    pub(crate) fn assert_error_count(metrics: &Metrics, kind: &str, n: u64) {
+        let m = metrics.render();
+        let (label, value) = (format!("kind=\"{kind}\""), format!(" {n}"));
+        assert!(
+            m.lines().any(|l| l.contains(&label) && l.ends_with(&value)),
+            "{m}"
+        );
+    }
+
+    /// A device the kubelet allocated: `example.com/accel` `id` on NUMA node `node`.
+    fn accel(id: &str, node: u32) -> KubeletDevice {
+        KubeletDevice {
+            resource: "example.com/accel".into(),
+            id: id.into(),
+            numa_nodes: vec![node],
+            claim: None,
+        }
+    }
+
     pub(crate) fn agent(name: &str) -> Agent {
         let topo = fixture(name);
         Agent::new(
@@ -980,27 +1000,15 @@ pub(crate) mod tests {
         );
         let adj = a.create(&strict("c2", 25, 35));
         assert!(adj.is_empty(), "left on all CPUs: {adj:?}");
-        let m = a.metrics().render();
-        assert!(
-            m.lines()
-                .any(|l| l.contains("kind=\"strict_numa\"") && l.ends_with(" 1")),
-            "{m}"
-        );
+        assert_error_count(a.metrics(), "strict_numa", 1);
     }
 
     /// Devices the kubelet allocated (pod-resources) place the container on their NUMA node
     /// and are named in its placement note; a node the topology does not have is no hint.
     #[test]
     fn kubelet_devices_place_the_container_near_them_and_are_named() {
-        use crate::pod_resources::KubeletDevice;
         let a = agent("synthetic-2s-4numa-96c-gpu");
         let mut rx = a.notes().attach().expect("notes");
-        let accel = |id: &str, node: u32| KubeletDevice {
-            resource: "example.com/accel".into(),
-            id: id.into(),
-            numa_nodes: vec![node],
-            claim: None,
-        };
         let mut c = burstable("c1", 4, 8);
         c.kubelet_devices = vec![accel("accel-3", 3)];
         assert_eq!(shown(a.create(&c).cpus).as_deref(), Some("72-95"));
@@ -1027,7 +1035,6 @@ pub(crate) mod tests {
     /// `tap_errors_total{kind="device_hint"}`. A hint honoured gets no Warning.
     #[test]
     fn a_device_hint_that_cannot_be_honoured_places_the_container_and_says_so() {
-        use crate::pod_resources::KubeletDevice;
         let a = agent("synthetic-2s-4numa-96c-gpu");
         let mut rx = a.notes().attach().expect("notes");
         let mut notes = move || {
@@ -1035,17 +1042,21 @@ pub(crate) mod tests {
                 .map(|n| (n.reason(), n.message))
                 .collect::<Vec<_>>()
         };
-        let accel = |id: &str, node: u32| KubeletDevice {
-            resource: "example.com/accel".into(),
-            id: id.into(),
-            numa_nodes: vec![node],
-            claim: None,
-        };
         let mut big = burstable("big", 20, 24);
         big.kubelet_devices = vec![accel("accel-0", 3)];
         assert_eq!(shown(a.create(&big).cpus).as_deref(), Some("72-95"));
         let got = notes();
         assert_eq!(got.len(), 1, "honoured: no Warning: {got:?}");
+        // Each hint not honoured: a placement note and a Warning naming the device and why.
+        let mut not_honoured = |device: &str, why: &str| {
+            let got = notes();
+            assert_eq!(got.len(), 2, "{got:?}");
+            assert_eq!(got[1].0, "TopologyDeviceHintNotHonoured");
+            assert!(
+                got[1].1.contains(device) && got[1].1.contains(why),
+                "{got:?}"
+            );
+        };
         // Node 3 has 4 CPUs of request left: an 8-CPU container goes elsewhere.
         let mut c = burstable("c", 8, 8);
         c.kubelet_devices = vec![accel("accel-1", 3)];
@@ -1054,32 +1065,19 @@ pub(crate) mod tests {
             adj.cpus.is_some_and(|s| !s.intersects(&cpu_set("72-95"))),
             "{adj:?}"
         );
-        let got = notes();
-        assert_eq!(got.len(), 2, "{got:?}");
-        assert_eq!(got[1].0, "TopologyDeviceHintNotHonoured");
-        assert!(
-            got[1].1.contains("example.com/accel accel-1 (NUMA 3)")
-                && got[1].1.contains("could not hold the container"),
-            "{got:?}"
+        not_honoured(
+            "example.com/accel accel-1 (NUMA 3)",
+            "could not hold the container",
         );
         // A node the machine does not have.
         let mut d = burstable("d", 1, 2);
         d.kubelet_devices = vec![accel("accel-9", 9)];
         assert!(a.create(&d).cpus.is_some());
-        let got = notes();
-        assert_eq!(got.len(), 2, "{got:?}");
-        assert_eq!(got[1].0, "TopologyDeviceHintNotHonoured");
-        assert!(
-            got[1].1.contains("example.com/accel accel-9 (NUMA 9)")
-                && got[1].1.contains("not a NUMA node of this machine"),
-            "{got:?}"
+        not_honoured(
+            "example.com/accel accel-9 (NUMA 9)",
+            "not a NUMA node of this machine",
         );
-        let m = a.metrics().render();
-        assert!(
-            m.lines()
-                .any(|l| l.contains("kind=\"device_hint\"") && l.ends_with(" 2")),
-            "{m}"
-        );
+        assert_error_count(a.metrics(), "device_hint", 2);
     }
 
     /// `numa-policy: exclusive` with no free node: left on all CPUs, a `TopologyNotPlaced` note
@@ -1106,12 +1104,7 @@ pub(crate) mod tests {
         let n = rx.try_recv().expect("a note");
         assert_eq!(n.reason(), "TopologyNotPlaced");
         assert!(n.message.contains("numa-policy exclusive"), "{n:?}");
-        let m = a.metrics().render();
-        assert!(
-            m.lines()
-                .any(|l| l.contains("kind=\"exclusive_numa\"") && l.ends_with(" 1")),
-            "{m}"
-        );
+        assert_error_count(a.metrics(), "exclusive_numa", 1);
     }
 
     /// A control that cannot be honoured (3 exclusive CPUs in whole 2-thread cores): the
@@ -1130,21 +1123,17 @@ pub(crate) mod tests {
         assert_eq!(kinds.len(), 2, "{kinds:?}");
         assert_eq!(kinds[1].0, "TopologyNotHonoured");
         assert!(kinds[1].1.contains("whole free cores"), "{kinds:?}");
-        let m = a.metrics().render();
-        assert!(
-            m.lines()
-                .any(|l| l.contains("kind=\"whole_cores\"") && l.ends_with(" 1")),
-            "{m}"
-        );
+        assert_error_count(a.metrics(), "whole_cores", 1);
     }
 
     #[test]
     fn gpu_request_prefers_the_gpu_node() {
         let a = agent("synthetic-2s-4numa-96c-gpu");
-        let mut c = burstable("c1", 4, 8);
-        c.env.push("VA_VISIBLE_DEVICES=/dev/vacc0".into());
         // The fixture's GPU is on NUMA node 1 (CPUs 24-47).
-        assert_eq!(shown(a.create(&c).cpus).as_deref(), Some("24-47"));
+        assert_eq!(
+            placed_with_env(&a, "VA_VISIBLE_DEVICES=/dev/vacc0").as_deref(),
+            Some("24-47")
+        );
     }
 
     /// The GPU server fixture: an ASPEED BMC VGA at 0000:02:00.0 (node 0), NVIDIA GPUs
@@ -1157,13 +1146,26 @@ pub(crate) mod tests {
         vec![entry.to_string()]
     }
 
+    /// Asserts the device of index `i` in `variable` (`NVIDIA_VISIBLE_DEVICES`, ...) is on NUMA
+    /// node `nodes[i]`, for each `i`.
+    fn assert_indexes_on_nodes(a: &Agent, variable: &str, nodes: &[u32]) {
+        for (i, node) in nodes.iter().enumerate() {
+            let entry = format!("{variable}={i}");
+            assert_eq!(a.device_nodes(&env(&entry), &[]), [*node], "{entry}");
+        }
+    }
+
+    /// Where a burstable 4/8 container whose environment names devices by `entry` is placed.
+    fn placed_with_env(a: &Agent, entry: &str) -> Option<String> {
+        let mut c = burstable("c1", 4, 8);
+        c.env.push(entry.into());
+        shown(a.create(&c).cpus)
+    }
+
     #[test]
     fn nvidia_indexes_and_uuids_name_nvidia_gpus_not_the_bmc_vga() {
         let a = agent(GPU_SERVER);
-        for (i, node) in [0, 0, 0, 0, 1, 1, 1, 1].into_iter().enumerate() {
-            let got = a.device_nodes(&env(&format!("NVIDIA_VISIBLE_DEVICES={i}")), &[]);
-            assert_eq!(got, vec![node], "NVIDIA_VISIBLE_DEVICES={i}");
-        }
+        assert_indexes_on_nodes(&a, "NVIDIA_VISIBLE_DEVICES", &[0, 0, 0, 0, 1, 1, 1, 1]);
         let uuid = format!("NVIDIA_VISIBLE_DEVICES={GPU5_UUID}");
         assert_eq!(a.device_nodes(&env(&uuid), &[]), vec![1]);
         // A UUID the host does not tell (another GPU's, unread), past the last GPU, all of
@@ -1181,9 +1183,10 @@ pub(crate) mod tests {
             assert!(got.is_empty(), "{v}: {got:?}");
         }
         // The container lands on its GPU's node: the first GPU of node 1 is index 4.
-        let mut c = burstable("c1", 4, 8);
-        c.env.push("NVIDIA_VISIBLE_DEVICES=4".into());
-        assert_eq!(shown(a.create(&c).cpus).as_deref(), Some("8-15,24-31"));
+        assert_eq!(
+            placed_with_env(&a, "NVIDIA_VISIBLE_DEVICES=4").as_deref(),
+            Some("8-15,24-31")
+        );
     }
 
     #[test]
@@ -1191,10 +1194,7 @@ pub(crate) mod tests {
         // Huawei's BMC VGA (19e5:1711) at 0000:05:00.0 on node 0; Ascend NPUs at 0000:01, 02
         // (node 0), 41, 42 (node 1), 81, 82 (node 2), c1, c2 (node 3).
         let a = agent("synthetic-2s-4numa-32c-8npu-bmc");
-        for (i, node) in [0, 0, 1, 1, 2, 2, 3, 3].into_iter().enumerate() {
-            let got = a.device_nodes(&env(&format!("ASCEND_VISIBLE_DEVICES={i}")), &[]);
-            assert_eq!(got, vec![node], "ASCEND_VISIBLE_DEVICES={i}");
-        }
+        assert_indexes_on_nodes(&a, "ASCEND_VISIBLE_DEVICES", &[0, 0, 1, 1, 2, 2, 3, 3]);
         let got = a.device_nodes(&env("ASCEND_VISIBLE_DEVICES=/dev/davinci3,davinci6-7"), &[]);
         assert_eq!(got, vec![1, 3]);
         for e in [
@@ -1204,9 +1204,10 @@ pub(crate) mod tests {
         ] {
             assert!(a.device_nodes(&env(e), &[]).is_empty(), "{e}");
         }
-        let mut c = burstable("c1", 4, 8);
-        c.env.push("ASCEND_VISIBLE_DEVICES=5".into());
-        assert_eq!(shown(a.create(&c).cpus).as_deref(), Some("16-23"));
+        assert_eq!(
+            placed_with_env(&a, "ASCEND_VISIBLE_DEVICES=5").as_deref(),
+            Some("16-23")
+        );
     }
 
     #[test]
