@@ -361,6 +361,13 @@ mod tests {
     use std::sync::Arc;
     use tap_engine::{Engine, EngineConfig};
 
+    /// Asserts the output holds each of `texts`.
+    fn assert_says(out: &str, texts: &[&str]) {
+        for text in texts {
+            assert!(out.contains(text), "no {text:?} in:\n{out}");
+        }
+    }
+
     fn agent(cluster_affinity: bool) -> Agent {
         agent_on("synthetic-2s-4numa-96c-gpu", cluster_affinity)
     }
@@ -398,25 +405,18 @@ mod tests {
             !out.contains("[cluster]"),
             "cluster pools listed with affinity off: {out}"
         );
-        assert!(out.contains("24 cluster pools not shown"), "{out}");
-        assert!(
-            out.contains("burstable-4-8    -> cpus 0-23 (numa0): fits one numa"),
-            "{out}"
-        );
-        // The exclusive sample goes to the node least loaded with what runs on it: numa1
-        // (numa2 and numa3 carry the socket1 sample's share; the balance term).
-        assert!(
-            out.contains("guaranteed-4     -> cpus 24-27 (numa1, exclusive)"),
-            "{out}"
-        );
-        // numa-policy exclusive: a whole node alone, none left after the samples.
-        assert!(
-            out.contains("numa-exclusive-2-4 -> cpus 0-23 (numa0, exclusive): numa-policy exclusive: a whole NUMA node"),
-            "{out}"
-        );
-        assert!(
-            out.contains("numa-exclusive-2-4 -> left on all CPUs: numa-policy exclusive: no NUMA node is free"),
-            "{out}"
+        assert_says(
+            &out,
+            &[
+                "24 cluster pools not shown",
+                "burstable-4-8    -> cpus 0-23 (numa0): fits one numa",
+                // The exclusive sample goes to the node least loaded with what runs on it: numa1
+                // (numa2 and numa3 carry the socket1 sample's share; the balance term).
+                "guaranteed-4     -> cpus 24-27 (numa1, exclusive)",
+                // numa-policy exclusive: a whole node alone, none left after the samples.
+                "numa-exclusive-2-4 -> cpus 0-23 (numa0, exclusive): numa-policy exclusive: a whole NUMA node",
+                "numa-exclusive-2-4 -> left on all CPUs: numa-policy exclusive: no NUMA node is free",
+            ],
         );
         let with = explain(&agent(true));
         assert!(with.contains("cluster0 [cluster] cpus 0-3"), "{with}");
@@ -438,15 +438,12 @@ mod tests {
             ..Default::default()
         };
         let out = explain(&agent_with("synthetic-2s-4numa-96c-gpu", listed));
-        assert!(
-            out.contains("reserved CPUs 0-1 (in no pool): namespaces [kube-system], reserved-cpus annotation ignored"),
-            "{out}"
-        );
-        assert!(
-            out.contains(
-                "system-daemon    -> cpus 0-1 (reserved): system daemon: the reserved CPUs"
-            ),
-            "{out}"
+        assert_says(
+            &out,
+            &[
+                "reserved CPUs 0-1 (in no pool): namespaces [kube-system], reserved-cpus annotation ignored",
+                "system-daemon    -> cpus 0-1 (reserved): system daemon: the reserved CPUs",
+            ],
         );
         let unlisted = EngineConfig {
             reserved,
@@ -527,14 +524,13 @@ mod tests {
     #[test]
     fn cache_pools_are_listed_and_used() {
         let out = explain(&agent_on("synthetic-2s-2numa-64t-8ccx", false));
-        assert!(
-            out.contains("    cache0 [cache] cpus 0-3,32-35 (8) mems 0"),
-            "{out}"
+        assert_says(
+            &out,
+            &[
+                "    cache0 [cache] cpus 0-3,32-35 (8) mems 0",
+                "burstable-4-8    -> cpus 0-3,32-35 (cache0): fits one cache",
+                "cache affinity true",
+            ],
         );
-        assert!(
-            out.contains("burstable-4-8    -> cpus 0-3,32-35 (cache0): fits one cache"),
-            "{out}"
-        );
-        assert!(out.contains("cache affinity true"), "{out}");
     }
 }

@@ -109,6 +109,13 @@ mod tests {
         ]
     }
 
+    /// Asserts `f` folds each CPU list onto the host CPU list paired with it.
+    fn assert_folds(f: &HostFold, cases: &[(&str, &str)]) {
+        for (cpus, host) in cases {
+            assert_eq!(f.cpus(&set(cpus)).to_string(), *host, "{cpus}");
+        }
+    }
+
     fn two_cpu_host() -> HostFold {
         HostFold::new(&four_nodes(), &set("0-1"), &NodeSet::parse("0").unwrap()).unwrap()
     }
@@ -116,13 +123,18 @@ mod tests {
     #[test]
     fn each_node_folds_onto_host_cpu_k_mod_n() {
         let f = two_cpu_host();
-        assert_eq!(f.cpus(&set("0-23")).to_string(), "0");
-        assert_eq!(f.cpus(&set("24-47")).to_string(), "1");
-        assert_eq!(f.cpus(&set("48-71")).to_string(), "0");
-        assert_eq!(f.cpus(&set("72-95")).to_string(), "1");
-        // A single (exclusive) CPU folds onto its node's image.
-        assert_eq!(f.cpus(&set("3")).to_string(), "0");
-        assert_eq!(f.cpus(&set("30")).to_string(), "1");
+        assert_folds(
+            &f,
+            &[
+                ("0-23", "0"),
+                ("24-47", "1"),
+                ("48-71", "0"),
+                ("72-95", "1"),
+                // A single (exclusive) CPU folds onto its node's image.
+                ("3", "0"),
+                ("30", "1"),
+            ],
+        );
     }
 
     #[test]
@@ -135,12 +147,17 @@ mod tests {
     fn a_shared_pool_folds_onto_the_union_of_its_nodes_images() {
         let f = two_cpu_host();
         // Socket 0 = nodes 0 and 1; the machine = all four.
-        assert_eq!(f.cpus(&set("0-47")).to_string(), "0-1");
-        assert_eq!(f.cpus(&set("0-95")).to_string(), "0-1");
-        // Nodes 0 and 2 only: both on host CPU 0.
-        assert_eq!(f.cpus(&set("0-23,48-71")).to_string(), "0");
-        // Part of one node is still that node's image.
-        assert_eq!(f.cpus(&set("4-7")).to_string(), "0");
+        assert_folds(
+            &f,
+            &[
+                ("0-47", "0-1"),
+                ("0-95", "0-1"),
+                // Nodes 0 and 2 only: both on host CPU 0.
+                ("0-23,48-71", "0"),
+                // Part of one node is still that node's image.
+                ("4-7", "0"),
+            ],
+        );
     }
 
     #[test]
@@ -151,11 +168,16 @@ mod tests {
             &NodeSet::parse("0").unwrap(),
         )
         .unwrap();
-        assert_eq!(f.cpus(&set("0-23")).to_string(), "2");
-        assert_eq!(f.cpus(&set("24-47")).to_string(), "5");
-        assert_eq!(f.cpus(&set("48-71")).to_string(), "7");
-        assert_eq!(f.cpus(&set("72-95")).to_string(), "9");
-        assert_eq!(f.cpus(&set("20-50")).to_string(), "2,5,7");
+        assert_folds(
+            &f,
+            &[
+                ("0-23", "2"),
+                ("24-47", "5"),
+                ("48-71", "7"),
+                ("72-95", "9"),
+                ("20-50", "2,5,7"),
+            ],
+        );
     }
 
     #[test]
@@ -173,8 +195,7 @@ mod tests {
     #[test]
     fn a_cpu_on_no_node_falls_back_to_cpu_mod_n() {
         let f = HostFold::new(&[(0, set("0-3"))], &set("0-1"), &NodeSet::new()).unwrap();
-        assert_eq!(f.cpus(&set("5")).to_string(), "1");
-        assert_eq!(f.cpus(&set("0-3")).to_string(), "0");
+        assert_folds(&f, &[("5", "1"), ("0-3", "0")]);
         assert!(HostFold::new(&four_nodes(), &CpuSet::new(), &NodeSet::new()).is_none());
     }
 

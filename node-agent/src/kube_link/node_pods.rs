@@ -423,31 +423,21 @@ mod tests {
     fn exclusive_resources_as_the_plugin_judges_them() {
         let g = |name, requests| pod(name, "Running", "Guaranteed", json!([ctr(requests)]));
         let b = |name, requests| pod(name, "Running", "Burstable", json!([ctr(requests)]));
-        assert!(has_exclusive_resources(&g(
-            "int",
-            json!({"cpu": "2", "memory": "1Gi"})
-        )));
-        // Memory alone makes a Guaranteed pod's resources exclusive for the plugin.
-        assert!(has_exclusive_resources(&g(
-            "frac",
-            json!({"cpu": "1500m", "memory": "1Gi"})
-        )));
-        assert!(!has_exclusive_resources(&g(
-            "frac-nomem",
-            json!({"cpu": "1500m"})
-        )));
-        assert!(!has_exclusive_resources(&b(
-            "burst",
-            json!({"cpu": "2", "memory": "1Gi"})
-        )));
-        assert!(has_exclusive_resources(&b(
-            "dev",
-            json!({"cpu": "100m", "example.com/accel": "1"})
-        )));
-        assert!(!has_exclusive_resources(&b(
-            "native-domain",
-            json!({"kubernetes.io/x": "1"})
-        )));
+        for (p, exclusive) in [
+            (g("int", json!({"cpu": "2", "memory": "1Gi"})), true),
+            // Memory alone makes a Guaranteed pod's resources exclusive for the plugin.
+            (g("frac", json!({"cpu": "1500m", "memory": "1Gi"})), true),
+            (g("frac-nomem", json!({"cpu": "1500m"})), false),
+            (b("burst", json!({"cpu": "2", "memory": "1Gi"})), false),
+            (
+                b("dev", json!({"cpu": "100m", "example.com/accel": "1"})),
+                true,
+            ),
+            (b("native-domain", json!({"kubernetes.io/x": "1"})), false),
+        ] {
+            let name = p.metadata.name.clone();
+            assert_eq!(has_exclusive_resources(&p), exclusive, "{name:?}");
+        }
         // An init container counts too.
         let mut p = b("init", json!({"cpu": "100m"}));
         if let Some(s) = p.spec.as_mut() {

@@ -88,6 +88,13 @@ fn a_device_allocated_whole_asks_for_the_whole_group_and_fractions_round_up() {
 fn bad_claims_are_refused_with_what_is_wrong() {
     let t = topo();
     let ok = json!([result(DRIVER, "node-a", "numa1", Some("2"), None)]);
+    // Claim u1 with one device of this driver: `cpus` of device `device` of pool `pool`.
+    let one_device = |pool: &str, device: &str, cpus: &str| {
+        claim(
+            "u1",
+            json!([result(DRIVER, pool, device, Some(cpus), None)]),
+        )
+    };
     let cases = [
         (
             claim("old", ok.clone()),
@@ -101,31 +108,19 @@ fn bad_claims_are_refused_with_what_is_wrong() {
             "claim ns/cpus has no device of driver dra.tap.kunpeng.io",
         ),
         (
-            claim(
-                "u1",
-                json!([result(DRIVER, "node-b", "numa1", Some("2"), None)]),
-            ),
+            one_device("node-b", "numa1", "2"),
             "device numa1 of pool node-b is not a CPU group of this node",
         ),
         (
-            claim(
-                "u1",
-                json!([result(DRIVER, "node-a", "gpu0", Some("2"), None)]),
-            ),
+            one_device("node-a", "gpu0", "2"),
             "device gpu0 of pool node-a is not a CPU group of this node",
         ),
         (
-            claim(
-                "u1",
-                json!([result(DRIVER, "node-a", "numa9", Some("2"), None)]),
-            ),
+            one_device("node-a", "numa9", "2"),
             "device numa9 of pool node-a is not a CPU group of this node",
         ),
         (
-            claim(
-                "u1",
-                json!([result(DRIVER, "node-a", "numa1", Some("-2"), None)]),
-            ),
+            one_device("node-a", "numa1", "-2"),
             "device numa1: consumed cpu \"-2\" is not a quantity",
         ),
     ];
