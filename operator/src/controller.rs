@@ -188,23 +188,35 @@ impl Ctx {
     }
 }
 
-#[tracing::instrument(skip_all, fields(name = %node.name_any(), node = %node.name_any()))]
-pub(crate) async fn reconcile_node(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+/// One reconcile of `controller`, its duration and failure observed.
+async fn observed(
+    ctx: &Ctx,
+    controller: &str,
+    reconcile: impl std::future::Future<Output = Result<Action, Error>>,
+) -> Result<Action, Error> {
     let start = Instant::now();
-    let r = reconcile_node_inner(&node, &ctx).await;
-    ctx.metrics.observe("node", start.elapsed(), r.is_ok());
+    let r = reconcile.await;
+    ctx.metrics.observe(controller, start.elapsed(), r.is_ok());
     r
 }
 
+/// Waits until `store`'s reflector has listed its objects.
+async fn synced<K>(store: &Store<K>) -> Result<(), Error>
+where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store.wait_until_ready().await.map_err(|_| Error::Cache)
+}
+
+#[tracing::instrument(skip_all, fields(name = %node.name_any(), node = %node.name_any()))]
+pub(crate) async fn reconcile_node(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    observed(&ctx, "node", reconcile_node_inner(&node, &ctx)).await
+}
+
 async fn reconcile_node_inner(node: &Node, ctx: &Ctx) -> Result<Action, Error> {
-    ctx.policies
-        .wait_until_ready()
-        .await
-        .map_err(|_| Error::Cache)?;
-    ctx.node_topologies
-        .wait_until_ready()
-        .await
-        .map_err(|_| Error::Cache)?;
+    synced(&ctx.policies).await?;
+    synced(&ctx.node_topologies).await?;
     if node.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -241,21 +253,12 @@ pub(crate) async fn reconcile_policy(
     p: Arc<TopologyPolicy>,
     ctx: Arc<Ctx>,
 ) -> Result<Action, Error> {
-    let start = Instant::now();
-    let r = reconcile_policy_inner(&p, &ctx).await;
-    ctx.metrics.observe("policy", start.elapsed(), r.is_ok());
-    r
+    observed(&ctx, "policy", reconcile_policy_inner(&p, &ctx)).await
 }
 
 async fn reconcile_policy_inner(p: &TopologyPolicy, ctx: &Ctx) -> Result<Action, Error> {
-    ctx.nodes
-        .wait_until_ready()
-        .await
-        .map_err(|_| Error::Cache)?;
-    ctx.policies
-        .wait_until_ready()
-        .await
-        .map_err(|_| Error::Cache)?;
+    synced(&ctx.nodes).await?;
+    synced(&ctx.policies).await?;
     let full = ctx.full_pass();
     let (resolver, fp) = (&full.0, &full.1);
     // Gauges for every policy (so deleted ones disappear).
@@ -309,17 +312,11 @@ async fn reconcile_policy_inner(p: &TopologyPolicy, ctx: &Ctx) -> Result<Action,
 
 #[tracing::instrument(skip_all, fields(name = %nt.name_any(), node = %nt.spec.node_name))]
 pub(crate) async fn reconcile_gc(nt: Arc<NodeTopology>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let start = Instant::now();
-    let r = reconcile_gc_inner(&nt, &ctx).await;
-    ctx.metrics.observe("gc", start.elapsed(), r.is_ok());
-    r
+    observed(&ctx, "gc", reconcile_gc_inner(&nt, &ctx)).await
 }
 
 async fn reconcile_gc_inner(nt: &NodeTopology, ctx: &Ctx) -> Result<Action, Error> {
-    ctx.nodes
-        .wait_until_ready()
-        .await
-        .map_err(|_| Error::Cache)?;
+    synced(&ctx.nodes).await?;
     let name = nt.name_any();
     let nodes: HashMap<String, String> = ctx
         .nodes

@@ -242,6 +242,19 @@ mod tests {
         }
     }
 
+    /// Asserts a candidate that has `seen` the lease `l` still waits for its holder at `waits`
+    /// and takes it over at `acquires`.
+    fn assert_waits_then_acquires(
+        l: &LeaseSpec,
+        seen: &mut Option<Observed>,
+        waits: Instant,
+        acquires: Instant,
+    ) {
+        let holder = l.holder_identity.as_deref().expect("a holder");
+        assert_eq!(decide(Some(l), "me", seen, waits), wait(holder));
+        assert_eq!(decide(Some(l), "me", seen, acquires), LeaseAction::Acquire);
+    }
+
     #[test]
     fn create_renew_and_free() {
         let t0 = Instant::now();
@@ -267,14 +280,7 @@ mod tests {
         let mut seen = None;
         assert_eq!(decide(Some(&other), "me", &mut seen, t0), wait("other"));
         assert_eq!(seen.as_ref().map(|o| o.since), Some(t0));
-        assert_eq!(
-            decide(Some(&other), "me", &mut seen, t0 + s(14)),
-            wait("other")
-        );
-        assert_eq!(
-            decide(Some(&other), "me", &mut seen, t0 + s(15)),
-            LeaseAction::Acquire
-        );
+        assert_waits_then_acquires(&other, &mut seen, t0 + s(14), t0 + s(15));
     }
 
     #[test]
@@ -296,14 +302,7 @@ mod tests {
         }
         // No change since the last renewal: expired 15 s (local) after it was seen.
         let last = lease(Some("other"), -hour_us + 1, 15);
-        assert_eq!(
-            decide(Some(&last), "me", &mut seen, at + s(14)),
-            wait("other")
-        );
-        assert_eq!(
-            decide(Some(&last), "me", &mut seen, at + s(15)),
-            LeaseAction::Acquire
-        );
+        assert_waits_then_acquires(&last, &mut seen, at + s(14), at + s(15));
     }
 
     #[test]
@@ -312,29 +311,17 @@ mod tests {
         let s = Duration::from_secs;
         let mut seen = None;
         let short = lease(Some("a"), 5, 3);
-        assert_eq!(decide(Some(&short), "me", &mut seen, t0), wait("a"));
-        assert_eq!(
-            decide(Some(&short), "me", &mut seen, t0 + s(3)),
-            LeaseAction::Acquire
-        );
+        assert_waits_then_acquires(&short, &mut seen, t0, t0 + s(3));
         // Someone else took it over (same renewTime, new holder): the countdown restarts.
         let taken = lease(Some("b"), 5, 3);
-        assert_eq!(decide(Some(&taken), "me", &mut seen, t0 + s(4)), wait("b"));
-        assert_eq!(
-            decide(Some(&taken), "me", &mut seen, t0 + s(7)),
-            LeaseAction::Acquire
-        );
+        assert_waits_then_acquires(&taken, &mut seen, t0 + s(4), t0 + s(7));
         // A missing or nonsensical duration: 15 s, at least 1 s.
         let mut none = lease(Some("c"), 5, 0);
         none.lease_duration_seconds = None;
         assert_eq!(decide(Some(&none), "me", &mut seen, t0), wait("c"));
         assert_eq!(decide(Some(&none), "me", &mut seen, t0 + s(14)), wait("c"));
         let negative = lease(Some("d"), 5, -7);
-        assert_eq!(decide(Some(&negative), "me", &mut seen, t0), wait("d"));
-        assert_eq!(
-            decide(Some(&negative), "me", &mut seen, t0 + s(1)),
-            LeaseAction::Acquire
-        );
+        assert_waits_then_acquires(&negative, &mut seen, t0, t0 + s(1));
     }
 
     #[test]

@@ -89,6 +89,13 @@ fn shutdown_on(
     async move { token.cancelled().await }
 }
 
+/// Logs (at debug level) what a controller's run reports failing.
+async fn failure_logged<T, E: std::fmt::Display>(controller: &str, r: Result<T, E>) {
+    if let Err(e) = r {
+        tracing::debug!("{controller} controller: {e}");
+    }
+}
+
 /// Runs the controllers until `shutdown`.
 pub async fn run(
     client: Client,
@@ -176,32 +183,20 @@ pub async fn run(
         .with_config(CtlConfig::default().debounce(Duration::from_millis(200)))
         .graceful_shutdown_on(shutdown_on(&shutdown))
         .run(reconcile_node, error_policy, ctx.clone())
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!("node controller: {e}");
-            }
-        });
+        .for_each(|r| failure_logged("node", r));
     let policy_controller = Controller::for_shared_stream(policy_updates, policies)
         .reconcile_all_on(all_policies)
         .with_config(CtlConfig::default().debounce(Duration::from_millis(300)))
         .graceful_shutdown_on(shutdown_on(&shutdown))
         .run(reconcile_policy, error_policy, ctx.clone())
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!("policy controller: {e}");
-            }
-        });
+        .for_each(|r| failure_logged("policy", r));
     let gc = Controller::for_shared_stream(nt_for_gc, nts)
         .reconcile_all_on(all_gc)
         .reconcile_on(gc_one)
         .with_config(CtlConfig::default().debounce(Duration::from_millis(200)))
         .graceful_shutdown_on(shutdown_on(&shutdown))
         .run(reconcile_gc, error_policy, ctx.clone())
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!("gc controller: {e}");
-            }
-        });
+        .for_each(|r| failure_logged("gc", r));
 
     let ready = async {
         let _ = ctx.nodes.wait_until_ready().await;

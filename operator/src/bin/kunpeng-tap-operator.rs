@@ -74,6 +74,30 @@ fn bind(s: &str) -> anyhow::Result<std::net::SocketAddr> {
     tap_bin_support::parse_bind(s).map_err(anyhow::Error::msg)
 }
 
+/// Serves the endpoint `name` on a task of its own at `address` (`host:port`); nothing when
+/// `address` is empty. A failure while serving is logged.
+fn spawn_endpoint<F, Fut>(
+    name: &'static str,
+    address: &str,
+    metrics: &Arc<Metrics>,
+    serve: F,
+) -> anyhow::Result<()>
+where
+    F: FnOnce(std::net::SocketAddr, Arc<Metrics>) -> Fut,
+    Fut: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
+{
+    if address.is_empty() {
+        return Ok(());
+    }
+    let served = serve(bind(address)?, metrics.clone());
+    tokio::spawn(async move {
+        if let Err(e) = served.await {
+            tracing::error!("{name} endpoint: {e:#}");
+        }
+    });
+    Ok(())
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
@@ -118,24 +142,18 @@ async fn run(f: Flags) -> anyhow::Result<()> {
     }
     let client = client(&f).await.context("connecting to the API server")?;
     let metrics = Arc::new(Metrics::new());
-    if !f.metrics_bind_address.is_empty() {
-        let addr = bind(&f.metrics_bind_address)?;
-        let m = metrics.clone();
-        tokio::spawn(async move {
-            if let Err(e) = metrics::serve_metrics(addr, m).await {
-                tracing::error!("metrics endpoint: {e:#}");
-            }
-        });
-    }
-    if !f.health_probe_bind_address.is_empty() {
-        let addr = bind(&f.health_probe_bind_address)?;
-        let m = metrics.clone();
-        tokio::spawn(async move {
-            if let Err(e) = metrics::serve_health(addr, m).await {
-                tracing::error!("health endpoint: {e:#}");
-            }
-        });
-    }
+    spawn_endpoint(
+        "metrics",
+        &f.metrics_bind_address,
+        &metrics,
+        metrics::serve_metrics,
+    )?;
+    spawn_endpoint(
+        "health",
+        &f.health_probe_bind_address,
+        &metrics,
+        metrics::serve_health,
+    )?;
     let shutdown = tap_bin_support::shutdown_on_signal();
     let identity = format!(
         "{}_{}",
