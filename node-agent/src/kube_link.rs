@@ -23,6 +23,7 @@ pub mod events;
 pub mod fingerprint;
 pub mod hugepages;
 pub mod node_pods;
+pub mod node_watch;
 pub mod nrt;
 pub mod numaplacement;
 pub mod pace;

@@ -2,14 +2,12 @@
 //! publish (`resource.kubernetes.io/numaNode`): a container holding a claim on such a device
 //! is placed on its node, as one holding a device-plugin device is.
 
+use super::node_watch::{self, NodeCopy};
 use crate::pod_resources::dra::{
     numa_node_of, DraDevice, DraTopology, PcieRoots, SliceDevices, NUMA_NODE_ATTRIBUTE,
     PCIE_ROOT_ATTRIBUTE,
 };
-use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use kube::api::Api;
-use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,31 +41,41 @@ pub fn slice_devices(slice: &ResourceSlice, roots: &PcieRoots) -> SliceDevices {
 /// Keeps `dra` equal to the ResourceSlices of `node` until the stream ends. A cluster without
 /// `resource.k8s.io/v1` (before Kubernetes 1.34) gives one warning, then quiet retries.
 pub async fn watch(client: kube::Client, node: String, dra: Arc<DraTopology>) {
-    let api: Api<ResourceSlice> = Api::all(client);
-    let wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let mut stream = std::pin::pin!(watcher(api, wc).default_backoff());
-    let mut listing: HashMap<String, SliceDevices> = HashMap::new();
-    let mut warned = false;
     let roots = dra.pcie_roots();
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(watcher::Event::Init) => listing.clear(),
-            Ok(watcher::Event::InitApply(s)) => {
-                listing.insert(s.name_any(), slice_devices(&s, &roots));
-            }
-            Ok(watcher::Event::InitDone) => {
-                dra.replace(std::mem::take(&mut listing));
-                warned = false;
-                tracing::debug!(node = %node, devices = dra.len(), "ResourceSlices read");
-            }
-            Ok(watcher::Event::Apply(s)) => dra.put(&s.name_any(), slice_devices(&s, &roots)),
-            Ok(watcher::Event::Delete(s)) => dra.remove(&s.name_any()),
-            Err(e) if !warned => {
-                warned = true;
-                tracing::warn!(node = %node, "ResourceSlice watch (DRA devices' NUMA nodes): {e}");
-            }
-            Err(e) => tracing::debug!(node = %node, "ResourceSlice watch: {e}"),
-        }
+    node_watch::keep(client, &node, &Slices { dra, roots }).await
+}
+
+/// The devices of the node's ResourceSlices, by slice name.
+struct Slices {
+    dra: Arc<DraTopology>,
+    roots: PcieRoots,
+}
+
+impl NodeCopy for Slices {
+    type Object = ResourceSlice;
+    type Kept = SliceDevices;
+    const WATCH: &'static str = "ResourceSlice watch";
+    const SERVES: &'static str = "DRA devices' NUMA nodes";
+    const READ: &'static str = "ResourceSlices read";
+
+    fn key(slice: &ResourceSlice) -> String {
+        slice.name_any()
+    }
+
+    fn kept(&self, slice: &ResourceSlice) -> SliceDevices {
+        slice_devices(slice, &self.roots)
+    }
+
+    fn replace(&self, listing: HashMap<String, SliceDevices>) {
+        self.dra.replace(listing);
+    }
+
+    fn put(&self, key: String, kept: SliceDevices) {
+        self.dra.put(&key, kept);
+    }
+
+    fn remove(&self, key: &str) {
+        self.dra.remove(key);
     }
 }
 

@@ -15,11 +15,9 @@
 //! included) requests an extended resource (a device), or the pod is Guaranteed and a container
 //! requests a whole number of CPUs, or memory or hugepages.
 
+use super::node_watch::{self, NodeCopy};
 pub use crate::flags::{FingerprintMethod, PodInformer};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Container, Pod};
-use kube::api::Api;
-use kube::runtime::{watcher, WatchStreamExt};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
@@ -324,6 +322,34 @@ impl NodePods {
                 .collect(),
         )
     }
+}
+
+/// A pod's key in [`NodePods`]: `namespace/name`.
+fn key(namespace: Option<&str>, name: Option<&str>) -> String {
+    let (namespace, name) = (namespace.unwrap_or_default(), name.unwrap_or_default());
+    format!("{namespace}/{name}")
+}
+
+/// Keeps `pods` equal to the pods bound to `node` until the stream ends.
+pub async fn watch(client: kube::Client, node: String, pods: Arc<NodePods>) {
+    node_watch::keep(client, &node, &*pods).await
+}
+
+impl NodeCopy for NodePods {
+    type Object = Pod;
+    type Kept = PodFacts;
+    const WATCH: &'static str = "pod watch";
+    const SERVES: &'static str = "the NodeResourceTopology's pod fingerprint";
+    const READ: &'static str = "the node's pods read";
+
+    fn key(pod: &Pod) -> String {
+        let m = &pod.metadata;
+        key(m.namespace.as_deref(), m.name.as_deref())
+    }
+
+    fn kept(&self, pod: &Pod) -> PodFacts {
+        PodFacts::of(pod)
+    }
 
     fn replace(&self, listing: HashMap<String, PodFacts>) {
         *self.lock() = Some(listing);
@@ -342,47 +368,14 @@ impl NodePods {
     }
 }
 
-fn key(p: &PodFacts) -> String {
-    format!("{}/{}", p.namespace, p.name)
-}
-
-/// Keeps `pods` equal to the pods bound to `node` until the stream ends.
-pub async fn watch(client: kube::Client, node: String, pods: Arc<NodePods>) {
-    let api: Api<Pod> = Api::all(client);
-    let wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let mut stream = std::pin::pin!(watcher(api, wc).default_backoff());
-    let mut listing: HashMap<String, PodFacts> = HashMap::new();
-    let mut warned = false;
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(watcher::Event::Init) => listing.clear(),
-            Ok(watcher::Event::InitApply(p)) => {
-                let f = PodFacts::of(&p);
-                listing.insert(key(&f), f);
-            }
-            Ok(watcher::Event::InitDone) => {
-                warned = false;
-                tracing::debug!(node = %node, pods = listing.len(), "the node's pods read");
-                pods.replace(std::mem::take(&mut listing));
-            }
-            Ok(watcher::Event::Apply(p)) => {
-                let f = PodFacts::of(&p);
-                pods.put(key(&f), f);
-            }
-            Ok(watcher::Event::Delete(p)) => pods.remove(&key(&PodFacts::of(&p))),
-            Err(e) if !warned => {
-                warned = true;
-                tracing::warn!(node = %node, "pod watch (the NodeResourceTopology's pod fingerprint): {e}");
-            }
-            Err(e) => tracing::debug!(node = %node, "pod watch: {e}"),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn facts_key(p: &PodFacts) -> String {
+        key(Some(&p.namespace), Some(&p.name))
+    }
 
     fn pod(name: &str, phase: &str, qos: &str, containers: serde_json::Value) -> Pod {
         serde_json::from_value(json!({
@@ -567,19 +560,19 @@ mod tests {
             "Burstable",
             json!([ctr(json!({"cpu": "1"}))]),
         ));
-        pods.put(key(&run), run.clone());
+        pods.put(facts_key(&run), run.clone());
         assert_eq!(
             pods.counted(PodInformer::Shared, FingerprintMethod::All),
             None
         );
-        pods.replace(HashMap::from([(key(&run), run.clone())]));
+        pods.replace(HashMap::from([(facts_key(&run), run.clone())]));
         let done = PodFacts::of(&pod(
             "job",
             "Succeeded",
             "BestEffort",
             json!([{"name": "c"}]),
         ));
-        pods.put(key(&done), done.clone());
+        pods.put(facts_key(&done), done.clone());
         let shared = pods.counted(PodInformer::Shared, FingerprintMethod::All);
         assert_eq!(shared, Some(vec![("ns".to_string(), "a".to_string())]));
         let mut dedicated = pods
@@ -587,7 +580,7 @@ mod tests {
             .unwrap_or_default();
         dedicated.sort();
         assert_eq!(dedicated.len(), 2);
-        pods.remove(&key(&run));
+        pods.remove(&facts_key(&run));
         assert_eq!(
             pods.counted(PodInformer::Shared, FingerprintMethod::All),
             Some(vec![])
