@@ -74,6 +74,7 @@ impl Agent {
 #[cfg(test)]
 mod tests {
     use super::super::tests::{agent, burstable};
+    use super::super::Agent;
     use crate::dra::DRIVER;
     use crate::pod_resources::KubeletDevice;
     use std::sync::{Arc, Mutex};
@@ -95,6 +96,29 @@ mod tests {
         }
     }
 
+    /// The claim `uid` (named `name`) asking, under its request `cpus`, for `cpus` CPUs and
+    /// `memory_bytes` of the CPU group `group` (`numa3`).
+    fn ask(
+        a: &Agent,
+        uid: &str,
+        name: &str,
+        group: &str,
+        cpus: usize,
+        memory_bytes: u64,
+    ) -> ClaimAsk {
+        let device = tap_engine::dra::pool_of(a.topology(), group).unwrap().id;
+        ClaimAsk {
+            uid: uid.into(),
+            key: key(name),
+            parts: vec![PartAsk {
+                request: "cpus".into(),
+                device,
+                cpus,
+                memory_bytes,
+            }],
+        }
+    }
+
     #[test]
     fn a_container_of_a_prepared_claim_gets_its_cpus_and_neighbours_move_off_them() {
         let a = agent("synthetic-2s-4numa-96c-gpu");
@@ -113,17 +137,7 @@ mod tests {
             "72-95",
             "the shared container on node 3"
         );
-        let node3 = tap_engine::dra::pool_of(a.topology(), "numa3").unwrap().id;
-        let ask = ClaimAsk {
-            uid: "uid-c1".into(),
-            key: key("cpus"),
-            parts: vec![PartAsk {
-                request: "cpus".into(),
-                device: node3,
-                cpus: 4,
-                memory_bytes: 256 << 20,
-            }],
-        };
+        let ask = ask(&a, "uid-c1", "cpus", "numa3", 4, 256 << 20);
         let g = a.book_claim(&ask).unwrap();
         assert_eq!(
             *moved.lock().unwrap(),
@@ -161,17 +175,7 @@ mod tests {
     #[test]
     fn a_claim_the_node_cannot_hold_is_refused_and_nothing_moves() {
         let a = agent("synthetic-2s-4numa-96c-gpu");
-        let node0 = tap_engine::dra::pool_of(a.topology(), "numa0").unwrap().id;
-        let ask = ClaimAsk {
-            uid: "u".into(),
-            key: key("big"),
-            parts: vec![PartAsk {
-                request: "cpus".into(),
-                device: node0,
-                cpus: 25,
-                memory_bytes: 0,
-            }],
-        };
+        let ask = ask(&a, "u", "big", "numa0", 25, 0);
         let e = a.book_claim(&ask).unwrap_err();
         assert_eq!(
             e.to_string(),

@@ -120,6 +120,17 @@ fn claim(name: &str) -> Claim {
     }
 }
 
+/// The plugin's answer to a NodePrepareResources of the claims `names`.
+async fn prepare(ch: &Channel, names: &[&str]) -> NodePrepareResourcesResponse {
+    let claims = names.iter().map(|n| claim(n)).collect();
+    call(
+        ch,
+        NODE_PREPARE_RESOURCES,
+        NodePrepareResourcesRequest { claims },
+    )
+    .await
+}
+
 #[tokio::test]
 async fn get_info_names_the_driver_its_socket_and_the_v1_service() {
     let p = Running::start("info").await;
@@ -139,10 +150,7 @@ async fn get_info_names_the_driver_its_socket_and_the_v1_service() {
 async fn one_claims_failure_is_its_own_and_the_others_are_prepared() {
     let p = Running::start("prepare").await;
     let ch = channel(p.paths.dra_socket());
-    let req = NodePrepareResourcesRequest {
-        claims: vec![claim("good"), claim("bad"), claim("panics")],
-    };
-    let resp: NodePrepareResourcesResponse = call(&ch, NODE_PREPARE_RESOURCES, req).await;
+    let resp = prepare(&ch, &["good", "bad", "panics"]).await;
     assert_eq!(resp.claims.len(), 3, "{resp:?}");
     let good = &resp.claims["uid-good"];
     assert!(good.error.is_empty(), "{good:?}");
@@ -164,14 +172,7 @@ async fn one_claims_failure_is_its_own_and_the_others_are_prepared() {
     assert!(panicked.devices.is_empty());
     assert!(panicked.error.contains("panic"), "{panicked:?}");
     // The server is still there after a driver's panic.
-    let again: NodePrepareResourcesResponse = call(
-        &ch,
-        NODE_PREPARE_RESOURCES,
-        NodePrepareResourcesRequest {
-            claims: vec![claim("good")],
-        },
-    )
-    .await;
+    let again = prepare(&ch, &["good"]).await;
     assert!(again.claims["uid-good"].error.is_empty());
     p.stop().await;
 }

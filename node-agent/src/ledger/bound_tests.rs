@@ -3,7 +3,8 @@
 //! in for a cgroup mount; containerd and the kernel are in the e2e tiers).
 
 use super::tests::{
-    agent, as_listed, container, created, shared_then_one_exclusive, the_one_write_due, Recorder,
+    agent, as_listed, assert_metric, container, created, shared_then_one_exclusive,
+    the_one_write_due, Recorder,
 };
 use super::*;
 use crate::agent::Update;
@@ -88,11 +89,7 @@ async fn the_loop_writes_cgroups_and_the_read_back_heals_one_rewritten_behind_it
     assert_eq!(read(&shared[0], "cpuset.cpus"), before);
     assert_cgroups_keep_exclusive_cpus(&l, &shared);
     assert_eq!(l.unconverged(), 0);
-    let m = l.agent().metrics().render();
-    assert!(
-        m.contains("tap_cpuset_readbacks_total{result=\"corrected\"} 1"),
-        "{m}"
-    );
+    assert_metric(&l, "tap_cpuset_readbacks_total{result=\"corrected\"} 1");
 }
 
 #[tokio::test]

@@ -48,6 +48,12 @@ fn state_dir(name: &str) -> std::path::PathBuf {
     d
 }
 
+/// Asserts the agent's metrics hold `series` (name, labels and value).
+pub(super) fn assert_metric(l: &Ledger, series: &str) {
+    let m = l.agent().metrics().render();
+    assert!(m.contains(series), "{m}");
+}
+
 /// `c` as the runtime lists it after `adj`: the cpuset and the grant record it was given.
 pub(super) fn as_listed(mut c: ContainerInfo, adj: &Adjustment) -> ContainerInfo {
     c.cpus = adj.cpus;
@@ -726,11 +732,7 @@ async fn a_refused_update_is_retried_until_the_runtime_takes_it() {
     assert_eq!(rt.writes().len(), 1);
     assert!(l.pending_updates().is_empty());
     assert_eq!(l.unconverged(), 0);
-    let m = l.agent().metrics().render();
-    assert!(
-        m.contains("tap_cpuset_writes_total{result=\"refused\"} 1"),
-        "{m}"
-    );
+    assert_metric(&l, "tap_cpuset_writes_total{result=\"refused\"} 1");
 }
 
 /// Finding 3: a loop write that overlaps a hook's own call for the same container (a resize
