@@ -67,12 +67,16 @@ mod tests {
 
     #[test]
     fn verbosity_levels_follow_the_reference() {
-        assert_eq!(level_of(0), "warn");
-        assert_eq!(level_of(1), "warn");
-        assert_eq!(level_of(2), "info");
-        assert_eq!(level_of(3), "debug");
-        assert_eq!(level_of(4), "trace");
-        assert_eq!(level_of(9), "trace");
+        for (verbose, level) in [
+            (0, "warn"),
+            (1, "warn"),
+            (2, "info"),
+            (3, "debug"),
+            (4, "trace"),
+            (9, "trace"),
+        ] {
+            assert_eq!(level_of(verbose), level, "-v x{verbose}");
+        }
     }
 }
 
