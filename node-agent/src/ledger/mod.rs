@@ -823,4 +823,4 @@ fn state_write_failed(agent: &Agent, e: state_file::StateFileError) {
 #[cfg(test)]
 mod bound_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

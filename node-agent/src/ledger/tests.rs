@@ -2,44 +2,16 @@
 
 use super::*;
 use crate::agent::test_sets::*;
-use crate::agent::{PodInfo, Update};
+use crate::agent::Update;
 use crate::hook::Hook;
-use crate::metrics::Metrics;
 use std::path::PathBuf;
 use tap_engine::request::{GRANT_KEY, SKIP_KEY};
-use tap_engine::{Engine, EngineConfig, Topology};
+use tap_engine::Engine;
+
+pub(super) use crate::agent::tests::container;
 
 pub(super) fn agent() -> Arc<Agent> {
-    let topo = Arc::new(
-        Topology::build(
-            &tap_engine::testdata::discover_fixture("synthetic-2s-4numa-96c-gpu").unwrap(),
-        )
-        .unwrap(),
-    );
-    Arc::new(Agent::new(
-        Engine::new(topo, EngineConfig::default()),
-        Arc::new(Metrics::new()),
-        None,
-        "test",
-    ))
-}
-
-pub(super) fn container(key: &str, qos: &str, req_cpus: u64, lim_cpus: u64) -> ContainerInfo {
-    ContainerInfo {
-        id: key.into(),
-        name: "app".into(),
-        pod: PodInfo {
-            uid: format!("uid-{key}"),
-            name: format!("pod-{key}"),
-            namespace: "default".into(),
-            cgroup_parent: Some(format!("/kubepods/{qos}/pod1")),
-            ..Default::default()
-        },
-        cpu_shares: Some(req_cpus * 1024),
-        cpu_quota: Some((lim_cpus * 100_000) as i64),
-        cpu_period: Some(100_000),
-        ..Default::default()
-    }
+    Arc::new(crate::agent::tests::agent("synthetic-2s-4numa-96c-gpu"))
 }
 
 fn state_dir(name: &str) -> std::path::PathBuf {
@@ -72,13 +44,13 @@ pub(super) async fn created(l: &Ledger, c: ContainerInfo, id: &str) -> Adjustmen
 /// A runtime double for the convergence loop: records the cpuset writes it is sent, and
 /// refuses them while `refusing` is set (pure logic: the real runtimes are in the e2e tier).
 #[derive(Default)]
-pub(super) struct Recorder {
+pub(crate) struct Recorder {
     writes: std::sync::Mutex<Vec<Update>>,
     refusing: std::sync::atomic::AtomicBool,
 }
 
 impl Recorder {
-    pub(super) fn writes(&self) -> Vec<Update> {
+    pub(crate) fn writes(&self) -> Vec<Update> {
         self.writes.lock().unwrap().clone()
     }
 

@@ -295,24 +295,6 @@ mod tests {
         }
     }
 
-    /// Records the writes it is sent.
-    #[derive(Default)]
-    struct Sent(std::sync::Mutex<Vec<String>>);
-
-    #[async_trait::async_trait]
-    impl crate::ledger::Writer for Sent {
-        async fn write_cpuset(
-            &self,
-            u: &crate::agent::Update,
-        ) -> Result<(), crate::ledger::WriteError> {
-            self.0
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(u.container_id.clone());
-            Ok(())
-        }
-    }
-
     /// The loop moving a container leaves every other container's backoff as it is: one whose
     /// write timed out (a hung shim) keeps its 10 s floor.
     #[tokio::test]
@@ -361,9 +343,9 @@ mod tests {
         let _ = worker.await;
         let _ = std::fs::remove_dir_all(&root);
         assert!(moved(&l), "the loop moved a container");
-        let sent = Sent::default();
-        l.converge_once(&sent).await;
-        let sent = sent.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let rt = crate::ledger::tests::Recorder::default();
+        l.converge_once(&rt).await;
+        let sent: Vec<String> = rt.writes().into_iter().map(|u| u.container_id).collect();
         assert!(
             hung.iter().all(|h| !sent.contains(h)),
             "a timed-out write went again before its floor: {sent:?} (timed out: {hung:?})"
