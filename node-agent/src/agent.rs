@@ -101,6 +101,20 @@ impl HugepageLimit {
 }
 
 impl ContainerInfo {
+    /// Takes the hugepage limits a runtime passes, `(page size, bytes)` each, where it passes
+    /// any; the sizes [`HugepageLimit::from_runtime`] does not read are left out.
+    pub fn set_runtime_hugepage_limits<'a>(
+        &mut self,
+        limits: impl IntoIterator<Item = (&'a str, u64)>,
+    ) {
+        let mut limits = limits.into_iter().peekable();
+        if limits.peek().is_some() {
+            self.hugepage_limits = limits
+                .filter_map(|(size, bytes)| HugepageLimit::from_runtime(size, bytes))
+                .collect();
+        }
+    }
+
     /// A copy holding only what placement, updates and restore read again: every field but the
     /// maps and the environment whole, of those only the kunpeng-tap keys ([`KEY_PREFIX`]) and
     /// the device entries ([`DEVICE_ENV_VARS`]). What the ledger keeps per container: the
@@ -934,15 +948,17 @@ pub(crate) mod tests {
         )
     }
 
-    pub(crate) fn burstable(id: &str, req_cpus: u64, lim_cpus: u64) -> ContainerInfo {
+    /// A container `app` of the Pod `pod-<key>` (QoS class `qos`, as its cgroup parent says it)
+    /// asking for `req_cpus` CPUs and limited to `lim_cpus`.
+    pub(crate) fn container(key: &str, qos: &str, req_cpus: u64, lim_cpus: u64) -> ContainerInfo {
         ContainerInfo {
-            id: id.into(),
+            id: key.into(),
             name: "app".into(),
             pod: PodInfo {
-                uid: format!("uid-{id}"),
-                name: format!("pod-{id}"),
+                uid: format!("uid-{key}"),
+                name: format!("pod-{key}"),
                 namespace: "default".into(),
-                cgroup_parent: Some("/kubepods/burstable/pod1".into()),
+                cgroup_parent: Some(format!("/kubepods/{qos}/pod1")),
                 ..Default::default()
             },
             cpu_shares: Some(req_cpus * 1024),
@@ -950,6 +966,10 @@ pub(crate) mod tests {
             cpu_period: Some(100_000),
             ..Default::default()
         }
+    }
+
+    pub(crate) fn burstable(id: &str, req_cpus: u64, lim_cpus: u64) -> ContainerInfo {
+        container(id, "burstable", req_cpus, lim_cpus)
     }
 
     #[test]

@@ -1,9 +1,7 @@
 //! The pure part of the CRI proxy: CRI messages to and from the agent's view of a container,
 //! and the overlays that write an adjustment into a request.
 
-use crate::agent::{
-    runtime_cpus, runtime_nodes, Adjustment, ContainerInfo, HugepageLimit, PodInfo, Update,
-};
+use crate::agent::{runtime_cpus, runtime_nodes, Adjustment, ContainerInfo, PodInfo, Update};
 use k8s_cri::v1 as cri;
 use prost::Message;
 use serde_json::Value;
@@ -46,13 +44,8 @@ pub fn apply_linux_resources(info: &mut ContainerInfo, r: &cri::LinuxContainerRe
     if r.memory_limit_in_bytes > 0 {
         info.memory_limit = Some(r.memory_limit_in_bytes);
     }
-    if !r.hugepage_limits.is_empty() {
-        info.hugepage_limits = r
-            .hugepage_limits
-            .iter()
-            .filter_map(|h| HugepageLimit::from_runtime(&h.page_size, h.limit))
-            .collect();
-    }
+    let hugepages = r.hugepage_limits.iter();
+    info.set_runtime_hugepage_limits(hugepages.map(|h| (h.page_size.as_str(), h.limit)));
 }
 
 /// A [`ContainerInfo`] for a CreateContainer request (`None` without a container config).
@@ -192,6 +185,7 @@ pub fn cgroup_parent_from_verbose(info: &HashMap<String, String>) -> Option<Stri
 mod tests {
     use super::*;
     use crate::agent::test_sets::*;
+    use crate::agent::HugepageLimit;
     use crate::cri_proxy::grpc::{frame, unary_message};
     use crate::Adjustment;
     use prost::Message;

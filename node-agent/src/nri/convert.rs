@@ -4,9 +4,7 @@ use super::proto::{
     Container, ContainerAdjustment, ContainerUpdate, Event, LinuxCPU, LinuxContainerAdjustment,
     LinuxContainerUpdate, LinuxResources, PodSandbox,
 };
-use crate::agent::{
-    runtime_cpus, runtime_nodes, Adjustment, ContainerInfo, HugepageLimit, PodInfo, Update,
-};
+use crate::agent::{runtime_cpus, runtime_nodes, Adjustment, ContainerInfo, PodInfo, Update};
 use std::collections::HashMap;
 use tap_engine::request::GRANT_KEY;
 use tap_engine::{CpuSet, NodeSet};
@@ -85,13 +83,8 @@ pub fn apply_resources(info: &mut ContainerInfo, r: &LinuxResources) {
     if let Some(l) = r.memory.as_ref().and_then(|m| m.limit.as_ref()) {
         info.memory_limit = (l.value > 0).then_some(l.value);
     }
-    if !r.hugepage_limits.is_empty() {
-        info.hugepage_limits = r
-            .hugepage_limits
-            .iter()
-            .filter_map(|h| HugepageLimit::from_runtime(&h.page_size, h.limit))
-            .collect();
-    }
+    let hugepages = r.hugepage_limits.iter();
+    info.set_runtime_hugepage_limits(hugepages.map(|h| (h.page_size.as_str(), h.limit)));
 }
 
 /// A container and its Pod as the hook layer sees them.
@@ -168,6 +161,7 @@ mod tests {
     use super::super::proto::{OptionalUInt64, SynchronizeRequest};
     use super::*;
     use crate::agent::test_sets::*;
+    use crate::agent::HugepageLimit;
     use protobuf::Message;
 
     fn pod() -> PodSandbox {
