@@ -1175,6 +1175,14 @@ pub(crate) mod tests {
         }
     }
 
+    /// Asserts none of the environment `entries` names a device (so gives no NUMA hint).
+    fn assert_no_device_nodes(a: &Agent, entries: &[&str]) {
+        for entry in entries {
+            let got = a.device_nodes(&env(entry), &[]);
+            assert!(got.is_empty(), "{entry}: {got:?}");
+        }
+    }
+
     /// Where a burstable 4/8 container whose environment names devices by `entry` is placed.
     fn placed_with_env(a: &Agent, entry: &str) -> Option<String> {
         let mut c = burstable("c1", 4, 8);
@@ -1190,18 +1198,18 @@ pub(crate) mod tests {
         assert_eq!(a.device_nodes(&env(&uuid), &[]), vec![1]);
         // A UUID the host does not tell (another GPU's, unread), past the last GPU, all of
         // them: no hint, never a guess.
-        for v in [
-            "GPU-7f3a9c2e-4b1d-4e8a-9c6f-2d5b8e000002",
-            "MIG-7f3a9c2e-4b1d-4e8a-9c6f-2d5b8e000003",
-            "8",
-            "all",
-            "none",
-            "void",
-            "nvidia1",
-        ] {
-            let got = a.device_nodes(&env(&format!("NVIDIA_VISIBLE_DEVICES={v}")), &[]);
-            assert!(got.is_empty(), "{v}: {got:?}");
-        }
+        assert_no_device_nodes(
+            &a,
+            &[
+                "NVIDIA_VISIBLE_DEVICES=GPU-7f3a9c2e-4b1d-4e8a-9c6f-2d5b8e000002",
+                "NVIDIA_VISIBLE_DEVICES=MIG-7f3a9c2e-4b1d-4e8a-9c6f-2d5b8e000003",
+                "NVIDIA_VISIBLE_DEVICES=8",
+                "NVIDIA_VISIBLE_DEVICES=all",
+                "NVIDIA_VISIBLE_DEVICES=none",
+                "NVIDIA_VISIBLE_DEVICES=void",
+                "NVIDIA_VISIBLE_DEVICES=nvidia1",
+            ],
+        );
         // The container lands on its GPU's node: the first GPU of node 1 is index 4.
         assert_eq!(
             placed_with_env(&a, "NVIDIA_VISIBLE_DEVICES=4").as_deref(),
@@ -1217,13 +1225,14 @@ pub(crate) mod tests {
         assert_indexes_on_nodes(&a, "ASCEND_VISIBLE_DEVICES", &[0, 0, 1, 1, 2, 2, 3, 3]);
         let got = a.device_nodes(&env("ASCEND_VISIBLE_DEVICES=/dev/davinci3,davinci6-7"), &[]);
         assert_eq!(got, vec![1, 3]);
-        for e in [
-            "VA_VISIBLE_DEVICES=0",
-            "VA_ALLOCATE_DEVICES=/dev/vacc0",
-            "NVIDIA_VISIBLE_DEVICES=0",
-        ] {
-            assert!(a.device_nodes(&env(e), &[]).is_empty(), "{e}");
-        }
+        assert_no_device_nodes(
+            &a,
+            &[
+                "VA_VISIBLE_DEVICES=0",
+                "VA_ALLOCATE_DEVICES=/dev/vacc0",
+                "NVIDIA_VISIBLE_DEVICES=0",
+            ],
+        );
         assert_eq!(
             placed_with_env(&a, "ASCEND_VISIBLE_DEVICES=5").as_deref(),
             Some("16-23")

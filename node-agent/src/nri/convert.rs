@@ -156,7 +156,7 @@ pub fn container_updates(ups: &[Update]) -> Vec<ContainerUpdate> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::proto::{LinuxContainer, LinuxMemory, LinuxPodSandbox, OptionalInt64};
     use super::super::proto::{OptionalUInt64, SynchronizeRequest};
     use super::*;
@@ -164,7 +164,9 @@ mod tests {
     use crate::agent::HugepageLimit;
     use protobuf::Message;
 
-    fn pod() -> PodSandbox {
+    /// The Pod `default/web` (uid `uid-1`, sandbox `sb1`), labelled to be skipped, asking for
+    /// the NUMA level.
+    pub(crate) fn pod() -> PodSandbox {
         let mut p = PodSandbox::new();
         p.id = "sb1".into();
         p.name = "web".into();

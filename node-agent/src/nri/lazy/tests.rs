@@ -1,20 +1,6 @@
 use super::*;
-use crate::nri::proto::{LinuxContainer, LinuxPodSandbox, StateChangeEvent, StopContainerRequest};
-
-fn pod() -> PodSandbox {
-    let mut p = PodSandbox::new();
-    p.id = "sb".into();
-    p.name = "web".into();
-    p.namespace = "default".into();
-    p.uid = "u1".into();
-    p.labels.insert("app".into(), "web".into());
-    p.annotations
-        .insert("kubernetes.io/config.source".into(), "api".into());
-    let mut l = LinuxPodSandbox::new();
-    l.cgroup_parent = "/kubepods/burstable/podu1".into();
-    p.linux = Some(l).into();
-    p
-}
+use crate::nri::convert::tests::pod;
+use crate::nri::proto::{LinuxContainer, StateChangeEvent, StopContainerRequest};
 
 fn container(id: &str) -> Container {
     let mut c = Container::new();
