@@ -194,8 +194,7 @@ fn prepare(c: &mut Criterion) {
     let stop = CancellationToken::new();
     let disk_ch = serve(&rt, on_disk.clone(), &disk, &stop);
     let shm_ch = serve(&rt, on_shm.clone(), &shm, &stop);
-    let mut g = c.benchmark_group("dra_prepare");
-    g.measurement_time(Duration::from_secs(5));
+    let mut g = support::group(c, "dra_prepare");
     g.bench_function("grpc_prepare_unprepare", |b| {
         b.iter(|| rt.block_on(grpc_round(&disk_ch)))
     });

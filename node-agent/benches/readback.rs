@@ -11,13 +11,11 @@ mod support;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use node_agent::cgroupfs::Cgroupfs;
 use std::sync::Arc;
-use std::time::Duration;
-use support::{cgroup_dir, id, ledger, scratch};
+use support::{cgroup_dir, group, id, ledger, scratch};
 
 fn passes(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let mut g = c.benchmark_group("readback_pass");
-    g.measurement_time(Duration::from_secs(5));
+    let mut g = group(c, "readback_pass");
     for n in [100usize, 1000] {
         let root = scratch(&format!("readback-{n}"));
         std::fs::create_dir_all(&root).expect("mkdir");

@@ -13,7 +13,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use node_agent::usage::rebalance_loop::{LoopOptions, Round};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use support::{cgroup_dir, ledger, scratch};
+use support::{cgroup_dir, group, ledger, scratch};
 use tap_engine::rebalance::RebalanceConfig;
 
 /// Advances every container's counters by one 10-s round.
@@ -37,8 +37,7 @@ fn advance(root: &Path, n: usize, round: u64) {
 
 fn rounds(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let mut g = c.benchmark_group("rebalance_round");
-    g.measurement_time(Duration::from_secs(5));
+    let mut g = group(c, "rebalance_round");
     for n in [100usize, 500] {
         let root = scratch(&format!("rebalance-{n}"));
         for i in 0..n {

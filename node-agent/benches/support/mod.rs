@@ -1,11 +1,14 @@
 //! What the agent's benches share: `n` Burstable containers committed in a ledger on the
 //! 384-thread fixture, and their cgroup directories in a tree shaped like the systemd driver's.
 
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion};
 use node_agent::agent::{Agent, ContainerInfo, PodInfo};
 use node_agent::ledger::Ledger;
 use node_agent::metrics::Metrics;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 use tap_engine::{Engine, EngineConfig, Topology};
 
 pub fn id(i: usize) -> String {
@@ -66,4 +69,11 @@ pub fn scratch(tag: &str) -> PathBuf {
         std::env::temp_dir()
     };
     base.join(format!("tap-bench-{tag}-{}", std::process::id()))
+}
+
+/// A group of these benches, each input measured for 5 s.
+pub fn group<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTime> {
+    let mut g = c.benchmark_group(name);
+    g.measurement_time(Duration::from_secs(5));
+    g
 }
