@@ -258,7 +258,7 @@ fn sample_lines(agent: &Agent) -> String {
     let mut notes = agent.notes().attach();
     // Alone on the empty machine, then removed: a whole NUMA node.
     let _ = writeln!(out, "alone on the empty machine, then removed:");
-    let probe = sample_container(usize::MAX, &PROBE);
+    let probe = sample_container("probe", &PROBE);
     let line = sample_line(agent, &mut notes, &probe);
     let _ = writeln!(out, "  {:<16} -> {line}", PROBE.0);
     agent.remove(&probe.id);
@@ -267,13 +267,17 @@ fn sample_lines(agent: &Agent) -> String {
         "sample decisions (each placed after the ones above it): cpus (pool), mems: why"
     );
     for (i, sample) in SAMPLES.iter().enumerate() {
-        let line = sample_line(agent, &mut notes, &sample_container(i, sample));
+        let line = sample_line(
+            agent,
+            &mut notes,
+            &sample_container(&format!("sample-{i}"), sample),
+        );
         let _ = writeln!(out, "  {:<16} -> {line}", sample.0);
     }
     // A device the kubelet allocated (pod-resources) on the last NUMA node.
     if let Some(last) = agent.topology().nodes.last().map(|n| n.id) {
         let mut c = sample_container(
-            SAMPLES.len() + 1,
+            "kubelet-device",
             &("kubelet-device", "burstable", 1, Some(2), &[]),
         );
         c.kubelet_devices = vec![crate::pod_resources::KubeletDevice {
@@ -305,15 +309,15 @@ fn system_daemon(agent: &Agent) -> Option<ContainerInfo> {
         None => &[(RESERVED_CPUS_KEY, "true")],
     };
     let sample = ("system-daemon", "burstable", 1, Some(2), ask);
-    let mut c = sample_container(SAMPLES.len(), &sample);
+    let mut c = sample_container("system-daemon", &sample);
     c.pod.namespace = listed.map_or("kube-system", String::as_str).to_string();
     Some(c)
 }
 
-/// The container of sample `i`.
-fn sample_container(i: usize, (name, qos, req, lim, annotations): &Sample) -> ContainerInfo {
+/// A sample's container, with id `id`.
+fn sample_container(id: &str, (name, qos, req, lim, annotations): &Sample) -> ContainerInfo {
     ContainerInfo {
-        id: format!("sample-{i}"),
+        id: id.to_string(),
         name: (*name).into(),
         pod: PodInfo {
             name: (*name).into(),
