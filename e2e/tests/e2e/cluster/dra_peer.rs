@@ -269,6 +269,8 @@ fn start(t: &Tier, d: Driver, agent: &Path) -> Result<Running> {
                     kubelet.join("pod-resources/kubelet.sock").display()
                 ),
                 "--dra-driver=on".into(),
+                // Where this containerd reads CDI specs (the claim's CDI device resolves).
+                format!("--dra-cdi-dir={}", ctd.cdi_dir().display()),
                 format!("--kubelet-root-dir={}", kubelet.display()),
                 format!("--node-name={NODE}"),
                 "--enable-node-topology=false".into(),
