@@ -14,7 +14,7 @@ use tap_engine::testdata::{fixture_topology, Probe};
 use tap_engine::{Engine, PolicyKind};
 
 fn loaded(policy: PolicyKind) -> Engine {
-    let topo = fixture_topology("synthetic-4s-8numa-smt-384t");
+    let topo = fixture_topology("synthetic-4s-8numa-smt-384t").expect("fixture topology");
     let e = tap_engine::testdata::bench_engine(topo, policy, 1000);
     assert_eq!(e.len(), 1000);
     e

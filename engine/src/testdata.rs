@@ -186,10 +186,19 @@ impl Probe {
     }
 }
 
-/// The topology of fixture `name`, built; panics when it does not discover or build.
-pub fn fixture_topology(name: &str) -> std::sync::Arc<crate::Topology> {
-    let raw = discover_fixture(name).expect("fixture discovers");
-    std::sync::Arc::new(crate::Topology::build(&raw).expect("fixture builds a topology"))
+/// Why a fixture gave no topology.
+#[derive(Debug, thiserror::Error)]
+pub enum FixtureError {
+    #[error("the fixture does not discover: {0}")]
+    Discovery(#[from] DiscoveryError),
+    #[error("the fixture builds no topology: {0}")]
+    Topology(#[from] crate::topology::TopologyError),
+}
+
+/// The topology of fixture `name`, built.
+pub fn fixture_topology(name: &str) -> Result<std::sync::Arc<crate::Topology>, FixtureError> {
+    let raw = discover_fixture(name)?;
+    Ok(std::sync::Arc::new(crate::Topology::build(&raw)?))
 }
 
 /// An engine of `policy` on `topo` with the first `n` containers of [`bench_request`] placed.

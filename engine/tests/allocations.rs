@@ -30,7 +30,7 @@ fn allocations<T>(f: impl FnOnce() -> T) -> usize {
 
 #[test]
 fn decisions_allocate_almost_nothing() {
-    let topo = fixture_topology("synthetic-4s-8numa-smt-384t");
+    let topo = fixture_topology("synthetic-4s-8numa-smt-384t").expect("fixture topology");
     for policy in [PolicyKind::TopologyAware, PolicyKind::NumaAware] {
         let mut e = Engine::new(
             topo.clone(),

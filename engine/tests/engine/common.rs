@@ -8,7 +8,7 @@ pub const GPU96: &str = "synthetic-2s-4numa-96c-gpu";
 
 /// The topology of fixture `name` (fixtures/sysfs).
 pub fn topo(name: &str) -> Arc<Topology> {
-    tap_engine::testdata::fixture_topology(name)
+    tap_engine::testdata::fixture_topology(name).expect("fixture topology")
 }
 
 /// An engine on fixture `name`.
