@@ -6,17 +6,7 @@
 # Idempotent; quick when installed.
 set -euo pipefail
 
-if command -v buildah >/dev/null 2>&1; then
-  buildah --version
-  exit 0
-fi
-echo "setup-buildah: installing Debian's buildah package"
-start=$(date +%s)
+# apt_tool
 . "$(dirname "$0")/../lib/debian-apt.sh"
-apt_install_quietly --no-install-recommends buildah
-command -v buildah >/dev/null 2>&1 || {
-  echo "setup-buildah: the buildah package installed no buildah" >&2
-  exit 1
-}
+apt_tool setup-buildah buildah buildah
 buildah --version
-echo "setup-buildah: installed in $(( $(date +%s) - start ))s"

@@ -21,30 +21,20 @@ STAMP="$OUT.stamp"
 mkdir -p "$BIN" "$CACHE/go"
 
 cached() {
-  if [ -x "$OUT" ] && [ -f "$STAMP" ]; then
-    echo "dra-driver-cpu $DRA_DRIVER_CPU_VERSION already cached: $OUT"
-    return 0
-  fi
-  return 1
+  [ -x "$OUT" ] && [ -f "$STAMP" ] || return 1
+  echo "dra-driver-cpu $DRA_DRIVER_CPU_VERSION already cached: $OUT"
 }
-cached && exit 0
-exec 9>/var/lock/kunpeng-tap-dra-driver-cpu-build
-flock 9
-cached && exit 0
+# shellcheck source=hack/lib/build-once.sh
+. "$(dirname "$0")/../lib/build-once.sh"
+build_once dra-driver-cpu cached
 
 # shellcheck source=hack/lib/go-cache.sh
 . "$(dirname "$0")/../lib/go-cache.sh"
 go_cache_env "$CACHE"
 
 start=$(date +%s)
-dir="$(go mod download -json "$MODULE@$DRA_DRIVER_CPU_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
-[ -d "$dir" ] || { echo "cannot download $MODULE@$DRA_DRIVER_CPU_VERSION" >&2; exit 1; }
-# The module cache is read-only: build from a writable copy of the module, as published.
 work="$CACHE/go/build-dra-driver-cpu-$DRA_DRIVER_CPU_VERSION"
-rm -rf "$work"
-mkdir -p "$work"
-cp -a "$dir/." "$work/"
-chmod -R u+w "$work"
+go_module_copy "$MODULE" "$DRA_DRIVER_CPU_VERSION" "$work"
 cd "$work"
 echo "setup-dra-driver-cpu: building cmd/dracpu $DRA_DRIVER_CPU_VERSION"
 # The upstream Dockerfile's flags (-ldflags "-s -w"), static as CGO_ENABLED=0 makes it.

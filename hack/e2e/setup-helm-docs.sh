@@ -17,9 +17,9 @@ if [ -f "$STAMP" ] && [ -x "$BIN/helm-docs" ]; then
   echo "helm-docs $HELM_DOCS_VERSION already in $BIN"
   exit 0
 fi
-command -v go >/dev/null || { echo "setup-helm-docs: go is required" >&2; exit 1; }
-export GOPATH="$CACHE/go" GOMODCACHE="$CACHE/go/pkg/mod" GOCACHE="$CACHE/go/cache"
-export GOFLAGS=-buildvcs=false CGO_ENABLED=0
+# shellcheck source=hack/lib/go-cache.sh
+. "$(dirname "$0")/../lib/go-cache.sh"
+go_cache_env "$CACHE"
 start=$(date +%s)
 GOBIN="$BIN" nice -n 10 go install "github.com/norwoodj/helm-docs/cmd/helm-docs@$HELM_DOCS_VERSION"
 echo "$HELM_DOCS_VERSION" > "$STAMP"

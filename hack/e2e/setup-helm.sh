@@ -20,9 +20,10 @@ if [ -f "$STAMP" ] && [ -x "$BIN/helm" ] \
   exit 0
 fi
 
-command -v go >/dev/null || { echo "setup-helm: go is required (Go toolchain >= 1.24)" >&2; exit 1; }
-export GOPATH="$CACHE/go" GOMODCACHE="$CACHE/go/pkg/mod" GOCACHE="$CACHE/go/cache"
-export GOFLAGS=-buildvcs=false CGO_ENABLED=0
+# Go toolchain >= 1.24.
+# shellcheck source=hack/lib/go-cache.sh
+. "$(dirname "$0")/../lib/go-cache.sh"
+go_cache_env "$CACHE"
 start=$(date +%s)
 
 # Helm's Makefile stamps the Kubernetes version it assumes offline (`helm template`,

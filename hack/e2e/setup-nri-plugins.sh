@@ -28,11 +28,11 @@ OUT="$BIN/nri-topology-aware-$NRI_PLUGINS_VERSION"
 STAMP="$OUT.stamp"
 mkdir -p "$BIN" "$CACHE/go"
 
-if [ -x "$OUT" ] && [ -f "$STAMP" ]; then
+cached() {
+  [ -x "$OUT" ] && [ -f "$STAMP" ] || return 1
   echo "nri-plugins topology-aware $NRI_PLUGINS_VERSION already cached: $OUT"
-  exit 0
-fi
-if [ "${CI:-}" = "true" ] && [ "${TAP_NRI_PLUGINS:-}" != "1" ]; then
+}
+if [ "${CI:-}" = "true" ] && [ "${TAP_NRI_PLUGINS:-}" != "1" ] && ! { [ -x "$OUT" ] && [ -f "$STAMP" ]; }; then
   echo "setup-nri-plugins: skipped under CI (a long Go build; set TAP_NRI_PLUGINS=1 to run it)"
   exit 0
 fi
@@ -44,12 +44,9 @@ unavailable() {
   exit 0
 }
 
-exec 9>/var/lock/kunpeng-tap-nri-plugins-build
-flock 9
-if [ -x "$OUT" ] && [ -f "$STAMP" ]; then
-  echo "nri-plugins topology-aware $NRI_PLUGINS_VERSION already cached: $OUT"
-  exit 0
-fi
+# shellcheck source=hack/lib/build-once.sh
+. "$(dirname "$0")/../lib/build-once.sh"
+build_once nri-plugins cached
 
 # shellcheck source=hack/lib/go-cache.sh
 . "$(dirname "$0")/../lib/go-cache.sh"

@@ -19,9 +19,9 @@ if [ -f "$STAMP" ] && [ -s "$OUT/crd.yaml" ]; then
   echo "NodeResourceTopology CRD $NRT_API_VERSION already in $OUT"
   exit 0
 fi
-command -v go >/dev/null || { echo "setup-nrt-crd: go is required" >&2; exit 1; }
-export GOPATH="$CACHE/go" GOMODCACHE="$CACHE/go/pkg/mod" GOCACHE="$CACHE/go/cache"
-export GOFLAGS=-buildvcs=false
+# shellcheck source=hack/lib/go-cache.sh
+. "$(dirname "$0")/../lib/go-cache.sh"
+go_cache_env "$CACHE"
 dir="$(go mod download -json "$MODULE@$NRT_API_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
 [ -f "$dir/manifests/crd.yaml" ] || { echo "setup-nrt-crd: no manifests/crd.yaml in $MODULE@$NRT_API_VERSION" >&2; exit 1; }
 grep -q 'name: v1alpha2' "$dir/manifests/crd.yaml" \

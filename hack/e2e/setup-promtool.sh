@@ -6,17 +6,7 @@
 # Idempotent; quick when installed.
 set -euo pipefail
 
-if command -v promtool >/dev/null 2>&1; then
-  promtool --version 2>&1 | head -1
-  exit 0
-fi
-echo "setup-promtool: installing Debian's prometheus package (for promtool)"
-start=$(date +%s)
+# apt_tool
 . "$(dirname "$0")/../lib/debian-apt.sh"
-apt_install_quietly --no-install-recommends prometheus
-command -v promtool >/dev/null 2>&1 || {
-  echo "setup-promtool: the prometheus package installed no promtool" >&2
-  exit 1
-}
+apt_tool setup-promtool promtool prometheus
 promtool --version 2>&1 | head -1
-echo "setup-promtool: installed in $(( $(date +%s) - start ))s"

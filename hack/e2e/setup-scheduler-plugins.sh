@@ -15,30 +15,21 @@ OUT="$BIN/kube-scheduler-plugins-$SCHED_PLUGINS_VERSION"
 STAMP="$OUT.v2.stamp"
 mkdir -p "$BIN" "$CACHE/go"
 
-if [ -x "$OUT" ] && [ -f "$STAMP" ]; then
+cached() {
+  [ -x "$OUT" ] && [ -f "$STAMP" ] || return 1
   echo "scheduler-plugins $SCHED_PLUGINS_VERSION already cached: $OUT"
-  exit 0
-fi
-exec 9>/var/lock/kunpeng-tap-sched-plugins-build
-flock 9
-if [ -x "$OUT" ] && [ -f "$STAMP" ]; then
-  echo "scheduler-plugins $SCHED_PLUGINS_VERSION already cached: $OUT"
-  exit 0
-fi
+}
+# shellcheck source=hack/lib/build-once.sh
+. "$(dirname "$0")/../lib/build-once.sh"
+build_once sched-plugins cached
 
 # shellcheck source=hack/lib/go-cache.sh
 . "$(dirname "$0")/../lib/go-cache.sh"
 go_cache_env "$CACHE"
 
 start=$(date +%s)
-dir="$(go mod download -json "sigs.k8s.io/scheduler-plugins@${SCHED_PLUGINS_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
-[ -d "$dir" ] || { echo "cannot download sigs.k8s.io/scheduler-plugins@$SCHED_PLUGINS_VERSION" >&2; exit 1; }
-# The module cache is read-only: build from a writable copy of the module, as published.
 work="$CACHE/go/build-scheduler-plugins-$SCHED_PLUGINS_VERSION"
-rm -rf "$work"
-mkdir -p "$work"
-cp -a "$dir/." "$work/"
-chmod -R u+w "$work"
+go_module_copy sigs.k8s.io/scheduler-plugins "$SCHED_PLUGINS_VERSION" "$work"
 cd "$work"
 # The version the binary reports is the Kubernetes release it is built on (its go.mod's
 # k8s.io/kubernetes): the scheduler checks its emulation version against it.

@@ -57,3 +57,19 @@ apt_install_quietly() {
     [ "$own" = 1 ] && rm -f /usr/sbin/policy-rc.d
     exit $rc' sh "$@"
 }
+
+# apt_tool SCRIPT TOOL PACKAGE: unless TOOL is on PATH, installs Debian's PACKAGE from the
+# system's own apt configuration (SCRIPT names the caller in what it prints); fails when TOOL
+# is still missing then.
+apt_tool() {
+  local script=$1 tool=$2 package=$3 start
+  command -v "$tool" >/dev/null 2>&1 && return 0
+  echo "$script: installing Debian's $package package (for $tool)"
+  start=$(date +%s)
+  apt_install_quietly --no-install-recommends "$package"
+  command -v "$tool" >/dev/null 2>&1 || {
+    echo "$script: the $package package installed no $tool" >&2
+    return 1
+  }
+  echo "$script: installed in $(( $(date +%s) - start ))s"
+}

@@ -12,3 +12,16 @@ go_cache_env() {
   export GOFLAGS="-buildvcs=false -mod=mod"
   export CGO_ENABLED=0
 }
+
+# go_module_copy MODULE VERSION WORK: downloads MODULE@VERSION through the module proxy (into
+# GOMODCACHE: go_cache_env first) and copies it, as published and writable, to a fresh WORK
+# (the module cache is read-only).
+go_module_copy() {
+  local dir
+  dir="$(go mod download -json "$1@$2" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  [ -d "$dir" ] || { echo "cannot download $1@$2" >&2; return 1; }
+  rm -rf "$3"
+  mkdir -p "$3"
+  cp -a "$dir/." "$3/"
+  chmod -R u+w "$3"
+}
