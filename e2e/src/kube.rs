@@ -11,10 +11,15 @@
 //! certificate for `system:serviceaccount:<ns>:<name>` acts as that service account for RBAC
 //! ([`KubeCluster::kubeconfig_for`]).
 //!
-//! ```ignore
+//! ```no_run
+//! # fn main() -> anyhow::Result<()> {
+//! use tap_e2e::kube::KubeCluster;
 //! let k = KubeCluster::start()?;
 //! k.kubectl_ok(&["apply", "-f", "crds/"])?;
 //! let v = k.get_json(&["get", "nodetopology", "n1"])?;
+//! # let _ = v;
+//! # Ok(())
+//! # }
 //! ```
 
 use anyhow::{bail, Context, Result};
