@@ -153,6 +153,21 @@ impl ContainerdOptions {
             ..Default::default()
         }
     }
+
+    /// The defaults for an agent in `mode`: NRI on for the plugin, off behind the CRI proxy.
+    pub fn for_agent(mode: AgentMode) -> Self {
+        match mode {
+            AgentMode::Nri => ContainerdOptions::default(),
+            AgentMode::CriProxy => ContainerdOptions::without_nri(),
+        }
+    }
+}
+
+/// Which way the agent meets containerd: as its NRI plugin, or as a CRI proxy in front of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentMode {
+    Nri,
+    CriProxy,
 }
 
 /// The agent's topology flags: a sysfs fixture folded onto this host, or this host's own.
@@ -235,6 +250,21 @@ impl Containerd {
             "--graceful-timeout=2s".into(),
         ]);
         args
+    }
+
+    /// The agent's flags in `mode`: [`Containerd::nri_agent_args`], or
+    /// [`Containerd::cri_proxy_agent_args`] with the proxy's socket at `proxy`.
+    pub fn agent_args(
+        &self,
+        mode: AgentMode,
+        proxy: &Path,
+        fixture: Option<&str>,
+        state_dir: &Path,
+    ) -> Vec<String> {
+        match mode {
+            AgentMode::Nri => self.nri_agent_args(fixture, state_dir),
+            AgentMode::CriProxy => self.cri_proxy_agent_args(proxy, fixture, state_dir),
+        }
     }
 
     /// The agent's flags for NRI mode on this containerd: its NRI socket, the topology of
@@ -523,10 +553,7 @@ state = "{state}"
 
     /// Kills the daemon at once (SIGKILL); its containers live on in their shims.
     pub fn kill_daemon(&mut self) {
-        if let Some(mut ch) = self.child.take() {
-            let _ = ch.kill();
-            let _ = ch.wait();
-        }
+        crate::util::stop_child(&mut self.child);
     }
 
     /// Restarts the daemon on the same dirs (containers survive, as on a real node).
@@ -593,10 +620,7 @@ impl Drop for Containerd {
     fn drop(&mut self) {
         self.delete_containers();
         let shims = self.shim_pids();
-        if let Some(mut ch) = self.child.take() {
-            let _ = ch.kill();
-            let _ = ch.wait();
-        }
+        crate::util::stop_child(&mut self.child);
         for pid in shims {
             signal(pid, "KILL");
         }

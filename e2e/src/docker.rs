@@ -499,10 +499,7 @@ impl TapAgent {
 
     /// Kills the agent at once (SIGKILL), as a crash or an OOM kill would.
     pub fn kill(&mut self) {
-        if let Some(mut ch) = self.child.take() {
-            let _ = ch.kill();
-            let _ = ch.wait();
-        }
+        crate::util::stop_child(&mut self.child);
     }
 
     /// Stops the agent (SIGTERM) and returns its exit status.

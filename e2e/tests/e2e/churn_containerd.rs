@@ -15,20 +15,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tap_e2e::churn::{self, Frozen, Rng};
 use tap_e2e::containerd::{
-    cgroup_cpuset, timed_with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions,
-    Cri, PodSpec,
+    cgroup_cpuset, timed_with_containerd, AgentMode as Mode, CgroupQos, ContainerSpec, Containerd,
+    ContainerdOptions, Cri, PodSpec,
 };
 use tap_e2e::docker::TapAgent;
 
 /// containerd 1.7 holds other containers' creates and starts while an update waits on a hung
 /// shim: a create then may take up to the agent's write deadline more than before, no more.
 const HUNG_SHIM_EXTRA: Duration = Duration::from_secs(2);
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Nri,
-    CriProxy,
-}
 
 /// A container the test made: its sandbox, id and the agent's key for it.
 #[derive(Clone, Debug)]
@@ -65,10 +59,7 @@ async fn churn_cri_proxy() -> Result<()> {
 async fn churn(test: &str, mode: Mode) -> Result<()> {
     tap_e2e::util::require_e2e_tier();
     churn::host_has_two_cpus()?;
-    let opts = match mode {
-        Mode::Nri => ContainerdOptions::default(),
-        Mode::CriProxy => ContainerdOptions::without_nri(),
-    };
+    let opts = ContainerdOptions::for_agent(mode);
     timed_with_containerd(test, "tap-churn", opts, async |ctd, dir| {
         phases(ctd, dir, mode).await
     })
@@ -76,11 +67,7 @@ async fn churn(test: &str, mode: Mode) -> Result<()> {
 }
 
 fn agent_args(ctd: &Containerd, dir: &Path, mode: Mode) -> Vec<String> {
-    let state = dir.join("state");
-    let args = match mode {
-        Mode::Nri => ctd.nri_agent_args(None, &state),
-        Mode::CriProxy => ctd.cri_proxy_agent_args(&dir.join("proxy.sock"), None, &state),
-    };
+    let args = ctd.agent_args(mode, &dir.join("proxy.sock"), None, &dir.join("state"));
     churn::on_this_host(args)
 }
 

@@ -16,8 +16,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tap_e2e::containerd::{
-    cgroup_cpuset, timed_with_containerd, CgroupQos, ContainerSpec, Containerd, ContainerdOptions,
-    Cri, PodSpec,
+    cgroup_cpuset, timed_with_containerd, AgentMode as Mode, CgroupQos, ContainerSpec, Containerd,
+    ContainerdOptions, Cri, PodSpec,
 };
 use tap_e2e::docker::TapAgent;
 use tap_e2e::text::{grant_nodes, metric_sum, series_value};
@@ -28,13 +28,6 @@ const GRANT_KEY: &str = "tap.kunpeng.huawei.com/grant";
 const FIXTURE: &str = "synthetic-2s-2numa-smt-96t";
 /// Waits for `/ctl/go`, then spins.
 const SPIN: &str = "while [ ! -e /ctl/go ]; do sleep 0.2; done; while :; do :; done";
-
-/// Which way the agent meets containerd.
-#[derive(Debug, Clone, Copy)]
-enum Mode {
-    Nri,
-    CriProxy,
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "e2e tier: needs real components (TAP_E2E=1, hack/test.sh e2e)"]
@@ -54,10 +47,7 @@ async fn cri_proxy_rebalancer_spreads_busy_containers() -> Result<()> {
 
 async fn run(test: &str, mode: Mode) -> Result<()> {
     util::require_e2e_tier();
-    let opts = match mode {
-        Mode::Nri => ContainerdOptions::default(),
-        Mode::CriProxy => ContainerdOptions::without_nri(),
-    };
+    let opts = ContainerdOptions::for_agent(mode);
     timed_with_containerd(test, "tap-rebal", opts, async |ctd, dir| {
         scenario(ctd, dir, mode).await
     })
@@ -113,10 +103,7 @@ async fn scenario(ctd: &mut Containerd, dir: &Path, mode: Mode) -> Result<()> {
 /// The agent with rebalancing on, 1-s rounds, and a CRI client through the way `mode` takes.
 async fn start(ctd: &Containerd, dir: &Path, mode: Mode) -> Result<(TapAgent, Cri)> {
     let proxy = dir.join("cri-proxy.sock");
-    let mut args = match mode {
-        Mode::CriProxy => ctd.cri_proxy_agent_args(&proxy, Some(FIXTURE), &dir.join("state")),
-        Mode::Nri => ctd.nri_agent_args(Some(FIXTURE), &dir.join("state")),
-    };
+    let mut args = ctd.agent_args(mode, &proxy, Some(FIXTURE), &dir.join("state"));
     args.extend(
         [
             "--resource-policy=topology-aware",
